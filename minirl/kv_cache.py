@@ -1,0 +1,64 @@
+"""A key/value cache allocated once and written by index (the gpt-fast layout).
+
+During decoding each new token's keys and values are written into the next free slot instead of
+being concatenated onto a growing tensor, so no step copies the past. All rows share one slot
+counter: a batch of prompts of different lengths is left-padded to a common length, and `key_mask`
+remembers which slots hold padding.
+
+Shapes: L layers, B rows, K kv heads, S slots (max_len), D head dim.
+"""
+
+import torch
+
+from .config import Qwen2Config
+
+
+class KVCache:
+    def __init__(self, config: Qwen2Config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
+        if max_len > config.max_position_embeddings:
+            raise ValueError(f"cache of {max_len} slots is longer than the model's context "
+                             f"(max_position_embeddings = {config.max_position_embeddings})")
+        L, K, D = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+        self.max_len = max_len
+        self.keys = torch.zeros(L, batch_size, K, max_len, D, dtype=dtype, device=device)  # (L, B, K, S, D)
+        self.values = torch.zeros_like(self.keys)  # (L, B, K, S, D)
+        self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)  # (B, S)
+        self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) RoPE position of next token
+        self.length = 0  # slots filled, the same for every row
+
+    @property
+    def batch_size(self) -> int:
+        return self.keys.shape[1]
+
+    def append_mask(self, real: torch.Tensor) -> torch.Tensor:
+        """Record which of the T incoming tokens are real; return the mask over all S = length + T slots."""
+        T = real.shape[1]
+        if self.length + T > self.max_len:
+            raise ValueError(f"KV cache is full: {self.length} slots used + {T} new tokens > {self.max_len} slots")
+        self.key_mask[:, self.length:self.length + T] = real
+        return self.key_mask[:, :self.length + T]  # (B, S)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, K, T, D) at slots [length, length + T); return all filled slots (B, K, S, D)."""
+        end = self.length + k.shape[2]
+        self.keys[layer, :, :, self.length:end] = k
+        self.values[layer, :, :, self.length:end] = v
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def advance(self, attention_mask: torch.Tensor):
+        """Called once per forward, after every layer wrote its slots."""
+        self.length += attention_mask.shape[1]
+        self.next_pos += attention_mask.sum(-1).to(self.next_pos.dtype)
+
+    def select_rows(self, rows: torch.Tensor):
+        """Keep (or repeat) rows by index, in place: drop finished sequences, or copy a prefilled
+        prompt into the G rows of its group. Only the filled slots are copied."""
+        S = self.length
+        keys = torch.zeros(self.keys.shape[0], len(rows), *self.keys.shape[2:], dtype=self.keys.dtype,
+                           device=self.keys.device)
+        values = torch.zeros_like(keys)
+        keys[:, :, :, :S] = self.keys[:, rows, :, :S]
+        values[:, :, :, :S] = self.values[:, rows, :, :S]
+        self.keys, self.values = keys, values
+        self.key_mask = self.key_mask[rows]
+        self.next_pos = self.next_pos[rows]

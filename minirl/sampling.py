@@ -1,0 +1,167 @@
+"""Batched sampling with a KV cache: prefill every prompt once, then decode one token per step.
+
+    outs = generate(model, [[ids...], [ids...]], max_new_tokens=64, temperature=1.0, seed=0)
+    outs[i].tokens, outs[i].logprobs, outs[i].finish_reason
+
+Prompts of different lengths are left-padded into one batch; positions count real tokens only, so
+each row is computed exactly as if it were alone. `num_samples=G` draws G completions per prompt
+(GRPO's group) from one prefill: the prompt's cache is copied into G rows. Rows that have stopped
+are dropped from the batch once they are at least half of it, so they stop costing work.
+"""
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from .kv_cache import KVCache
+
+
+@dataclass
+class Completion:
+    tokens: list[int]  # generated ids, the stop token included when the row stopped on one
+    logprobs: list[float] = field(default_factory=list)  # log-prob of each token under the sampling distribution
+    finish_reason: str = "length"  # "stop" (a stop token was sampled) or "length" (max_new_tokens reached)
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row from logits (B, V). Returns tokens (B,) and their log-probs (B,).
+
+    The log-prob is taken under the distribution actually sampled from: logits / temperature,
+    restricted to the top_k tokens and to the smallest top_p nucleus (Holtzman et al. 2019), then
+    renormalized. temperature = 0 is greedy; its log-probs are those of the untempered model.
+    """
+    logits = logits.float()
+    if temperature == 0:
+        logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
+        tokens = logits.argmax(dim=-1)  # (B,)
+        return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+    logits = logits / temperature
+    if top_k > 0:
+        kth_best = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth_best, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = probs.cumsum(-1) - probs  # probability of all better tokens
+        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))  # the best always stays
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
+    tokens = torch.multinomial(logprobs.exp(), 1, generator=generator)[:, 0]  # (B,)
+    return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+
+def _check(model, prompts, max_new_tokens, temperature, top_p, top_k, num_samples):
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts must be a non-empty list of token-id lists")
+    V, context = model.config.vocab_size, model.config.max_position_embeddings
+    for i, p in enumerate(prompts):
+        if not isinstance(p, (list, tuple)) or not p or not all(isinstance(t, int) for t in p):
+            raise ValueError(f"prompt {i} must be a non-empty list of ints (token ids), got {type(p).__name__}")
+        bad = [t for t in p if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"prompt {i} holds token id {bad[0]}, outside the vocabulary [0, {V})")
+        if len(p) + max_new_tokens > context:
+            raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
+                             f"{len(p) + max_new_tokens} positions, beyond the model's context of {context}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0 or num_samples < 1:
+        raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0, num_samples >= 1; got "
+                         f"{temperature}, {top_p}, {top_k}, {num_samples}")
+
+
+def _decode_steps(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids, generator, num_samples):
+    """Yield, once per step, (rows, tokens, logprobs, done): `rows` are the indices (into the
+    prompt-major list of len(prompts) * num_samples sequences) of the rows still in the batch."""
+    device = model.device
+    longest = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), longest, dtype=torch.long)  # (B, T), left-padded
+    mask = torch.zeros(len(prompts), longest, dtype=torch.long)  # (B, T), 1 = real token
+    for i, p in enumerate(prompts):
+        ids[i, longest - len(p):] = torch.tensor(p)
+        mask[i, longest - len(p):] = 1
+    cache = KVCache(model.config, len(prompts), longest + max_new_tokens, model.dtype, device)
+    logits = model(ids.to(device), mask.to(device), kv_cache=cache, logits_to_keep=1)[:, -1]  # (B, V)
+    rows = torch.arange(len(prompts) * num_samples, device=device)  # sequence held by each cache row
+    if num_samples > 1:  # one prefill per prompt, then its cache is copied into the G rows of its group
+        group_of_row = torch.arange(len(prompts), device=device).repeat_interleave(num_samples)
+        cache.select_rows(group_of_row)
+        logits = logits[group_of_row]
+    stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    done = torch.zeros(len(rows), dtype=torch.bool, device=device)  # per sequence
+    for step in range(max_new_tokens):
+        tokens, logprobs = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), (B,)
+        done[rows] |= torch.isin(tokens, stop_ids)
+        yield rows, tokens, logprobs, done
+        if step == max_new_tokens - 1 or bool(done.all()):
+            return
+        finished_in_batch = done[rows]
+        if 2 * int(finished_in_batch.sum()) >= len(rows):  # compact: finished rows cost a full step each
+            keep = (~finished_in_batch).nonzero()[:, 0]
+            cache.select_rows(keep)
+            rows, tokens = rows[keep], tokens[keep]
+        step_mask = torch.ones(len(rows), 1, dtype=torch.long, device=device)
+        logits = model(tokens[:, None], step_mask, kv_cache=cache, logits_to_keep=1)[:, -1]  # (B, V)
+
+
+def _stop_ids(model, stop_token_ids):
+    return list(model.eos_token_ids) if stop_token_ids is None else list(stop_token_ids)
+
+
+@contextmanager
+def _eval_mode(model):
+    """Sample with dropout off (LoRA dropout, if any), then give the model back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def _generator(model, seed):
+    return None if seed is None else torch.Generator(device=model.device).manual_seed(seed)
+
+
+@torch.no_grad()
+def generate(model, prompts: list[list[int]], max_new_tokens: int = 64, temperature: float = 1.0,
+             top_p: float = 1.0, top_k: int = 0, stop_token_ids: list[int] | None = None,
+             seed: int | None = None, num_samples: int = 1) -> list[Completion]:
+    """Sample a completion for every prompt (num_samples > 1: that many per prompt, prompt-major, so
+    outs[i * G + j] is sample j of prompt i). stop_token_ids=None stops on the checkpoint's eos ids,
+    [] never stops early. seed makes the draw reproducible (a private torch.Generator)."""
+    _check(model, prompts, max_new_tokens, temperature, top_p, top_k, num_samples)
+    stop_ids = _stop_ids(model, stop_token_ids)
+    N = len(prompts) * num_samples
+    out_tokens = torch.zeros(N, max_new_tokens, dtype=torch.long, device=model.device)
+    out_logprobs = torch.zeros(N, max_new_tokens, device=model.device)
+    steps = 0
+    with _eval_mode(model):
+        for step, (rows, tokens, logprobs, done) in enumerate(
+                _decode_steps(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
+                              _generator(model, seed), num_samples)):
+            out_tokens[rows, step] = tokens
+            out_logprobs[rows, step] = logprobs
+            steps = step + 1
+    outs = []
+    for tokens, logprobs in zip(out_tokens[:, :steps].tolist(), out_logprobs[:, :steps].tolist()):
+        # a row keeps being written after it stops until it is compacted away: cut at its first stop
+        end = next((t + 1 for t, tok in enumerate(tokens) if tok in stop_ids), None)
+        outs.append(Completion(tokens[:end], logprobs[:end], "length" if end is None else "stop"))
+    return outs
+
+
+@torch.no_grad()
+def stream(model, prompt: list[int], max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
+           top_k: int = 0, stop_token_ids: list[int] | None = None, seed: int | None = None):
+    """Yield the generated token ids of one prompt as they are sampled (the stop token included)."""
+    _check(model, [prompt], max_new_tokens, temperature, top_p, top_k, 1)
+    stop_ids = _stop_ids(model, stop_token_ids)
+    with _eval_mode(model):
+        for _, tokens, _, done in _decode_steps(model, [prompt], max_new_tokens, temperature, top_p, top_k,
+                                                stop_ids, _generator(model, seed), 1):
+            yield int(tokens[0])
+            if bool(done[0]):
+                return

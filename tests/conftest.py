@@ -1,0 +1,59 @@
+"""Shared fixtures: tiny random checkpoints written by transformers (the oracle), the toy tokenizer,
+and the opt-in real checkpoint (MINIRL_REAL_MODEL=DIR pytest -m real)."""
+
+import os
+
+import pytest
+import torch
+
+from minirl.toy import arithmetic_corpus, train_tokenizer
+
+# Every tiny config the parity tests use: (tie_word_embeddings, num_key_value_heads).
+# 4 heads: kv 4 is plain multi-head attention, kv 2 two query heads per kv head, kv 1 all share one.
+TINY_VARIANTS = [(True, 2), (False, 2), (True, 1), (False, 4)]
+
+
+def hf_tiny_model(tied: bool = True, kv_heads: int = 2, vocab_size: int = 256, seed: int = 0, **overrides):
+    """A transformers Qwen2ForCausalLM with random weights, wide enough init that greedy decoding
+    does not collapse onto one token, and non-zero biases and norm weights so every parameter matters."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(**{**dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=kv_heads, tie_word_embeddings=tied,
+        max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.2,
+        bos_token_id=0, eos_token_id=1, pad_token_id=0), **overrides})
+    config._attn_implementation = "eager"
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.2)
+            elif "norm" in name:
+                p.normal_(1.0, 0.1)
+    return model
+
+
+@pytest.fixture
+def hf_checkpoint(tmp_path):
+    """Factory: write a tiny transformers model to a folder; returns (hf_model, folder)."""
+    def make(tied=True, kv_heads=2, **kwargs):
+        model = hf_tiny_model(tied, kv_heads, **kwargs)
+        folder = tmp_path / f"hf-tied{int(tied)}-kv{kv_heads}"
+        model.save_pretrained(folder)
+        return model, str(folder)
+    return make
+
+
+@pytest.fixture(scope="session")
+def toy_tokenizer():
+    return train_tokenizer(arithmetic_corpus(), vocab_size=512)
+
+
+@pytest.fixture(scope="session")
+def real_model_dir():
+    folder = os.environ.get("MINIRL_REAL_MODEL")
+    if not folder:
+        pytest.skip("set MINIRL_REAL_MODEL=/path/to/Qwen2.5-Instruct-folder to run the real-weights tier")
+    return folder

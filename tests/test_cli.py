@@ -1,0 +1,81 @@
+"""The command line: streamed generation, the quickstart main job, and the benchmark's smoke run."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minirl import generate, load_pretrained, random_model, save_pretrained
+from minirl.cli import main, print_stream
+from minirl.toy import tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def toy_folder(tmp_path, toy_tokenizer):
+    config = tiny_config(toy_tokenizer.vocab_size, eos_token_id=toy_tokenizer.eos_token_id, initializer_range=0.3)
+    save_pretrained(random_model(config, seed=1), str(tmp_path / "toy"), toy_tokenizer)
+    return str(tmp_path / "toy")
+
+
+def test_generate_command_streams_what_generate_returns(toy_folder, capsys):
+    main(["generate", "--model", toy_folder, "--prompt", "What is 2 + 2?", "--chat", "--temperature", "0",
+          "--max-new-tokens", "12"])
+    printed = capsys.readouterr().out
+    model, tok = load_pretrained(toy_folder)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True)
+    out = generate(model, [tok.encode(prompt)], max_new_tokens=12, temperature=0)[0]
+    shown = [t for t in out.tokens if t not in model.eos_token_ids]
+    assert len(set(shown)) > 2, "degenerate model: the test would be weak"
+    assert printed == tok.decode(shown) + "\n"
+
+
+def test_stream_printing_never_splits_a_character(toy_tokenizer):
+    text = "北京天气 ok"
+    ids = toy_tokenizer.encode(text)
+    assert len(ids) > len(text) - 2, "the toy BPE should split these characters into byte tokens"
+    sink = io.StringIO()
+    writes = []
+    sink.write = lambda s, _w=sink.write: (writes.append(s), _w(s))[1]
+    print_stream(toy_tokenizer, iter(ids), stop_ids=[], out=sink)
+    assert sink.getvalue() == text + "\n"
+    assert all("\ufffd" not in w for w in writes)
+
+
+def test_generate_command_reports_a_bad_folder(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--model", str(tmp_path / "nowhere"), "--prompt", "hi"])
+    assert exit_info.value.code == 2
+    assert "nowhere" in capsys.readouterr().err
+
+
+def test_quickstart_runs_end_to_end(tmp_path):
+    from minirl.quickstart import run
+
+    summary = run(out_dir=str(tmp_path / "qs"), seed=0)
+    assert summary["cache_vs_forward_max_abs_diff"] < 1e-4
+    assert json.load(open(tmp_path / "qs" / "summary.json")) == summary
+    model, _ = load_pretrained(str(tmp_path / "qs" / "tiny-qwen2"))
+    assert sum(p.numel() for p in model.parameters()) == summary["parameters"]
+
+
+def test_bench_sample_tiny_runs_and_matches_transformers():
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sample.py"), "--tiny", "--repeats", "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "identical greedy outputs: 8/8 rows" in result.stdout
+    assert "ratio minirl / transformers" in result.stdout
+
+
+@pytest.mark.real
+def test_real_model_answers_in_words(real_model_dir):
+    model, tok = load_pretrained(real_model_dir, dtype=torch.float32)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                     add_generation_prompt=True)
+    out = generate(model, [tok.encode(prompt)], max_new_tokens=20, temperature=0)[0]
+    assert "Paris" in tok.decode(out.tokens)

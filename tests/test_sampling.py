@@ -1,0 +1,200 @@
+"""Batched KV-cache sampling: the cache against a full forward pass, batches against single prompts,
+greedy decoding against transformers' generate, the sampling distribution against hand numbers."""
+
+import math
+
+import pytest
+import torch
+
+from minirl import generate, load_model, stream
+from minirl.kv_cache import KVCache
+from minirl.sampling import sample_next
+
+PROMPTS = [[5, 17, 42, 9, 100, 3, 77, 12, 8], [200, 3], [11, 12, 13, 14, 15]]
+
+
+@pytest.fixture
+def tiny(hf_checkpoint):
+    hf, folder = hf_checkpoint(tied=False, kv_heads=2)
+    return hf, load_model(folder)
+
+
+def full_forward_logprobs(model, prompt, completion, temperature=1.0):
+    """log p(completion_t | prompt, completion_<t) from one uncached forward pass over everything."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids)[0, len(prompt) - 1:-1].float() / temperature  # (T, V)
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_cached_decoding_equals_full_forward(tiny):
+    _, model = tiny
+    ids = torch.tensor([PROMPTS[0] + [1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        full = model(ids)[0]  # (T, V)
+        cache = KVCache(model.config, 1, ids.shape[1])
+        stepped = [model(ids[:, :4], kv_cache=cache)[0]]  # prefill 4 tokens, then one at a time
+        stepped += [model(ids[:, t:t + 1], kv_cache=cache)[0] for t in range(4, ids.shape[1])]
+    torch.testing.assert_close(torch.cat(stepped), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_equal_a_full_forward(tiny, temperature):
+    _, model = tiny
+    outs = generate(model, PROMPTS, max_new_tokens=12, temperature=temperature, seed=0, stop_token_ids=[])
+    for prompt, out in zip(PROMPTS, outs):
+        assert len(out.tokens) == len(out.logprobs) == 12 and out.finish_reason == "length"
+        expected = full_forward_logprobs(model, prompt, out.tokens, temperature)
+        torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_left_padded_batch_equals_each_prompt_alone(tiny):
+    _, model = tiny
+    batch = generate(model, PROMPTS, max_new_tokens=10, temperature=0, stop_token_ids=[])
+    for prompt, out in zip(PROMPTS, batch):
+        alone = generate(model, [prompt], max_new_tokens=10, temperature=0, stop_token_ids=[])[0]
+        assert out.tokens == alone.tokens
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0)
+
+
+def test_greedy_equals_transformers_generate(tiny):
+    hf, model = tiny
+    ours = generate(model, PROMPTS, max_new_tokens=16, temperature=0, stop_token_ids=[])
+    assert len({tuple(o.tokens) for o in ours}) == len(PROMPTS), "degenerate model: the test would be weak"
+    for prompt, out in zip(PROMPTS, ours):  # one prompt at a time: no padding conventions involved
+        expected = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               max_new_tokens=16, do_sample=False, repetition_penalty=1.0, eos_token_id=None,
+                               pad_token_id=0)[0, len(prompt):].tolist()
+        assert out.tokens == expected
+    # and a left-padded batch through transformers gives the same tokens as our batch
+    T = max(map(len, PROMPTS))
+    ids = torch.tensor([[0] * (T - len(p)) + p for p in PROMPTS])
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in PROMPTS])
+    hf_batch = hf.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, repetition_penalty=1.0,
+                           eos_token_id=None, pad_token_id=0)[:, T:].tolist()
+    assert [o.tokens for o in ours] == hf_batch
+
+
+def test_stop_tokens_and_finish_reasons(tiny):
+    _, model = tiny
+    free = generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[])
+    stop = free[0].tokens[3]  # a token row 0 samples at step 3 (perhaps earlier too)
+    first = free[0].tokens.index(stop)
+    stopped = generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[stop])
+    assert stopped[0].tokens == free[0].tokens[:first + 1] and stopped[0].finish_reason == "stop"
+    assert stopped[0].tokens[-1] == stop and len(stopped[0].logprobs) == first + 1
+    for i in (1, 2):  # the other rows run on (and are computed alone correctly even after row 0 leaves)
+        cut = free[i].tokens.index(stop) + 1 if stop in free[i].tokens else 12
+        assert stopped[i].tokens == free[i].tokens[:cut]
+        assert stopped[i].finish_reason == ("stop" if stop in free[i].tokens else "length")
+    # stop_token_ids=None means the checkpoint's eos ids
+    model.eos_token_ids = [stop]
+    assert [o.tokens for o in generate(model, PROMPTS, max_new_tokens=12, temperature=0)] == \
+           [o.tokens for o in stopped]
+
+
+def test_finished_rows_leave_the_batch_without_changing_the_rest(tiny):
+    _, model = tiny
+    free = generate(model, PROMPTS, max_new_tokens=15, temperature=0, stop_token_ids=[])
+    stops = [free[0].tokens[0], free[1].tokens[1]]  # rows 0 and 1 stop early: 2 of 3 rows -> compaction
+    outs = generate(model, PROMPTS, max_new_tokens=15, temperature=0, stop_token_ids=stops)
+    for prompt, out in zip(PROMPTS, outs):
+        alone = generate(model, [prompt], max_new_tokens=15, temperature=0, stop_token_ids=stops)[0]
+        assert out.tokens == alone.tokens and out.finish_reason == alone.finish_reason
+        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0)
+    assert outs[0].finish_reason == "stop" and len(outs[0].tokens) == 1
+
+
+def test_seed_makes_sampling_reproducible(tiny):
+    _, model = tiny
+    a = generate(model, PROMPTS, max_new_tokens=20, seed=123, stop_token_ids=[])
+    b = generate(model, PROMPTS, max_new_tokens=20, seed=123, stop_token_ids=[])
+    c = generate(model, PROMPTS, max_new_tokens=20, seed=124, stop_token_ids=[])
+    assert [o.tokens for o in a] == [o.tokens for o in b]
+    assert [o.tokens for o in a] != [o.tokens for o in c]
+
+
+def test_group_sampling_prefills_once_and_matches_the_full_forward(tiny, monkeypatch):
+    _, model = tiny
+    G = 4
+    calls = []
+    original_forward = type(model).forward
+
+    def counting_forward(self, input_ids, *args, **kwargs):
+        calls.append(tuple(input_ids.shape))
+        return original_forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", counting_forward)
+    outs = generate(model, PROMPTS[:2], max_new_tokens=8, seed=0, num_samples=G, stop_token_ids=[])
+    assert calls[0] == (2, len(PROMPTS[0])) and all(shape[1] == 1 for shape in calls[1:])
+    assert calls[1] == (2 * G, 1), "each prompt's cache is copied into the G rows of its group"
+    assert len(outs) == 2 * G
+    assert len({tuple(o.tokens) for o in outs[:G]}) > 1, "samples of one group should differ"
+    for i, out in enumerate(outs):  # outs[i * G + j] is sample j of prompt i
+        expected = full_forward_logprobs(model, PROMPTS[i // G], out.tokens)
+        torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
+    greedy = generate(model, PROMPTS[:2], max_new_tokens=8, temperature=0, num_samples=G, stop_token_ids=[])
+    assert all(greedy[i].tokens == greedy[i - i % G].tokens for i in range(2 * G))
+
+
+def test_stream_yields_the_same_tokens_as_generate(tiny):
+    _, model = tiny
+    expected = generate(model, [PROMPTS[0]], max_new_tokens=10, temperature=0, stop_token_ids=[])[0].tokens
+    assert list(stream(model, PROMPTS[0], max_new_tokens=10, temperature=0, stop_token_ids=[])) == expected
+    stop = expected[4]
+    assert list(stream(model, PROMPTS[0], max_new_tokens=10, temperature=0, stop_token_ids=[stop])) == \
+           expected[:expected.index(stop) + 1]
+
+
+# ---- sample_next: the distribution, by hand -----------------------------------------------------------
+PROBS = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+
+
+def test_greedy_picks_the_argmax_with_untempered_logprob():
+    tokens, logprobs = sample_next(PROBS.log(), temperature=0)
+    assert tokens.tolist() == [0] and logprobs.item() == pytest.approx(math.log(0.5))
+
+
+def test_top_p_keeps_the_smallest_nucleus_and_renormalizes():
+    # mass before each token: 0, 0.5, 0.8, 0.95 -> top_p 0.8 keeps tokens 0 and 1, renormalized by 0.8
+    g = torch.Generator().manual_seed(0)
+    draws = [sample_next(PROBS.log(), top_p=0.8, generator=g) for _ in range(400)]
+    tokens = torch.cat([t for t, _ in draws])
+    assert set(tokens.tolist()) == {0, 1}
+    for t, lp in draws[:20]:
+        assert lp.item() == pytest.approx(math.log(PROBS[0, t].item() / 0.8), abs=1e-6)
+    assert 0.55 < (tokens == 0).float().mean() < 0.70  # 0.5 / 0.8 = 0.625
+
+
+def test_top_k_and_temperature():
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.cat([sample_next(PROBS.log(), top_k=2, generator=g)[0] for _ in range(300)])
+    assert set(tokens.tolist()) == {0, 1}
+    _, lp = sample_next(PROBS.log(), temperature=2.0, top_k=1, generator=g)
+    assert lp.item() == pytest.approx(0.0, abs=1e-6)  # one token left: probability 1
+    t, lp = sample_next(PROBS.log(), temperature=0.5, generator=g)
+    tempered = torch.log_softmax(PROBS.log() / 0.5, -1)[0]
+    assert lp.item() == pytest.approx(tempered[t].item(), abs=1e-6)
+
+
+# ---- bad input ---------------------------------------------------------------------------------------
+def test_prompt_beyond_the_context_is_refused(tiny):
+    _, model = tiny  # max_position_embeddings = 256
+    with pytest.raises(ValueError, match=r"prompt 1 has 250 tokens.*max_new_tokens=10.*context of 256"):
+        generate(model, [[1, 2], [3] * 250], max_new_tokens=10)
+    with pytest.raises(ValueError, match="prompt 0 holds token id 999"):
+        generate(model, [[1, 999]])
+    with pytest.raises(ValueError, match="prompt 1 must be a non-empty list"):
+        generate(model, [[1], []])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, [[1]], max_new_tokens=0)
+
+
+def test_cache_refuses_to_overflow(tiny):
+    _, model = tiny
+    cache = KVCache(model.config, 1, 4)
+    model(torch.tensor([[1, 2, 3]]), kv_cache=cache)
+    with pytest.raises(ValueError, match="KV cache is full: 3 slots used \\+ 2 new tokens > 4"):
+        model(torch.tensor([[4, 5]]), kv_cache=cache)
+    with pytest.raises(ValueError, match="longer than the model's context"):
+        KVCache(model.config, 1, 1000)
