@@ -1,6 +1,7 @@
-"""python -m minirl {generate,quickstart}: the command-line entry points.
+"""python -m minirl {generate,sft,quickstart}: the command-line entry points.
 
     python -m minirl generate --model DIR --prompt "What is 37 * 84?" --chat
+    python -m minirl sft --model DIR --data train.jsonl --out runs/sft
     python -m minirl quickstart
 """
 
@@ -52,6 +53,55 @@ def cmd_generate(args):
     print(f"[{len(tokens)} tokens in {seconds:.1f}s, {len(tokens) / seconds:.1f} tok/s]", file=sys.stderr)
 
 
+def cmd_sft(args):
+    from .sft import SFTConfig, train
+    train(SFTConfig(**{k: v for k, v in vars(args).items() if k not in ("command", "func")}))
+
+
+def add_sft_parser(sub, fmt):
+    from .sft import SFTConfig
+    d = SFTConfig(model="", data="")
+    s = sub.add_parser("sft", help="supervised fine-tuning on JSONL conversations (LoRA or full)",
+                       formatter_class=fmt)
+    # --- model and data ---
+    s.add_argument("--model", required=True, help="base checkpoint folder")
+    s.add_argument("--data", required=True, help="JSONL, one conversation per line")
+    s.add_argument("--out", default=d.out, help="run folder: metrics.csv, checkpoints/, adapter/ or model/")
+    s.add_argument("--max-len", type=int, default=d.max_len, help="longest conversation in tokens")
+    s.add_argument("--overflow", default=d.overflow, choices=["truncate", "drop"], help="what to do past --max-len")
+    s.add_argument("--skip-bad", action="store_true", help="skip and count bad lines instead of stopping")
+    s.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])
+    s.add_argument("--device", default=d.device)
+    # --- adapter ---
+    s.add_argument("--full", action="store_true", help="train all weights (small models) instead of LoRA")
+    s.add_argument("--lora-r", type=int, default=d.lora_r)
+    s.add_argument("--lora-alpha", type=float, default=d.lora_alpha)
+    s.add_argument("--lora-dropout", type=float, default=d.lora_dropout)
+    # --- optimization ---
+    s.add_argument("--epochs", type=int, default=d.epochs)
+    s.add_argument("--lr", type=float, default=d.lr)
+    s.add_argument("--batch-size", type=int, default=d.batch_size)
+    s.add_argument("--grad-accum", type=int, default=d.grad_accum, help="micro-batches per optimizer step")
+    s.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
+    s.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    s.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
+    s.add_argument("--checkpointing", action="store_true", help="activation checkpointing (less memory)")
+    s.add_argument("--seed", type=int, default=d.seed)
+    # --- graduation ---
+    s.add_argument("--eval-data", default=d.eval_data, help="held-out JSONL (default: 10%% of --data)")
+    s.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between checks (0: at the end)")
+    s.add_argument("--samples-per-prompt", type=int, default=d.samples_per_prompt)
+    s.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
+    s.add_argument("--min-format", type=float, default=d.min_format)
+    s.add_argument("--min-distinct", type=float, default=d.min_distinct)
+    s.add_argument("--until-graduated", action="store_true", help="stop once loss, format and diversity pass")
+    # --- checkpoints ---
+    s.add_argument("--save-every", type=int, default=d.save_every, help="steps (0: every epoch)")
+    s.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    s.add_argument("--stop-after", type=int, default=d.stop_after, help="stop after N steps (0: run all)")
+    s.set_defaults(func=cmd_sft)
+
+
 def cmd_quickstart(args):
     from .quickstart import run
     run(out_dir=args.out, seed=args.seed)
@@ -78,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=20, help="0 = off")
     g.add_argument("--seed", type=int, default=None)
     g.set_defaults(func=cmd_generate)
+
+    add_sft_parser(sub, fmt)
 
     q = sub.add_parser("quickstart", help="the main job: the whole pipeline on a CPU in minutes", formatter_class=fmt)
     q.add_argument("--out", default=os.path.join("runs", "quickstart"))

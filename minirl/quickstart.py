@@ -15,39 +15,23 @@ import time
 import torch
 
 from .chat import render, show_mask
-from .model import random_model
 from .sampling import generate
-from .toy import arithmetic_corpus, tiny_config, train_tokenizer
-from .weights import load_pretrained, save_pretrained
-
-TOOLS = [{"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression exactly.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
-CONVERSATION = [
-    {"role": "user", "content": "What is 37 * 84?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "37 * 84"}}}]},
-    {"role": "tool", "content": "3108"},
-    {"role": "assistant", "content": "37 * 84 = 3108."},
-]
+from .toy import build_checkpoint, calculator_conversation
+from .weights import load_pretrained
 
 
 def run(out_dir: str = os.path.join("runs", "quickstart"), seed: int = 0) -> dict:
     start = time.perf_counter()
     torch.manual_seed(seed)
     print("1. tokenizer: byte-level BPE trained on arithmetic chats, with Qwen2.5's special tokens")
-    tokenizer = train_tokenizer(arithmetic_corpus(seed=seed), vocab_size=512)
-    config = tiny_config(tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id)
-    model = random_model(config, seed=seed)
-    folder = os.path.join(out_dir, "tiny-qwen2")
-    save_pretrained(model, folder, tokenizer)
+    folder = build_checkpoint(os.path.join(out_dir, "tiny-qwen2"), seed=seed)
+    model, tokenizer = load_pretrained(folder)
     print(f"2. saved a {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M-parameter Qwen2 to {folder}: "
           f"{', '.join(sorted(os.listdir(folder)))}")
-
-    model, tokenizer = load_pretrained(folder)
     print("3. loaded it back with minirl.load_pretrained; the chat template with a tool call, trained tokens"
           " highlighted:\n")
-    ids, mask = render(tokenizer, CONVERSATION, tools=TOOLS)
+    demo = calculator_conversation(37, 84)
+    ids, mask = render(tokenizer, demo["messages"], tools=demo["tools"])
     print(show_mask(tokenizer, ids, mask) + "\n")
 
     questions = ["What is 12 * 7?", "What is 45 + 38?"]

@@ -1,0 +1,134 @@
+"""SFT data: JSONL conversations -> checked messages -> (input_ids, labels) -> padded batches.
+
+One conversation per line, in the chat format of DESIGN.md §3:
+
+    {"messages": [{"role": "user", "content": "What is 37 * 84?"},
+                  {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function":
+                      {"name": "calculator", "arguments": {"expression": "37 * 84"}}}]},
+                  {"role": "tool", "content": "3108"},
+                  {"role": "assistant", "content": "3108"}],
+     "tools": [{"type": "function", "function": {"name": "calculator", ...}}]}
+
+(a bare list of messages is accepted too). Labels are the ids where chat.render's mask is 1 and
+IGNORE_INDEX elsewhere, so only what the assistant wrote is learned.
+"""
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from .chat import render
+from .losses import IGNORE_INDEX
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class DataError(ValueError):
+    """A data line minirl cannot train on; the message starts with file:line."""
+
+
+def tool_names(tools) -> set[str]:
+    return {(t.get("function", t) or {}).get("name") for t in tools or [] if isinstance(t, dict)}
+
+
+def check_conversation(record) -> dict:
+    """Normalize one JSONL record to {"messages": [...], "tools": [...] or None}, or raise ValueError."""
+    if isinstance(record, list):
+        record = {"messages": record}
+    if not isinstance(record, dict) or not isinstance(record.get("messages"), list) or not record["messages"]:
+        raise ValueError('expected {"messages": [...], "tools": [...]} or a list of messages')
+    messages, tools = record["messages"], record.get("tools")
+    known = tool_names(tools)
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise ValueError(f"message {i}: unknown role {m.get('role') if isinstance(m, dict) else m!r} "
+                             f"(expected one of {', '.join(ROLES)})")
+        calls = m.get("tool_calls") or []
+        if m["role"] == "assistant" and calls:
+            if m.get("content") is not None and not isinstance(m["content"], str):
+                raise ValueError(f"message {i}: assistant content must be a string")
+            for call in calls:
+                name = (call.get("function", call) if isinstance(call, dict) else {}).get("name")
+                if name not in known:
+                    raise ValueError(f"message {i}: tool call to {name!r}, which is not in the line's tools "
+                                     f"({', '.join(sorted(map(str, known))) or 'none listed'})")
+        elif "content" not in m or not isinstance(m["content"], str):
+            raise ValueError(f"message {i} ({m['role']}): missing content (a string)")
+        elif m["role"] == "assistant" and not m["content"].strip():
+            raise ValueError(f"message {i}: empty assistant turn (no content and no tool calls)")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ValueError("no assistant turn: nothing to train on")
+    return {"messages": messages, "tools": tools}
+
+
+def read_conversations(path: str, skip_bad: bool = False) -> tuple[list[dict], int]:
+    """All valid conversations of a JSONL file and the number of bad lines skipped (skip_bad=True);
+    without skip_bad the first bad line raises DataError("path:line: what is wrong")."""
+    conversations, skipped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                conversations.append(check_conversation(json.loads(line)))
+            except (json.JSONDecodeError, ValueError, AttributeError, TypeError) as e:
+                if not skip_bad:
+                    reason = f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
+                    raise DataError(f"{path}:{lineno}: {reason}; fix the line or pass --skip-bad") from None
+                skipped += 1
+    if not conversations:
+        raise DataError(f"{path}: no usable conversation")
+    return conversations, skipped
+
+
+@dataclass
+class EncodeStats:
+    kept: int = 0
+    truncated: int = 0  # cut to max_len (overflow="truncate")
+    dropped: int = 0  # longer than max_len (overflow="drop"), or nothing trained left after the cut
+    lengths: list = field(default_factory=list)
+
+
+def encode(tokenizer, conversations: list[dict], max_len: int,
+           overflow: str = "truncate") -> tuple[list[dict], EncodeStats]:
+    """Render each conversation to {"input_ids", "labels"} (lists of ints, labels IGNORE_INDEX off the mask)."""
+    if overflow not in ("truncate", "drop"):
+        raise ValueError(f"overflow must be 'truncate' or 'drop', got {overflow!r}")
+    examples, stats = [], EncodeStats()
+    for conv in conversations:
+        ids, mask = render(tokenizer, conv["messages"], conv.get("tools"))
+        if len(ids) > max_len:
+            if overflow == "drop":
+                stats.dropped += 1
+                continue
+            ids, mask = ids[:max_len], mask[:max_len]
+            stats.truncated += 1
+        if sum(mask[1:]) == 0:  # the first token is never a target (nothing predicts it)
+            stats.dropped += 1
+            continue
+        examples.append({"input_ids": ids, "labels": [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]})
+        stats.lengths.append(len(ids))
+    stats.kept = len(examples)
+    return examples, stats
+
+
+def collate(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a list of examples into input_ids, attention_mask and labels, each (B, T)."""
+    T = max(len(e["input_ids"]) for e in examples)
+    batch = {"input_ids": torch.full((len(examples), T), pad_id, dtype=torch.long),
+             "attention_mask": torch.zeros(len(examples), T, dtype=torch.long),
+             "labels": torch.full((len(examples), T), IGNORE_INDEX, dtype=torch.long)}
+    for i, e in enumerate(examples):
+        n = len(e["input_ids"])
+        batch["input_ids"][i, :n] = torch.tensor(e["input_ids"])
+        batch["attention_mask"][i, :n] = 1
+        batch["labels"][i, :n] = torch.tensor(e["labels"])
+    return batch
+
+
+def epoch_batches(n_examples: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """The example indices of each batch of one epoch: a fresh permutation per epoch, fixed by seed and
+    epoch alone, so a resumed run sees exactly the batches the uninterrupted run would have."""
+    order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(seed * 100003 + epoch)).tolist()
+    return [order[i:i + batch_size] for i in range(0, n_examples, batch_size)]

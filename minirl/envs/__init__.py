@@ -1,0 +1,1 @@
+"""Agent environments and the tools they expose."""

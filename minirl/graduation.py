@@ -1,0 +1,75 @@
+"""When is SFT done? The chapter's graduation test (§10.1): stop imitating and start RL once
+
+1. the training loss has converged (a plateau: the last window barely improves on the one before),
+2. the format is right (>= 90 % of sampled answers to held-out prompts parse: a well-formed
+   <tool_call> naming a known tool, or a plain final answer, ended by <|im_end|>),
+3. the outputs are still diverse (several different completions per prompt), because GRPO learns
+   only from groups whose samples differ: an over-trained, collapsed policy gives RL nothing.
+"""
+
+import torch
+
+from .data import tool_names
+from .envs.tools import parse_assistant
+from .sampling import generate
+
+
+def format_ok(text: str, finish_reason: str, known_tools: set[str]) -> bool:
+    """The completion ended itself, every tool call parses and names a known tool, or it is a final answer."""
+    turn = parse_assistant(text)
+    if finish_reason != "stop" or turn.errors:
+        return False
+    if turn.calls:
+        return all(call.name in known_tools for call in turn.calls)
+    return bool(turn.content)
+
+
+def distinct_n(token_lists: list[list[int]], n: int = 2) -> float:
+    """Distinct-n (Li et al. 2016): unique n-grams / all n-grams, pooled over the given samples."""
+    grams = [tuple(tokens[i:i + n]) for tokens in token_lists for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def loss_plateau(losses: list[float], window: int = 10, tolerance: float = 0.02, min_delta: float = 0.01) -> bool:
+    """True once the mean loss of the last `window` steps improves on the mean of the `window` steps
+    before it by at most `tolerance` (relative) or `min_delta` nats (absolute: near zero, relative
+    changes stay large while nothing more is learned)."""
+    if len(losses) < 2 * window:
+        return False
+    previous = sum(losses[-2 * window:-window]) / window
+    last = sum(losses[-window:]) / window
+    return previous - last <= max(tolerance * abs(previous), min_delta)
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, conversations: list[dict], samples_per_prompt: int = 4,
+             max_new_tokens: int = 128, temperature: float = 1.0, seed: int = 0) -> dict:
+    """Sample k completions for the first assistant turn of each held-out conversation and score them."""
+    prompts, known = [], []
+    for conv in conversations:
+        first = next(i for i, m in enumerate(conv["messages"]) if m["role"] == "assistant")
+        text = tokenizer.apply_chat_template(conv["messages"][:first], conv.get("tools"), add_generation_prompt=True)
+        prompts.append(tokenizer.encode(text))
+        known.append(tool_names(conv.get("tools")))
+    outs = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                    num_samples=samples_per_prompt)
+    stop_ids = set(model.eos_token_ids)
+    k = samples_per_prompt
+    texts = [tokenizer.decode([t for t in out.tokens if t not in stop_ids]) for out in outs]
+    formats = [format_ok(text, out.finish_reason, known[i // k]) for i, (text, out) in enumerate(zip(texts, outs))]
+    groups = [outs[i:i + k] for i in range(0, len(outs), k)]
+    return {
+        "format_accuracy": sum(formats) / len(formats),
+        "distinct_completions": sum(len({tuple(o.tokens) for o in g}) / k for g in groups) / len(groups),
+        "distinct_2": sum(distinct_n([o.tokens for o in g]) for g in groups) / len(groups),
+        "samples": [{"prompt": i // k, "text": t, "format_ok": f} for i, (t, f) in enumerate(zip(texts, formats))],
+    }
+
+
+def graduated(metrics: dict, losses: list[float], min_format: float = 0.9, min_distinct: float = 0.5,
+              window: int = 10, tolerance: float = 0.02) -> dict:
+    """The three criteria, each True/False, and "graduated" when all hold."""
+    checks = {"loss_plateau": loss_plateau(losses, window, tolerance),
+              "format_ok": metrics["format_accuracy"] >= min_format,
+              "diverse": metrics["distinct_completions"] >= min_distinct}
+    return {**checks, "graduated": all(checks.values())}

@@ -1,0 +1,197 @@
+"""LoRA by hand (Hu et al. 2021): y = W x + (alpha / r) * B A dropout(x), with W frozen.
+
+A (r x C_in) starts Kaiming-uniform and B (C_out x r) at zero, so a fresh adapter leaves the model
+unchanged and training moves only the low-rank product B A. `LoRALinear` keeps the base layer's
+`weight` and `bias` under their own names, so the model's state_dict still has the HF keys
+(`...q_proj.weight`) next to `...q_proj.lora_A.weight` / `lora_B.weight` (PEFT's names).
+
+Turning the adapters off gives the base model back without a second copy of its weights: that is
+the reference policy pi_ref for the KL term of RL (`disable_adapters`).
+"""
+
+import json
+import math
+import os
+import re
+from contextlib import contextmanager
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .model import Linear
+
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."  # PEFT's key prefix: PeftModel -> LoraModel -> the transformers model
+
+
+class LoRALinear(Linear):
+    """A Linear layer plus a trainable low-rank update. Shares (does not copy) the base weight."""
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, rslora: bool = False):
+        nn.Module.__init__(self)  # not Linear.__init__: that would allocate a new weight
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight, self.bias = base.weight, base.bias  # the same Parameters, frozen by add_lora
+        kwargs = dict(bias=False, device=base.weight.device, dtype=torch.float32)  # adapters train in fp32
+        self.lora_A = nn.Linear(base.in_features, r, **kwargs)  # (r, C_in)
+        self.lora_B = nn.Linear(r, base.out_features, **kwargs)  # (C_out, r)
+        self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.r, self.alpha = r, alpha
+        self.scaling = alpha / math.sqrt(r) if rslora else alpha / r  # rsLoRA (Kalajdzievski 2023) or LoRA
+        self.merged = False  # W holds W + scaling * B A
+        self.enabled = True
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # PEFT's default, = nn.Linear's init
+        nn.init.zeros_(self.lora_B.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)  # W x + b
+        if self.merged or not self.enabled:
+            return y
+        x = self.lora_dropout(x.to(self.lora_A.weight.dtype))
+        return y + (self.lora_B(self.lora_A(x)) * self.scaling).to(y.dtype)
+
+    def delta_weight(self) -> torch.Tensor:
+        return self.scaling * (self.lora_B.weight @ self.lora_A.weight)  # (C_out, C_in), float32
+
+    @torch.no_grad()
+    def merge(self):
+        if not self.merged:
+            self.weight += self.delta_weight().to(self.weight.dtype)
+            self.merged = True
+
+    @torch.no_grad()
+    def unmerge(self):
+        if self.merged:
+            self.weight -= self.delta_weight().to(self.weight.dtype)
+            self.merged = False
+
+
+def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def _matches(name: str, targets) -> bool:
+    """PEFT's rule: a string is a regex over the full module name; a list matches the name's last part."""
+    if isinstance(targets, str):
+        return re.fullmatch(targets, name) is not None
+    return name.rsplit(".", 1)[-1] in targets
+
+
+def add_lora(model: nn.Module, r: int = 16, alpha: float = 32, targets=DEFAULT_TARGETS, dropout: float = 0.0,
+             rslora: bool = False) -> nn.Module:
+    """Wrap every targeted Linear in a LoRALinear and freeze all other parameters. In place."""
+    if lora_layers(model):
+        raise ValueError("the model already has LoRA adapters; merge or load into them instead")
+    if r < 1:
+        raise ValueError(f"LoRA rank r must be >= 1, got {r}")
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and _matches(n, targets)]
+    if not names:
+        raise ValueError(f"no Linear layer matches the LoRA targets {targets!r}")
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, LoRALinear(getattr(parent, child), r, alpha, dropout, rslora))
+    for name, p in model.named_parameters():
+        p.requires_grad_("lora_" in name)
+    model.lora_config = dict(r=r, alpha=alpha, dropout=dropout, rslora=rslora,
+                             targets=targets if isinstance(targets, str) else sorted({n.rsplit(".", 1)[-1]
+                                                                                      for n in names}))
+    return model
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """W <- W + (alpha/r) B A in every adapted layer: sampling then costs no extra matmuls."""
+    for layer in lora_layers(model).values():
+        layer.merge()
+    return model
+
+
+def unmerge_lora(model: nn.Module) -> nn.Module:
+    """Undo merge_lora (exact in float32 up to rounding; in bfloat16 the rounding is visible)."""
+    for layer in lora_layers(model).values():
+        layer.unmerge()
+    return model
+
+
+@contextmanager
+def disable_adapters(model: nn.Module):
+    """Run the base model: inside the block every adapter is off (merged ones are taken out first)."""
+    layers = lora_layers(model).values()
+    merged = [layer for layer in layers if layer.merged]
+    for layer in merged:
+        layer.unmerge()
+    for layer in layers:
+        layer.enabled = False
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enabled = True
+        for layer in merged:
+            layer.merge()
+
+
+def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: t for name, t in model.state_dict().items() if "lora_" in name}
+
+
+def save_adapter(model: nn.Module, folder: str):
+    """Write the adapter in PEFT's layout: peft.PeftModel.from_pretrained(transformers_model, folder) loads it."""
+    if not lora_layers(model):
+        raise ValueError("the model has no LoRA adapters to save")
+    cfg = model.lora_config
+    os.makedirs(folder, exist_ok=True)
+    tensors = {PEFT_PREFIX + k: v.detach().to("cpu").contiguous() for k, v in lora_state_dict(model).items()}
+    peft_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg["r"], "lora_alpha": cfg["alpha"],
+                   "lora_dropout": cfg["dropout"], "target_modules": cfg["targets"], "use_rslora": cfg["rslora"],
+                   "bias": "none", "fan_in_fan_out": False, "init_lora_weights": True, "use_dora": False,
+                   "inference_mode": True, "modules_to_save": None, "layers_to_transform": None,
+                   "rank_pattern": {}, "alpha_pattern": {}, "base_model_name_or_path": None}
+    for name, write in ((ADAPTER_WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})),
+                        (ADAPTER_CONFIG, lambda tmp: _dump_json(peft_config, tmp))):
+        tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
+        write(tmp)
+        os.replace(tmp, os.path.join(folder, name))  # never a half-written adapter under the real name
+
+
+def _dump_json(obj, path):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+
+
+def load_adapter(model: nn.Module, folder: str) -> nn.Module:
+    """Load an adapter written by save_adapter or by peft's save_pretrained; adds LoRA layers if needed."""
+    config_path, weights_path = os.path.join(folder, ADAPTER_CONFIG), os.path.join(folder, ADAPTER_WEIGHTS)
+    for path in (config_path, weights_path):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such file; an adapter folder holds {ADAPTER_CONFIG} and "
+                                    f"{ADAPTER_WEIGHTS}")
+    with open(config_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    unsupported = {k: cfg.get(k) for k in ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save",
+                                           "layers_to_transform", "fan_in_fan_out") if cfg.get(k)}
+    if cfg.get("peft_type", "LORA") != "LORA" or cfg.get("bias", "none") != "none" or unsupported:
+        raise ValueError(f"{config_path}: minirl loads plain LoRA adapters; unsupported settings "
+                         f"{ {'peft_type': cfg.get('peft_type'), 'bias': cfg.get('bias'), **unsupported} }")
+    if any(layer.merged for layer in lora_layers(model).values()):
+        raise ValueError("unmerge_lora(model) before loading an adapter into it")
+    if not lora_layers(model):
+        add_lora(model, r=cfg["r"], alpha=cfg["lora_alpha"], targets=cfg["target_modules"],
+                 dropout=cfg.get("lora_dropout", 0.0), rslora=cfg.get("use_rslora", False))
+    ours = model.lora_config
+    if (ours["alpha"], ours["rslora"]) != (cfg["lora_alpha"], cfg.get("use_rslora", False)):
+        # same shapes but another scaling: the weights would load and silently compute something else
+        raise ValueError(f"{config_path}: lora_alpha={cfg['lora_alpha']}, use_rslora={cfg.get('use_rslora', False)} "
+                         f"but the model's adapters have alpha={ours['alpha']}, rslora={ours['rslora']}; load "
+                         f"into a model without adapters (load_adapter adds them from the config)")
+    tensors = {k.removeprefix(PEFT_PREFIX).replace(".default.", "."): v for k, v in load_file(weights_path).items()}
+    expected = lora_state_dict(model)
+    missing, unexpected = expected.keys() - tensors.keys(), tensors.keys() - expected.keys()
+    wrong = [k for k in expected.keys() & tensors.keys() if expected[k].shape != tensors[k].shape]
+    if missing or unexpected or wrong:
+        raise ValueError(f"{weights_path} does not fit the model's LoRA layers: missing {sorted(missing)[:3]}, "
+                         f"unexpected {sorted(unexpected)[:3]}, mis-shaped {sorted(wrong)[:3]}")
+    model.load_state_dict(tensors, strict=False)
+    return model

@@ -1,0 +1,276 @@
+"""Stage one: supervised fine-tuning on demonstrations, through LoRA (or all weights for small models).
+
+    python -m minirl sft --model DIR --data train.jsonl --out runs/sft --epochs 3 --lr 2e-4
+
+Chapter §10.1 / ch. 11 §2: imitate the demonstrator, L_SFT = −Σ_t log πθ(y*_t | x, y*_<t) over the
+assistant's tokens only. The loop, in order: render and mask the conversations (data.py), shuffle
+them per epoch with a fixed seed, accumulate gradients over --grad-accum micro-batches (the loss is a
+mean over the trained tokens of the whole accumulated batch), clip, AdamW step, warmup + cosine
+learning rate. Every --save-every steps a checkpoint (adapter or weights, optimizer, scheduler, RNG,
+loss history) is written to a temporary folder and renamed into place; --resume continues from the
+newest one and, on CPU with the same seed, reproduces the uninterrupted loss curve exactly.
+Graduation (graduation.py) is measured every --eval-every steps and at the end.
+
+Departures from the usual recipe: none in the loss; the loss is computed from hidden states in
+chunks (losses.sft_loss_chunked) so a 152k vocabulary never materializes full float32 logits.
+"""
+
+import csv
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm import tqdm
+
+from . import data, graduation
+from .lora import add_lora, load_adapter, save_adapter
+from .losses import IGNORE_INDEX, sft_loss_chunked
+from .weights import load_pretrained, save_pretrained
+
+METRIC_FIELDS = ["step", "epoch", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s",
+                 "format_accuracy", "distinct_completions", "distinct_2", "loss_plateau", "graduated"]
+
+
+@dataclass
+class SFTConfig:
+    model: str
+    data: str
+    out: str = os.path.join("runs", "sft")
+    # --- adapter ---
+    full: bool = False  # train every weight instead of a LoRA adapter
+    lora_r: int = 16
+    lora_alpha: float = 32
+    lora_dropout: float = 0.0
+    # --- optimization ---
+    epochs: int = 1
+    lr: float = 2e-4
+    batch_size: int = 4
+    grad_accum: int = 1
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_len: int = 1024
+    overflow: str = "truncate"  # or "drop": what to do with conversations longer than max_len
+    checkpointing: bool = False  # activation checkpointing
+    seed: int = 0
+    dtype: str = "auto"  # bfloat16 weights + autocast on GPU, float32 on CPU
+    device: str = "auto"
+    # --- data checks and evaluation ---
+    skip_bad: bool = False
+    eval_data: str | None = None  # held-out conversations; default: a slice of --data
+    eval_every: int = 0  # 0 = only at the end
+    samples_per_prompt: int = 4
+    eval_max_new_tokens: int = 128
+    min_format: float = 0.9
+    min_distinct: float = 0.5
+    until_graduated: bool = False
+    # --- checkpoints ---
+    save_every: int = 0  # 0 = at the end of each epoch
+    resume: bool = False
+    stop_after: int = 0  # stop (with a checkpoint) after this many steps; the schedule still spans the run
+
+
+def cosine_with_warmup(warmup: int, total: int):
+    """lr multiplier: linear warmup to 1 over `warmup` steps, then a cosine decay to 0 at `total`."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+def split_heldout(conversations: list[dict], seed: int) -> tuple[list[dict], list[dict], str]:
+    """(train, eval, where): a held-out slice (10 %, at most 32) when there are >= 10 conversations;
+    with fewer, graduation is measured on training prompts and the summary says so."""
+    if len(conversations) < 10:
+        return conversations, conversations, "train"
+    order = list(range(len(conversations)))
+    random.Random(seed).shuffle(order)
+    n_eval = min(32, len(conversations) // 10)
+    held = set(order[:n_eval])
+    return ([c for i, c in enumerate(conversations) if i not in held],
+            [c for i, c in enumerate(conversations) if i in held], "heldout")
+
+
+# ---- checkpoints -------------------------------------------------------------------------------------
+def save_checkpoint(cfg, model, tokenizer, optimizer, scheduler, step, losses, keep: int = 2):
+    root = os.path.join(cfg.out, "checkpoints")
+    final, tmp = os.path.join(root, f"step-{step:06d}"), os.path.join(root, f".step-{step:06d}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if cfg.full:
+        save_pretrained(model, tmp, tokenizer)
+    else:
+        save_adapter(model, tmp)
+    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "torch_rng": torch.get_rng_state(), "losses": losses, "config": asdict(cfg)},
+               os.path.join(tmp, "trainer_state.pt"))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)  # a checkpoint folder appears whole or not at all
+    for old in sorted(d for d in os.listdir(root) if d.startswith("step-"))[:-keep]:
+        shutil.rmtree(os.path.join(root, old))
+
+
+def latest_checkpoint(out: str) -> str | None:
+    root = os.path.join(out, "checkpoints")
+    found = sorted(d for d in os.listdir(root) if d.startswith("step-")) if os.path.isdir(root) else []
+    return os.path.join(root, found[-1]) if found else None
+
+
+def restore_checkpoint(cfg, folder, model, optimizer, scheduler):
+    if cfg.full:
+        from .weights import load_model
+        model.load_state_dict(load_model(folder, dtype=model.dtype, device=model.device).state_dict())
+    else:
+        load_adapter(model, folder)
+    state = torch.load(os.path.join(folder, "trainer_state.pt"), weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])
+    return state["step"], state["losses"]
+
+
+class MetricsLog:
+    """runs/NAME/metrics.csv, one row per optimizer step; on resume, rows after the checkpoint are dropped."""
+
+    def __init__(self, path: str, resume_step: int | None):
+        rows = []
+        if resume_step is not None and os.path.exists(path):
+            with open(path, newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+        self.file = open(path, "w", newline="")
+        self.writer = csv.DictWriter(self.file, fieldnames=METRIC_FIELDS)
+        self.writer.writeheader()
+        self.writer.writerows(rows)
+
+    def write(self, row: dict):
+        self.writer.writerow({k: row.get(k, "") for k in METRIC_FIELDS})
+        self.file.flush()
+
+
+# ---- the loop ----------------------------------------------------------------------------------------
+def train(cfg: SFTConfig) -> dict:
+    device = torch.device(cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else (
+        torch.bfloat16 if device.type == "cuda" and not cfg.full else torch.float32)
+    torch.manual_seed(cfg.seed)
+    os.makedirs(cfg.out, exist_ok=True)
+    model, tokenizer = load_pretrained(cfg.model, dtype=dtype, device=device)
+    conversations, skipped = data.read_conversations(cfg.data, cfg.skip_bad)
+    if cfg.eval_data:
+        train_convs, eval_convs, eval_on = conversations, data.read_conversations(cfg.eval_data)[0], "eval_data"
+    else:
+        train_convs, eval_convs, eval_on = split_heldout(conversations, cfg.seed)
+    examples, stats = data.encode(tokenizer, train_convs, cfg.max_len, cfg.overflow)
+    if not examples:
+        raise data.DataError(f"{cfg.data}: every conversation was dropped (longer than --max-len {cfg.max_len}?)")
+    print(f"data: {stats.kept} conversations for training ({stats.truncated} truncated, {stats.dropped} dropped "
+          f"at --max-len {cfg.max_len}, {skipped} bad lines skipped); graduation measured on "
+          f"{len(eval_convs)} {'training' if eval_on == 'train' else 'held-out'} prompts")
+
+    if cfg.full:
+        model.requires_grad_(True)
+    else:
+        add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout)
+    model.set_gradient_checkpointing(cfg.checkpointing)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = math.ceil(math.ceil(len(examples) / cfg.batch_size) / cfg.grad_accum)
+    total_steps = cfg.epochs * steps_per_epoch
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, cosine_with_warmup(round(cfg.warmup_ratio * total_steps), total_steps))
+    step, losses = 0, []
+    resume_from = latest_checkpoint(cfg.out) if cfg.resume else None
+    if cfg.resume and resume_from is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {os.path.join(cfg.out, 'checkpoints')}")
+    if resume_from:
+        step, losses = restore_checkpoint(cfg, resume_from, model, optimizer, scheduler)
+        print(f"resumed from {resume_from} at step {step}")
+    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), step if resume_from else None)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    save_every = cfg.save_every or steps_per_epoch
+
+    def run_eval():
+        metrics = graduation.evaluate(model, tokenizer, eval_convs, cfg.samples_per_prompt,
+                                      cfg.eval_max_new_tokens, seed=cfg.seed)
+        return metrics, graduation.graduated(metrics, losses, cfg.min_format, cfg.min_distinct)
+
+    start, last_eval = time.perf_counter(), None
+    bar = tqdm(total=total_steps, initial=step, desc="sft", dynamic_ncols=True)
+    model.train()
+    while step < total_steps:
+        epoch, index = divmod(step, steps_per_epoch)
+        batches = data.epoch_batches(len(examples), cfg.batch_size, cfg.seed, epoch)
+        group = [collate_on(examples, b, tokenizer.pad_token_id, device)
+                 for b in batches[index * cfg.grad_accum:(index + 1) * cfg.grad_accum]]
+        trained = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in group)
+        tick, loss_value = time.perf_counter(), 0.0
+        for batch in group:
+            with autocast:
+                hidden = model.model(batch["input_ids"], batch["attention_mask"])  # (B, T, C)
+                n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+                # mean over the accumulated batch's trained tokens: weight each micro-batch by its share
+                loss = sft_loss_chunked(hidden, model.lm_head.weight, batch["labels"]) * (n / trained)
+            loss.backward()
+            loss_value += loss.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        losses.append(loss_value)
+        tokens = sum(int(b["attention_mask"].sum()) for b in group)
+        row = {"step": step, "epoch": epoch, "loss": f"{loss_value:.6f}", "lr": f"{lr:.6e}",
+               "grad_norm": f"{grad_norm:.6f}", "tokens": tokens,
+               "tokens_per_s": f"{tokens / (time.perf_counter() - tick):.1f}",
+               "elapsed_s": f"{time.perf_counter() - start:.1f}"}
+        stopping = cfg.stop_after and step >= cfg.stop_after
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == total_steps:
+            metrics, grad = run_eval()
+            last_eval = (metrics, grad)
+            row.update({k: f"{metrics[k]:.4f}" for k in ("format_accuracy", "distinct_completions", "distinct_2")},
+                       loss_plateau=int(grad["loss_plateau"]), graduated=int(grad["graduated"]))
+            model.train()
+            if cfg.until_graduated and grad["graduated"]:
+                print(f"graduated at step {step}: loss plateau, format {metrics['format_accuracy']:.2f}, "
+                      f"distinct {metrics['distinct_completions']:.2f}")
+                stopping = True
+        log.write(row)
+        bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=row["tokens_per_s"])
+        bar.update(1)
+        if step % save_every == 0 or stopping or step == total_steps:
+            save_checkpoint(cfg, model, tokenizer, optimizer, scheduler, step, losses)
+        if stopping:
+            break
+    bar.close()
+    log.file.close()
+    if last_eval is None:
+        last_eval = run_eval()
+    final_dir = os.path.join(cfg.out, "model" if cfg.full else "adapter")
+    if cfg.full:
+        save_pretrained(model, final_dir, tokenizer)
+    else:
+        save_adapter(model, final_dir)
+    metrics, grad = last_eval
+    summary = {"steps": step, "total_steps": total_steps, "final_loss": losses[-1] if losses else None,
+               "format_accuracy": metrics["format_accuracy"], "distinct_completions": metrics["distinct_completions"],
+               "distinct_2": metrics["distinct_2"], **grad, "graduation_measured_on": eval_on,
+               "examples": stats.kept, "truncated": stats.truncated, "dropped": stats.dropped,
+               "skipped_bad_lines": skipped, "seconds": time.perf_counter() - start, "saved": final_dir}
+    with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(f"graduation: loss plateau {grad['loss_plateau']}, format accuracy {metrics['format_accuracy']:.2f} "
+          f"(>= {cfg.min_format}), distinct completions {metrics['distinct_completions']:.2f} "
+          f"(>= {cfg.min_distinct}) -> {'graduated' if grad['graduated'] else 'not yet'}; saved {final_dir}")
+    return summary
+
+
+def collate_on(examples, indices, pad_id, device):
+    batch = data.collate([examples[i] for i in indices], pad_id)
+    return {k: v.to(device) for k, v in batch.items()}

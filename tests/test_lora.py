@@ -1,0 +1,262 @@
+"""LoRA (minirl/lora.py): exactness of a fresh adapter, the hand formula, freezing and gradients,
+merge/unmerge, disable_adapters, dropout, targets, and round trips with peft (the oracle) both ways."""
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import hf_tiny_model
+from safetensors.torch import load_file
+
+from minirl import load_model, random_model
+from minirl.lora import (LoRALinear, add_lora, disable_adapters, load_adapter, lora_layers, lora_state_dict,
+                         merge_lora, save_adapter, unmerge_lora)
+from minirl.toy import tiny_config
+
+V = 97
+
+
+def base_model(dtype=torch.float32, seed=0):
+    """The toy model with non-zero biases, so the `+ b` of the formula is exercised too."""
+    model = random_model(tiny_config(V), dtype=dtype, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+def randomize_lora_B(model, seed=0, std=0.05):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in lora_layers(model).values():
+            layer.lora_B.weight.copy_(torch.randn(layer.lora_B.weight.shape, generator=g) * std)
+    return model
+
+
+def ids_batch(B=2, T=11, vocab=V, seed=3):
+    return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_fresh_adapter_is_exact_then_B_changes_the_output():
+    model, ids = base_model(), ids_batch()
+    with torch.no_grad():
+        before = model(ids)
+        add_lora(model, r=4, alpha=8)
+        fresh = model(ids)
+        adapted = randomize_lora_B(model)(ids)
+    assert torch.equal(fresh, before), "B = 0 must leave the model unchanged bit for bit"
+    assert (adapted - before).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("rows", [1, 5, 300])  # 2-128 rows take Linear's CPU fast path; 1 and 300 do not
+@pytest.mark.parametrize("rslora", [False, True])
+def test_layer_output_is_the_lora_formula(rows, rslora):
+    model = add_lora(base_model(), r=4, alpha=8, rslora=rslora)
+    layer = randomize_lora_B(model).model.layers[1].self_attn.q_proj
+    assert layer.scaling == (8 / math.sqrt(4) if rslora else 8 / 4)
+    W, b, A, Bm = layer.weight, layer.bias, layer.lora_A.weight, layer.lora_B.weight
+    x = torch.randn(rows, W.shape[1], dtype=torch.float64)
+    expected = x @ W.double().T + b.double() + layer.scaling * (x @ A.double().T @ Bm.double().T)
+    with torch.no_grad():
+        got = layer(x.float())
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
+
+
+def test_only_lora_params_train_and_B_zero_gives_A_no_gradient():
+    model = add_lora(base_model(), r=4, alpha=8)
+    for name, p in model.named_parameters():
+        assert p.requires_grad == ("lora_" in name), name
+    ids = ids_batch()
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        model(ids).logsumexp(-1).mean().backward()
+        return {name: p.grad for name, p in model.named_parameters()}
+
+    g = grads()
+    assert all(g[name] is None for name in g if "lora_" not in name), "frozen weights got gradients"
+    # dL/dA = scaling * B^T (dL/dy) x^T vanishes while B = 0; dL/dB = scaling * (dL/dy) (A x)^T does not
+    assert all(torch.count_nonzero(g[n]) == 0 for n in g if "lora_A" in n)
+    assert all(g[n].abs().sum() > 0 for n in g if "lora_B" in n)
+    randomize_lora_B(model)
+    g = grads()
+    assert all(g[n].abs().sum() > 0 for n in g if "lora_" in n)
+    assert all(g[name] is None for name in g if "lora_" not in name)
+
+
+def test_merge_matches_unmerged_and_unmerge_restores_weights():
+    model, ids = randomize_lora_B(add_lora(base_model(), r=4, alpha=8)), ids_batch()
+    original = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k}
+    with torch.no_grad():
+        unmerged = model(ids)
+        merged = merge_lora(merge_lora(model))(ids)  # merging twice must not add B A twice
+        assert all(layer.merged for layer in lora_layers(model).values())
+        torch.testing.assert_close(merged, unmerged, atol=1e-5, rtol=0)
+        unmerge_lora(model)
+        torch.testing.assert_close(model(ids), unmerged, atol=1e-5, rtol=0)
+    q_weight = "model.layers.0.self_attn.q_proj.weight"
+    for k, v in original.items():
+        torch.testing.assert_close(model.state_dict()[k], v, atol=1e-6, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+    keys = model.state_dict().keys()
+    assert {q_weight, "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.q_proj.lora_A.weight",
+            "model.layers.0.self_attn.q_proj.lora_B.weight", "model.layers.3.mlp.down_proj.lora_A.weight"} <= keys
+    assert set(lora_state_dict(model)) == {k for k in keys if "lora_" in k} and len(lora_state_dict(model)) == 4 * 7 * 2
+
+
+@pytest.mark.parametrize("merged", [False, True])
+def test_disable_adapters_gives_the_base_model(merged):
+    model, ids = base_model(), ids_batch()
+    with torch.no_grad():
+        before = model(ids)
+        randomize_lora_B(add_lora(model, r=4, alpha=8))
+        adapted = model(ids)
+        if merged:
+            merge_lora(model)
+        with disable_adapters(model):
+            off = model(ids)
+        after = model(ids)
+    if merged:  # unmerging subtracts B A again: W + d - d is W up to one float rounding, not bit for bit
+        torch.testing.assert_close(off, before, atol=1e-5, rtol=0)
+        assert all(layer.merged for layer in lora_layers(model).values())
+    else:
+        assert torch.equal(off, before)
+    torch.testing.assert_close(after, adapted, atol=1e-5, rtol=0)
+    assert (adapted - before).abs().max() > 1e-3
+
+
+def test_disable_adapters_restores_them_after_an_exception():
+    model = randomize_lora_B(add_lora(base_model(), r=4, alpha=8))
+    with pytest.raises(RuntimeError), disable_adapters(model):
+        raise RuntimeError("inside")
+    assert all(layer.enabled for layer in lora_layers(model).values())
+
+
+def test_dropout_only_in_train_mode():
+    model, ids = randomize_lora_B(add_lora(base_model(), r=4, alpha=8, dropout=0.5)), ids_batch()
+    with torch.no_grad():
+        model.train()
+        assert not torch.equal(model(ids), model(ids))
+        model.eval()
+        assert torch.equal(model(ids), model(ids))
+
+
+def test_targets_regex_list_and_errors():
+    model = add_lora(base_model(), r=2, targets=r"model\.layers\.[01]\.self_attn\.(q|v)_proj")
+    assert sorted(lora_layers(model)) == [f"model.layers.{i}.self_attn.{p}_proj" for i in (0, 1) for p in "qv"]
+    model = add_lora(base_model(), r=2, targets=["o_proj", "up_proj"])
+    assert sorted(lora_layers(model)) == sorted(f"model.layers.{i}.{m}" for i in range(4)
+                                                for m in ("self_attn.o_proj", "mlp.up_proj"))
+    assert not isinstance(model.model.layers[0].self_attn.q_proj, LoRALinear)
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 4 * 2 * (128 + 128 + 128 + 352)
+    with pytest.raises(ValueError, match="no Linear layer matches"):
+        add_lora(base_model(), targets=["qproj"])
+    with pytest.raises(ValueError, match="already has LoRA"):
+        add_lora(model, r=2)
+
+
+# ---- PEFT interop: the same tiny transformers checkpoint under peft and under minirl
+
+PEFT_CONFIGS = [dict(target_modules=["q_proj", "v_proj", "down_proj"]),
+                dict(target_modules=r".*\.(k|o|gate)_proj", use_rslora=True)]
+
+
+def peft_config(**kwargs):
+    from peft import LoraConfig
+    return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, task_type="CAUSAL_LM", **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", PEFT_CONFIGS)
+def test_load_adapter_reads_peft(hf_checkpoint, tmp_path, kwargs):
+    from peft import get_peft_model
+
+    hf, folder = hf_checkpoint(tied=False)
+    ours = load_model(folder).set_attention("eager")
+    torch.manual_seed(0)
+    peft_model = get_peft_model(hf, peft_config(init_lora_weights=False, **kwargs)).eval()  # B random too
+    peft_model.save_pretrained(tmp_path / "adapter")
+    load_adapter(ours, str(tmp_path / "adapter"))
+    ids = ids_batch(B=2, T=13, vocab=hf.config.vocab_size)
+    with torch.no_grad():
+        expected = peft_model(ids).logits
+        got = ours(ids)
+        with peft_model.disable_adapter():
+            base = peft_model(ids).logits
+    assert (expected - base).abs().max() > 1e-2, "the adapter should matter"
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kwargs", PEFT_CONFIGS)
+def test_save_adapter_loads_in_peft_with_peft_key_names(hf_checkpoint, tmp_path, kwargs):
+    from peft import PeftModel, get_peft_model
+
+    hf, folder = hf_checkpoint(tied=True)
+    ours = load_model(folder).set_attention("eager")
+    add_lora(ours, r=4, alpha=8, targets=kwargs["target_modules"], rslora=kwargs.get("use_rslora", False))
+    randomize_lora_B(ours, std=0.2)
+    save_adapter(ours, str(tmp_path / "ours"))
+    peft_model = PeftModel.from_pretrained(hf, str(tmp_path / "ours")).eval()
+    ids = ids_batch(B=2, T=13, vocab=hf.config.vocab_size)
+    with torch.no_grad():
+        got, expected = ours(ids), peft_model(ids).logits
+        with disable_adapters(ours):
+            base = ours(ids)
+    assert (got - base).abs().max() > 1e-2, "the adapter should matter"
+    torch.testing.assert_close(expected, got, atol=1e-5, rtol=0)
+    # peft writing the same configuration: the same tensor names
+    get_peft_model(hf_tiny_model(tied=True), peft_config(**kwargs)).save_pretrained(tmp_path / "peft")
+    ours_keys = load_file(tmp_path / "ours" / "adapter_model.safetensors").keys()
+    assert ours_keys == load_file(tmp_path / "peft" / "adapter_model.safetensors").keys()
+    assert all(k.startswith("base_model.model.model.layers.") and k.endswith((".lora_A.weight", ".lora_B.weight"))
+               for k in ours_keys)
+
+
+def test_save_and_load_adapter_round_trip(tmp_path):
+    model, ids = randomize_lora_B(add_lora(base_model(), r=4, alpha=16, targets=["q_proj", "up_proj"])), ids_batch()
+    save_adapter(model, str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    fresh = load_adapter(base_model(), str(tmp_path))  # no adapters yet: added from the config
+    assert fresh.lora_config == model.lora_config
+    with torch.no_grad():
+        assert torch.equal(fresh(ids), model(ids))
+
+
+def test_load_adapter_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+        load_adapter(base_model(), str(tmp_path / "nowhere"))
+    model = randomize_lora_B(add_lora(base_model(), r=4, alpha=8))
+    save_adapter(model, str(tmp_path / "r4"))
+    (tmp_path / "r4" / "adapter_model.safetensors").rename(tmp_path / "moved.safetensors")
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "r4" / "adapter_model.safetensors")):
+        load_adapter(base_model(), str(tmp_path / "r4"))
+    (tmp_path / "moved.safetensors").rename(tmp_path / "r4" / "adapter_model.safetensors")
+
+    config_path = tmp_path / "r4" / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "use_dora": True}))
+    with pytest.raises(ValueError, match="use_dora"):
+        load_adapter(base_model(), str(tmp_path / "r4"))
+    config_path.write_text(json.dumps(config))
+
+    with pytest.raises(ValueError, match="mis-shaped"):  # the model's own adapters have another rank
+        load_adapter(add_lora(base_model(), r=8, alpha=8), str(tmp_path / "r4"))
+    with pytest.raises(ValueError, match="missing"):  # the model's adapters cover more layers than the file
+        save_adapter(add_lora(base_model(), r=4, alpha=8, targets=["q_proj"]), str(tmp_path / "q"))
+        load_adapter(add_lora(base_model(), r=4, alpha=8), str(tmp_path / "q"))
+    with pytest.raises(ValueError, match="alpha"):  # same shapes, another scaling: would load silently wrong
+        load_adapter(add_lora(base_model(), r=4, alpha=4), str(tmp_path / "r4"))
+    with pytest.raises(ValueError, match="unmerge"):
+        load_adapter(merge_lora(add_lora(base_model(), r=4, alpha=8)), str(tmp_path / "r4"))
+
+
+def test_bf16_base_keeps_fp32_adapters():
+    model = randomize_lora_B(add_lora(base_model(dtype=torch.bfloat16), r=4, alpha=8))
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" not in n} == {torch.bfloat16}
+    logits = model(ids_batch())
+    assert logits.dtype == torch.bfloat16
+    logits.float().logsumexp(-1).mean().backward()
+    assert all(p.grad.dtype == torch.float32 and p.grad.abs().sum() > 0
+               for n, p in model.named_parameters() if "lora_" in n)
