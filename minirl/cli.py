@@ -1,7 +1,8 @@
-"""python -m minirl {generate,sft,quickstart}: the command-line entry points.
+"""python -m minirl {generate,sft,grpo,quickstart}: the command-line entry points.
 
     python -m minirl generate --model DIR --prompt "What is 37 * 84?" --chat
     python -m minirl sft --model DIR --data train.jsonl --out runs/sft
+    python -m minirl grpo --model DIR --adapter runs/sft/adapter --task arithmetic --out runs/grpo
     python -m minirl quickstart
 """
 
@@ -102,6 +103,57 @@ def add_sft_parser(sub, fmt):
     s.set_defaults(func=cmd_sft)
 
 
+def cmd_grpo(args):
+    from .grpo import GRPOConfig, train
+    train(GRPOConfig(**{k: v for k, v in vars(args).items() if k not in ("command", "func")}))
+
+
+def add_grpo_parser(sub, fmt):
+    from .grpo import GRPOConfig
+    from .tasks import TASKS
+    d = GRPOConfig(model="")
+    g = sub.add_parser("grpo", help="GRPO on a task with verifiable rewards (LoRA or full)", formatter_class=fmt)
+    # --- model and task ---
+    g.add_argument("--model", required=True, help="base checkpoint folder")
+    g.add_argument("--adapter", default=d.adapter, help="SFT adapter to start from (becomes the KL reference)")
+    g.add_argument("--task", default=d.task, choices=sorted(TASKS))
+    g.add_argument("--out", default=d.out)
+    g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])
+    g.add_argument("--device", default=d.device)
+    # --- sampling ---
+    g.add_argument("--group-size", type=int, default=d.group_size, help="G completions per prompt")
+    g.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step, help="P prompts per step")
+    g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    g.add_argument("--temperature", type=float, default=d.temperature)
+    g.add_argument("--top-p", type=float, default=d.top_p)
+    # --- objective ---
+    g.add_argument("--beta", type=float, default=d.beta, help="KL weight (0: no reference pass)")
+    g.add_argument("--clip-low", type=float, default=d.clip_low)
+    g.add_argument("--clip-high", type=float, default=d.clip_high)
+    g.add_argument("--aggregation", default=d.aggregation, choices=["token", "sequence", "constant"])
+    g.add_argument("--advantage-scale", default=d.advantage_scale, choices=["std", "none"])
+    g.add_argument("--dynamic-sampling", action="store_true", help="drop groups whose rewards are all equal")
+    # --- optimization ---
+    g.add_argument("--steps", type=int, default=d.steps)
+    g.add_argument("--inner-steps", type=int, default=d.inner_steps, help="μ optimizer steps per batch")
+    g.add_argument("--minibatch-size", type=int, default=d.minibatch_size, help="sequences per forward")
+    g.add_argument("--lr", type=float, default=d.lr)
+    g.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    g.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    g.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
+    g.add_argument("--full", action="store_true", help="train all weights (a frozen copy is the reference)")
+    g.add_argument("--lora-r", type=int, default=d.lora_r)
+    g.add_argument("--lora-alpha", type=float, default=d.lora_alpha)
+    g.add_argument("--checkpointing", action="store_true")
+    g.add_argument("--seed", type=int, default=d.seed)
+    # --- evaluation and checkpoints ---
+    g.add_argument("--eval-every", type=int, default=d.eval_every, help="steps (0: at the end)")
+    g.add_argument("--save-every", type=int, default=d.save_every)
+    g.add_argument("--resume", action="store_true")
+    g.add_argument("--stop-after", type=int, default=d.stop_after)
+    g.set_defaults(func=cmd_grpo)
+
+
 def cmd_quickstart(args):
     from .quickstart import run
     run(out_dir=args.out, seed=args.seed)
@@ -130,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     add_sft_parser(sub, fmt)
+    add_grpo_parser(sub, fmt)
 
     q = sub.add_parser("quickstart", help="the main job: the whole pipeline on a CPU in minutes", formatter_class=fmt)
     q.add_argument("--out", default=os.path.join("runs", "quickstart"))

@@ -115,6 +115,20 @@ def unmerge_lora(model: nn.Module) -> nn.Module:
     return model
 
 
+def merge_and_unload(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its base weight and put plain Linear layers back: the adapted policy
+    becomes the new base model (e.g. SFT's result becomes π_SFT, the reference for RL's KL term)."""
+    for name, layer in lora_layers(model).items():
+        layer.merge()
+        parent_name, _, child = name.rpartition(".")
+        plain = Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+        plain.weight, plain.bias = layer.weight, layer.bias
+        setattr(model.get_submodule(parent_name), child, plain)
+    if hasattr(model, "lora_config"):
+        del model.lora_config
+    return model
+
+
 @contextmanager
 def disable_adapters(model: nn.Module):
     """Run the base model: inside the block every adapter is off (merged ones are taken out first)."""

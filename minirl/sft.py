@@ -15,12 +15,10 @@ Departures from the usual recipe: none in the loss; the loss is computed from hi
 chunks (losses.sft_loss_chunked) so a 152k vocabulary never materializes full float32 logits.
 """
 
-import csv
 import json
 import math
 import os
 import random
-import shutil
 import time
 from dataclasses import asdict, dataclass
 
@@ -28,7 +26,8 @@ import torch
 from tqdm import tqdm
 
 from . import data, graduation
-from .lora import add_lora, load_adapter, save_adapter
+from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
+from .lora import add_lora, save_adapter
 from .losses import IGNORE_INDEX, sft_loss_chunked
 from .weights import load_pretrained, save_pretrained
 
@@ -98,61 +97,6 @@ def split_heldout(conversations: list[dict], seed: int) -> tuple[list[dict], lis
             [c for i, c in enumerate(conversations) if i in held], "heldout")
 
 
-# ---- checkpoints -------------------------------------------------------------------------------------
-def save_checkpoint(cfg, model, tokenizer, optimizer, scheduler, step, losses, keep: int = 2):
-    root = os.path.join(cfg.out, "checkpoints")
-    final, tmp = os.path.join(root, f"step-{step:06d}"), os.path.join(root, f".step-{step:06d}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    if cfg.full:
-        save_pretrained(model, tmp, tokenizer)
-    else:
-        save_adapter(model, tmp)
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "torch_rng": torch.get_rng_state(), "losses": losses, "config": asdict(cfg)},
-               os.path.join(tmp, "trainer_state.pt"))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)  # a checkpoint folder appears whole or not at all
-    for old in sorted(d for d in os.listdir(root) if d.startswith("step-"))[:-keep]:
-        shutil.rmtree(os.path.join(root, old))
-
-
-def latest_checkpoint(out: str) -> str | None:
-    root = os.path.join(out, "checkpoints")
-    found = sorted(d for d in os.listdir(root) if d.startswith("step-")) if os.path.isdir(root) else []
-    return os.path.join(root, found[-1]) if found else None
-
-
-def restore_checkpoint(cfg, folder, model, optimizer, scheduler):
-    if cfg.full:
-        from .weights import load_model
-        model.load_state_dict(load_model(folder, dtype=model.dtype, device=model.device).state_dict())
-    else:
-        load_adapter(model, folder)
-    state = torch.load(os.path.join(folder, "trainer_state.pt"), weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["torch_rng"])
-    return state["step"], state["losses"]
-
-
-class MetricsLog:
-    """runs/NAME/metrics.csv, one row per optimizer step; on resume, rows after the checkpoint are dropped."""
-
-    def __init__(self, path: str, resume_step: int | None):
-        rows = []
-        if resume_step is not None and os.path.exists(path):
-            with open(path, newline="") as f:
-                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
-        self.file = open(path, "w", newline="")
-        self.writer = csv.DictWriter(self.file, fieldnames=METRIC_FIELDS)
-        self.writer.writeheader()
-        self.writer.writerows(rows)
-
-    def write(self, row: dict):
-        self.writer.writerow({k: row.get(k, "") for k in METRIC_FIELDS})
-        self.file.flush()
-
-
 # ---- the loop ----------------------------------------------------------------------------------------
 def train(cfg: SFTConfig) -> dict:
     device = torch.device(cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
@@ -189,9 +133,10 @@ def train(cfg: SFTConfig) -> dict:
     if cfg.resume and resume_from is None:
         raise FileNotFoundError(f"--resume: no checkpoint under {os.path.join(cfg.out, 'checkpoints')}")
     if resume_from:
-        step, losses = restore_checkpoint(cfg, resume_from, model, optimizer, scheduler)
+        state = restore_checkpoint(resume_from, model, optimizer, scheduler, cfg.full)
+        step, losses = state["step"], state["losses"]
         print(f"resumed from {resume_from} at step {step}")
-    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), step if resume_from else None)
+    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), METRIC_FIELDS, step if resume_from else None)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     save_every = cfg.save_every or steps_per_epoch
 
@@ -245,11 +190,12 @@ def train(cfg: SFTConfig) -> dict:
         bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=row["tokens_per_s"])
         bar.update(1)
         if step % save_every == 0 or stopping or step == total_steps:
-            save_checkpoint(cfg, model, tokenizer, optimizer, scheduler, step, losses)
+            save_checkpoint(cfg.out, model, tokenizer, optimizer, scheduler, step, cfg.full,
+                            {"losses": losses, "config": asdict(cfg)})
         if stopping:
             break
     bar.close()
-    log.file.close()
+    log.close()
     if last_eval is None:
         last_eval = run_eval()
     final_dir = os.path.join(cfg.out, "model" if cfg.full else "adapter")

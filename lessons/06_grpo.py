@@ -1,0 +1,104 @@
+"""Lesson 06: stage two, GRPO: sample a group, compare within it, push up what beat the group's average.
+
+Chapter ch. 11 §6 (GRPO) and §10.1 (L_RL = −E[R(τ)] + β·KL(πθ‖π_SFT)). We work the chapter's example,
+"What is 37 × 84?" answered four times (3108 ✓, 3018 ✗, 3108 ✓, 3208 ✗), through the library's own
+functions: the group advantages, then the clipped, KL-regularized loss, whose value is about 0 at
+the start of every step while its gradient is not. Then a short GRPO run on the toy model with a
+reward it can discover by trial and error.
+
+    python lessons/06_grpo.py                 # toy world, ~15 s on 2 CPU cores, < 1 GB
+    python lessons/06_grpo.py --model DIR     # a real Qwen2.5-Instruct folder (GPU advised)
+
+Departure from the chapter: the toy base model is random (the pretrained toy arrives with the
+quickstart stage), so the run's reward is a format reward it can reach from noise ("reply in
+digits"), not arithmetic correctness.
+"""
+
+# %% setup
+import argparse
+import csv
+import inspect
+import os
+import random
+import tempfile
+
+import torch
+
+from minirl import load_pretrained
+from minirl.grpo import GRPOConfig, train
+from minirl.losses import group_advantages, policy_loss
+from minirl.toy import build_checkpoint
+
+parser = argparse.ArgumentParser(description="Lesson 06: GRPO")
+parser.add_argument("--model", default=None, help="checkpoint folder (default: build the toy model)")
+parser.add_argument("--steps", type=int, default=30)
+args, _ = parser.parse_known_args()
+work = tempfile.mkdtemp(prefix="lesson06-")
+
+# %% 1. the group, by hand
+# Four sampled answers to "37 × 84 = ?" and a verifiable reward: 1 if the answer is 3108.
+answers = [3108, 3018, 3108, 3208]
+rewards = torch.tensor([float(a == 37 * 84) for a in answers])
+mean, std = rewards.mean(), rewards.std(unbiased=False)
+print(f"rewards {rewards.tolist()}: mean {mean:.2f}, std {std:.2f} -> (r - mean) / std = "
+      f"{((rewards - mean) / std).tolist()}")
+print(inspect.getsource(group_advantages))
+advantages = group_advantages(rewards, group_size=4)
+print("group_advantages:", [round(a, 4) for a in advantages.tolist()], "(eps keeps a zero-spread group at 0)")
+
+# %% 2. the loss on that group: ~0 in value, not in gradient
+# Pretend each answer is 3 tokens with these log-probs under the current policy. On-policy, the
+# sampling policy π_old is the current one, so every ratio ρ = π/π_old is exactly 1.
+logp = torch.log(torch.tensor([[0.9, 0.8, 0.7], [0.6, 0.5, 0.9], [0.9, 0.8, 0.7], [0.3, 0.4, 0.5]])).requires_grad_()
+mask = torch.ones(4, 3)
+loss, stats = policy_loss(logp, logp.detach(), logp.detach(), advantages, mask, beta=0.04)
+loss.backward()
+print(f"loss = {loss.item():+.6f}   stats = {stats}")
+print("d loss / d log π per token:\n", logp.grad)
+print("The loss is −mean(ρ·A) with ρ = 1 and advantages that sum to 0: zero. Its gradient is −A/12 per token:\n"
+      "raise the log-probs of the right answers, lower the wrong ones. The KL term is 0 too (π = π_ref) and so\n"
+      "is its gradient; it only pushes back once the policy has moved away from the reference.")
+
+# %% 3. a short run: the toy model learns, by reward alone, to reply in digits
+base = args.model or build_checkpoint(os.path.join(work, "toy"), seed=0, initializer_range=0.2)
+_, tokenizer = load_pretrained(base)
+digits = {i for i in range(tokenizer.vocab_size) if tokenizer.decode([i]).strip().isdigit()}
+
+
+class DigitsTask:
+    """Reward: the share of the reply's tokens that are digits. Nothing demonstrates it; only the
+    reward says what is wanted, and GRPO finds it by comparing samples."""
+    name = "digits"
+
+    def __init__(self):
+        self.reward_functions = {"digits": (self.digit_share, 1.0)}
+
+    @staticmethod
+    def digit_share(trajectory):
+        return sum(t in digits for t in trajectory.completion_ids) / max(1, len(trajectory.completion_ids))
+
+    def sample(self, n, rng):
+        return [{"messages": [{"role": "user", "content": f"What is {rng.randint(1, 99)} * {rng.randint(1, 99)}?"}],
+                 "tools": None} for _ in range(n)]
+
+    def eval_items(self):
+        return self.sample(8, random.Random(1))
+
+    def accuracy(self, trajectory):
+        ok = self.digit_share(trajectory) > 0.5
+        return {"strict": ok, "lenient": ok}
+
+
+out = os.path.join(work, "run")
+train(GRPOConfig(model=base, task=DigitsTask(), out=out, steps=args.steps, group_size=8, prompts_per_step=4,
+                 max_new_tokens=12, lr=5e-3, beta=0.04, save_every=100))
+with open(os.path.join(out, "metrics.csv")) as f:
+    metrics = list(csv.DictReader(f))
+print("\nstep  reward  KL      zero-spread groups")
+for r in metrics[::3]:
+    bar = "#" * round(30 * float(r["reward_mean"]))
+    print(f"{r['step']:>4}  {float(r['reward_mean']):.2f}    {float(r['kl']):.4f}  {float(r['zero_spread_frac']):.2f}  {bar}")
+print("The reward climbs once a few samples per group beat their siblings. When every sample earns 1 the groups have\n"
+      "zero spread: advantages are 0 and learning stops (DAPO's dynamic sampling drops such groups). The KL column is\n"
+      "how far the policy walked from the reference; beta sets how hard it is pulled back.")
+print(f"metrics: {os.path.join(out, 'metrics.csv')}")

@@ -1,0 +1,278 @@
+"""Stage two: GRPO, reinforcement learning from a verifiable reward, by comparing samples within a group.
+
+    python -m minirl grpo --model DIR [--adapter runs/sft/adapter] --task arithmetic --out runs/grpo
+
+Chapter §10.1 (L_RL = −E[R(τ)] + β·KL(πθ‖π_SFT)) and ch. 11 §6. Each step:
+  1. sample: P prompts from the task, G completions each with the current policy (one prefill per prompt);
+  2. score: reward = Σ weight·fn(trajectory) over the task's reward functions;
+  3. advantages: each completion against its own group (losses.group_advantages);
+  4. learn: reference log-probs with the adapters off (π_ref = the model RL started from), then μ
+     inner updates, each an optimizer step over all minibatches (gradient accumulation) of the
+     clipped, KL-regularized surrogate (losses.policy_loss).
+Metrics go to runs/NAME/metrics.csv, checkpoints and exact resume work as in sft.py.
+
+Departures from DeepSeekMath's GRPO, all switchable: the asymmetric clip (DAPO) is available but off
+by default; aggregation defaults to "token" (DAPO) rather than per-sequence means; --adapter merges an
+SFT adapter into the weights first and trains a fresh LoRA, so disabling adapters gives π_SFT exactly;
+groups with a non-finite reward are dropped and counted instead of poisoning the update.
+"""
+
+import copy
+import json
+import math
+import os
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, fields
+
+import torch
+from tqdm import tqdm
+
+from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
+from .lora import add_lora, disable_adapters, load_adapter, merge_and_unload, save_adapter
+from .losses import group_advantages, policy_loss, token_logprobs_chunked
+from .rollout import sample_completions
+from .tasks import make_task
+from .weights import load_pretrained, save_pretrained
+
+
+@dataclass
+class GRPOConfig:
+    model: str
+    task: str = "arithmetic"
+    adapter: str | None = None  # an SFT adapter to start from (merged: it becomes π_ref)
+    out: str = os.path.join("runs", "grpo")
+    # --- sampling ---
+    group_size: int = 8  # G
+    prompts_per_step: int = 4  # P
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # --- objective ---
+    beta: float = 0.04
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    aggregation: str = "token"
+    advantage_scale: str = "std"
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal (no signal)
+    # --- optimization ---
+    steps: int = 100
+    inner_steps: int = 1  # μ
+    minibatch_size: int = 16  # sequences per forward/backward
+    lr: float = 5e-5
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    full: bool = False
+    lora_r: int = 16
+    lora_alpha: float = 32
+    checkpointing: bool = False
+    seed: int = 0
+    dtype: str = "auto"
+    device: str = "auto"
+    # --- evaluation and checkpoints ---
+    eval_every: int = 0  # 0 = only at the end
+    save_every: int = 10
+    resume: bool = False
+    stop_after: int = 0
+
+
+TIMING = ["t_sample", "t_score", "t_learn", "tokens_per_s"]
+FIELDS = ["step", "reward_mean", "reward_std", "accuracy", "accuracy_lenient", "kl", "clip_low_frac",
+          "clip_high_frac", "ratio", "loss", "grad_norm", "lr", "completion_len", "truncated_frac",
+          "zero_spread_frac", "groups_dropped_nonfinite", "groups_dropped_zero_spread", "sampler_logprob_gap",
+          "eval_accuracy", "eval_accuracy_lenient"] + TIMING
+
+
+def score(task, trajectories) -> None:
+    """reward = Σ weight·fn(τ) over the task's reward functions, each part kept for the logs."""
+    for traj in trajectories:
+        traj.reward_parts = {name: float(fn(traj)) for name, (fn, _) in task.reward_functions.items()}
+        traj.reward = sum(weight * traj.reward_parts[name] for name, (_, weight) in task.reward_functions.items())
+
+
+def learning_batch(trajectories, pad_id: int, device) -> dict:
+    """Left-pad the prompts and right-pad the completions so every completion starts at column Lp:
+    the hidden state at column Lp - 1 + t predicts completion token t."""
+    Lp = max(len(t.prompt_ids) for t in trajectories)
+    Lc = max(1, max(len(t.completion_ids) for t in trajectories))
+    N = len(trajectories)
+    ids = torch.full((N, Lp + Lc), pad_id, dtype=torch.long)
+    attention = torch.zeros(N, Lp + Lc, dtype=torch.long)
+    action_mask = torch.zeros(N, Lc, dtype=torch.long)
+    sampler_logprobs = torch.zeros(N, Lc)
+    for i, t in enumerate(trajectories):
+        n = len(t.completion_ids)
+        ids[i, Lp - len(t.prompt_ids):Lp + n] = torch.tensor(t.prompt_ids + t.completion_ids)
+        attention[i, Lp - len(t.prompt_ids):Lp + n] = 1
+        action_mask[i, :n] = torch.tensor(t.action_mask, dtype=torch.long)
+        sampler_logprobs[i, :n] = torch.tensor(t.logprobs)
+    batch = {"ids": ids, "attention": attention, "completion": ids[:, Lp:], "action_mask": action_mask,
+             "sampler_logprobs": sampler_logprobs}
+    return {**{k: v.to(device) for k, v in batch.items()}, "prompt_len": Lp}
+
+
+def completion_logprobs(model, batch, rows, temperature):
+    """log πθ of each completion token of the selected rows: (len(rows), Lc)."""
+    hidden = model.model(batch["ids"][rows], batch["attention"][rows])  # (B, Lp + Lc, C)
+    Lp, Lc = batch["prompt_len"], batch["completion"].shape[1]
+    return token_logprobs_chunked(hidden[:, Lp - 1:Lp - 1 + Lc], model.lm_head.weight, batch["completion"][rows],
+                                  temperature, mask=batch["action_mask"][rows])
+
+
+@torch.no_grad()
+def frozen_logprobs(model, batch, minibatch_size, temperature, context=nullcontext):
+    with context():
+        return torch.cat([completion_logprobs(model, batch, rows, temperature)
+                          for rows in torch.arange(len(batch["ids"])).split(minibatch_size)])
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, task, max_new_tokens, seed) -> dict:
+    """Greedy accuracy on the task's held-out items, strict and lenient."""
+    trajectories = sample_completions(model, tokenizer, task.eval_items(), 1, max_new_tokens, temperature=0, seed=seed)
+    verdicts = [task.accuracy(t) for t in trajectories]
+    return {"eval_accuracy": sum(v["strict"] for v in verdicts) / len(verdicts),
+            "eval_accuracy_lenient": sum(v["lenient"] for v in verdicts) / len(verdicts)}
+
+
+def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, advantages, tokenizer, device) -> dict:
+    """μ optimizer steps on one batch of rollouts; returns the loss statistics of the last one."""
+    batch = learning_batch(trajectories, tokenizer.pad_token_id, device)
+    advantages = advantages.to(device)
+    mask = batch["action_mask"]
+    ref_logp = None
+    if cfg.beta:  # the reference: adapters off (LoRA) or the frozen starting copy (full fine-tuning)
+        ref_logp = (frozen_logprobs(ref_model, batch, cfg.minibatch_size, cfg.temperature) if ref_model is not None
+                    else frozen_logprobs(model, batch, cfg.minibatch_size, cfg.temperature,
+                                         lambda: disable_adapters(model)))
+    old_logp = frozen_logprobs(model, batch, cfg.minibatch_size, cfg.temperature) if cfg.inner_steps > 1 else None
+    N, n_tokens = len(trajectories), mask.sum().clamp(min=1)
+    stats = {}
+    for _ in range(cfg.inner_steps):
+        totals = {"loss": 0.0, "clip_low_frac": 0.0, "clip_high_frac": 0.0, "kl": 0.0, "ratio": 0.0, "gap": 0.0}
+        for rows in torch.arange(N).split(cfg.minibatch_size):
+            rows = rows.to(device)
+            logp = completion_logprobs(model, batch, rows, cfg.temperature)  # (b, Lc)
+            old = old_logp[rows] if old_logp is not None else logp.detach()
+            loss, mb = policy_loss(logp, old, None if ref_logp is None else ref_logp[rows], advantages[rows], mask[rows],
+                                   clip_low=cfg.clip_low, clip_high=cfg.clip_high, beta=cfg.beta,
+                                   aggregation=cfg.aggregation)
+            # each aggregation's normalizer over the whole batch, not per minibatch
+            tokens = mask[rows].sum()
+            weight = tokens / n_tokens if cfg.aggregation == "token" else torch.tensor(len(rows) / N)
+            if loss.requires_grad:  # False only when no row has an action token (empty completions)
+                (loss * weight).backward()
+            share = (tokens / n_tokens).item()
+            totals["loss"] += (loss * weight).item()
+            for key in ("clip_low_frac", "clip_high_frac", "kl", "ratio"):
+                totals[key] += mb[key] * share
+            gap = ((logp.detach() - batch["sampler_logprobs"][rows]).abs() * mask[rows]).sum()
+            totals["gap"] += (gap / n_tokens).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(f"non-finite gradient norm {grad_norm}; refusing the update")
+        stats = {**totals, "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0]}
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    stats["sampler_logprob_gap"] = stats.pop("gap")
+    return stats
+
+
+def train(cfg: GRPOConfig) -> dict:
+    if cfg.aggregation not in ("token", "sequence", "constant"):
+        raise ValueError(f"--aggregation must be token, sequence or constant, got {cfg.aggregation!r}")
+    device = torch.device(cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else (
+        torch.bfloat16 if device.type == "cuda" and not cfg.full else torch.float32)
+    torch.manual_seed(cfg.seed)
+    os.makedirs(cfg.out, exist_ok=True)
+    task = make_task(cfg.task, seed=cfg.seed) if isinstance(cfg.task, str) else cfg.task
+    model, tokenizer = load_pretrained(cfg.model, dtype=dtype, device=device)
+    if cfg.adapter:
+        merge_and_unload(load_adapter(model, cfg.adapter))
+    ref_model = None
+    if cfg.full:
+        model.requires_grad_(True)
+        if cfg.beta:
+            ref_model = copy.deepcopy(model).requires_grad_(False).eval()
+    else:
+        add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha)
+    model.set_gradient_checkpointing(cfg.checkpointing)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    step = 0
+    resume_from = latest_checkpoint(cfg.out) if cfg.resume else None
+    if cfg.resume and resume_from is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {os.path.join(cfg.out, 'checkpoints')}")
+    if resume_from:
+        step = restore_checkpoint(resume_from, model, optimizer, scheduler, cfg.full)["step"]
+    parts = [f"reward_{name}" for name in task.reward_functions]
+    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), FIELDS + parts, step if resume_from else None)
+    G, start, last_eval = cfg.group_size, time.perf_counter(), None
+    bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True)
+    while step < cfg.steps:
+        t0 = time.perf_counter()
+        items = task.sample(cfg.prompts_per_step, random.Random(cfg.seed * 1_000_003 + step))
+        rollout = getattr(task, "rollout", None) or sample_completions
+        trajectories = rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
+                               top_p=cfg.top_p, seed=cfg.seed * 1_000_003 + step)
+        t1 = time.perf_counter()
+        score(task, trajectories)
+        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+        finite = torch.isfinite(rewards).view(-1, G).all(dim=1)  # (P,) a NaN poisons its whole group
+        grouped = rewards.view(-1, G).nan_to_num()
+        spread = grouped.amax(dim=1) > grouped.amin(dim=1)  # not std > 0: [0.7] * G has a rounding-error std
+        keep = finite & (spread | (not cfg.dynamic_sampling))
+        advantages = group_advantages(rewards.nan_to_num(), G, cfg.advantage_scale)
+        rows = keep.repeat_interleave(G).nonzero()[:, 0].tolist()
+        verdicts = [task.accuracy(t) for t in trajectories]
+        t2 = time.perf_counter()
+        row = {"step": step + 1, "reward_mean": rewards[torch.isfinite(rewards)].mean().item(),
+               "reward_std": rewards[torch.isfinite(rewards)].std(unbiased=False).item(),
+               "accuracy": sum(v["strict"] for v in verdicts) / len(verdicts),
+               "accuracy_lenient": sum(v["lenient"] for v in verdicts) / len(verdicts),
+               "completion_len": sum(len(t.completion_ids) for t in trajectories) / len(trajectories),
+               "truncated_frac": sum(t.finish_reason == "length" for t in trajectories) / len(trajectories),
+               "zero_spread_frac": 1 - spread.float().mean().item(),
+               "groups_dropped_nonfinite": int((~finite).sum()),
+               "groups_dropped_zero_spread": int((finite & ~spread).sum()) if cfg.dynamic_sampling else 0,
+               **{f"reward_{k}": sum(t.reward_parts[k] for t in trajectories) / len(trajectories)
+                  for k in task.reward_functions}}
+        if rows:
+            model.train()
+            row.update(learn(cfg, model, ref_model, optimizer, scheduler, params, [trajectories[i] for i in rows],
+                             advantages[rows], tokenizer, device))
+        t3 = time.perf_counter()
+        step += 1
+        row.update(t_sample=t1 - t0, t_score=t2 - t1, t_learn=t3 - t2,
+                   tokens_per_s=sum(len(t.completion_ids) for t in trajectories) / (t3 - t0))
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            last_eval = evaluate(model, tokenizer, task, cfg.max_new_tokens, cfg.seed)
+            row.update(last_eval)
+        log.write({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0):.4f}")
+        bar.update(1)
+        stopping = cfg.stop_after and step >= cfg.stop_after
+        if step % cfg.save_every == 0 or stopping or step == cfg.steps:
+            save_checkpoint(cfg.out, model, tokenizer, optimizer, scheduler, step, cfg.full,
+                            {"config": {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "task"}})
+        if stopping:
+            break
+    bar.close()
+    log.close()
+    final_dir = os.path.join(cfg.out, "model" if cfg.full else "adapter")
+    if cfg.full:
+        save_pretrained(model, final_dir, tokenizer)
+    else:
+        save_adapter(model, final_dir)
+    summary = {"steps": step, **(last_eval or evaluate(model, tokenizer, task, cfg.max_new_tokens, cfg.seed)),
+               "seconds": time.perf_counter() - start, "saved": final_dir}
+    with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(f"grpo: {step} steps, eval accuracy {summary['eval_accuracy']:.3f} strict / "
+          f"{summary['eval_accuracy_lenient']:.3f} lenient; saved {final_dir}")
+    return summary

@@ -1,0 +1,176 @@
+"""The GRPO loop on a tiny model: a learnable reward rises, every adapter weight moves, resume replays the
+metrics, groups stay consecutive, and degenerate batches never produce a NaN update."""
+
+import csv
+import math
+import os
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from minirl import load_pretrained
+from minirl.grpo import GRPOConfig, learn, train
+from minirl.cli import main
+from minirl.lora import PEFT_PREFIX, add_lora, lora_state_dict, merge_and_unload, save_adapter
+from minirl.losses import group_advantages
+from minirl.rollout import Trajectory, sample_completions
+from minirl.tasks import ArithmeticTask, lenient_answer, strict_answer
+from minirl.toy import build_checkpoint
+
+TIMING = {"t_sample", "t_score", "t_learn", "tokens_per_s"}
+
+
+class FirstTokenTask:
+    """A trivially learnable reward: 1 when the first sampled token id is a multiple of 4."""
+    name = "first-token"
+
+    def __init__(self, reward=None):
+        self.reward_functions = {"first": (reward or (lambda t: float(t.completion_ids[0] % 4 == 0)), 1.0)}
+
+    def sample(self, n, rng):
+        return [{"messages": [{"role": "user", "content": f"What is {rng.randint(1, 99)} + {rng.randint(1, 9)}?"}],
+                 "tools": None} for _ in range(n)]
+
+    def eval_items(self):
+        return self.sample(4, random.Random(0))
+
+    def accuracy(self, t):
+        ok = bool(t.completion_ids) and t.completion_ids[0] % 4 == 0
+        return {"strict": ok, "lenient": ok}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return build_checkpoint(str(tmp_path_factory.mktemp("grpo") / "tiny"), seed=0, initializer_range=0.2)
+
+
+def config(base, out, task=None, **overrides) -> GRPOConfig:
+    defaults = dict(steps=30, group_size=8, prompts_per_step=4, max_new_tokens=8, lr=5e-3, beta=0.04, save_every=100)
+    return GRPOConfig(model=base, task=task or FirstTokenTask(), out=str(out), **{**defaults, **overrides})
+
+
+def rows(out) -> list[dict]:
+    with open(os.path.join(out, "metrics.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_a_learnable_reward_rises_and_every_adapter_weight_moves(base, tmp_path):
+    train(config(base, tmp_path / "run"))
+    reward = [float(r["reward_mean"]) for r in rows(tmp_path / "run")]
+    early, late = sum(reward[:3]) / 3, sum(reward[-10:]) / 10
+    assert late > early + 0.3 and late > 0.75, reward  # ~0.3 -> ~0.9 when this was written
+    torch.manual_seed(0)  # the run's seed: add_lora draws the same initial A
+    model, _ = load_pretrained(base)
+    initial = lora_state_dict(add_lora(model, r=16, alpha=32))
+    trained = load_file(os.path.join(tmp_path / "run", "adapter", "adapter_model.safetensors"))
+    for name, before in initial.items():
+        assert (trained[PEFT_PREFIX + name] != before).all(), f"{name}: some entries never moved"
+    last = rows(tmp_path / "run")[-1]
+    assert float(last["kl"]) > 0 and math.isfinite(float(last["loss"])) and last["eval_accuracy"] != ""
+
+
+def test_resume_reproduces_the_metrics(base, tmp_path):
+    train(config(base, tmp_path / "a", steps=8, save_every=3, inner_steps=2, minibatch_size=12))
+    train(config(base, tmp_path / "b", steps=8, save_every=3, inner_steps=2, minibatch_size=12, stop_after=4))
+    train(config(base, tmp_path / "b", steps=8, save_every=3, inner_steps=2, minibatch_size=12, resume=True))
+    a, b = rows(tmp_path / "a"), rows(tmp_path / "b")
+    assert len(a) == len(b) == 8
+    for x, y in zip(a, b):
+        assert {k: v for k, v in x.items() if k not in TIMING} == {k: v for k, v in y.items() if k not in TIMING}
+
+
+def test_groups_are_consecutive_and_never_mix_prompts(base):
+    model, tokenizer = load_pretrained(base)
+    same = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "tools": None}
+    items = [same, dict(same), {"messages": [{"role": "user", "content": "What is 9 * 9?"}], "tools": None}]
+    trajectories = sample_completions(model, tokenizer, items, group_size=3, max_new_tokens=4, seed=0)
+    assert [id(t.prompt) for t in trajectories] == [id(item) for item in items for _ in range(3)]
+    # identical prompts, different groups: each group is normalized on its own
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0])
+    advantages = group_advantages(rewards, 3)
+    assert advantages[:6].abs().max() == 0, "groups 0 and 1 have no spread; mixing them would give ±1"
+    assert advantages[6:].sum().abs() < 1e-5 and advantages[6] > 0 > advantages[7]
+
+
+def test_all_equal_rewards_give_zero_advantage_and_no_nan(base, tmp_path):
+    train(config(base, tmp_path / "flat", task=FirstTokenTask(lambda t: 1.0), steps=3, beta=0.0))
+    for r in rows(tmp_path / "flat"):
+        assert float(r["zero_spread_frac"]) == 1.0 and float(r["loss"]) == 0.0 and float(r["grad_norm"]) == 0.0
+    train(config(base, tmp_path / "dyn", task=FirstTokenTask(lambda t: 1.0), steps=2, dynamic_sampling=True))
+    for r in rows(tmp_path / "dyn"):  # every group dropped: no update at all
+        assert r["groups_dropped_zero_spread"] == "4" and r["loss"] == ""
+
+
+def test_a_nan_reward_drops_its_group_and_counts_it(base, tmp_path):
+    def sometimes_nan(t):
+        return float("nan") if t.prompt["messages"][0]["content"].startswith("What is 1") else float(t.completion_ids[0] % 2)
+
+    train(config(base, tmp_path / "nan", task=FirstTokenTask(sometimes_nan), steps=6))
+    dropped = [int(r["groups_dropped_nonfinite"]) for r in rows(tmp_path / "nan")]
+    assert sum(dropped) > 0, "the test needs at least one NaN group"
+    assert all(math.isfinite(float(r["loss"])) for r in rows(tmp_path / "nan") if r["loss"])
+
+
+def test_every_completion_truncated(base, tmp_path):
+    train(config(base, tmp_path / "trunc", steps=2, max_new_tokens=1))
+    for r in rows(tmp_path / "trunc"):
+        assert float(r["truncated_frac"]) == 1.0 and math.isfinite(float(r["loss"]))
+
+
+def test_empty_completions_do_not_update(base):
+    model, tokenizer = load_pretrained(base)
+    add_lora(model, r=4, alpha=8)
+    params = [p for p in model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    empty = [Trajectory({}, [1, 2, 3], [], [], [], "stop") for _ in range(2)]
+    cfg = config(base, "unused", beta=0.04)
+    stats = learn(cfg, model, None, optimizer, scheduler, params, empty, torch.tensor([1.0, -1.0]), tokenizer, "cpu")
+    assert stats["loss"] == 0.0 and stats["grad_norm"] == 0.0
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+
+
+def test_arithmetic_task_rewards_the_required_format_only():
+    task = ArithmeticTask(seed=0, eval_size=8)
+    item = task.item(37, "*", 84)
+    assert item["answer"] == 3108 and "Answer: <number>" in item["messages"][0]["content"]
+
+    def judge(text):
+        t = Trajectory(item, [], [], [], [], "stop", text=text)
+        return task.correct(t), task.accuracy(t)
+
+    assert judge("37 * 84 = 3108. Answer: 3108") == (1.0, {"strict": True, "lenient": True})
+    assert judge("It is 3,108.") == (0.0, {"strict": False, "lenient": True})
+    assert judge("Answer: 3018") == (0.0, {"strict": False, "lenient": False})
+    assert strict_answer("Answer: 1 then Answer: -12") == -12 and lenient_answer("no digits") is None
+    assert len(task.eval_items()) == 8 and task.eval_items() == ArithmeticTask(seed=0, eval_size=8).eval_items()
+
+
+def test_an_sft_adapter_becomes_the_reference(base, tmp_path):
+    model, _ = load_pretrained(base)
+    add_lora(model, r=4, alpha=8)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    save_adapter(model, str(tmp_path / "sft"))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        adapted = model(ids)
+        merged = merge_and_unload(model)(ids)
+    torch.testing.assert_close(merged, adapted, atol=1e-4, rtol=1e-4)  # W + BA rounded once into W
+    assert not any("lora" in name for name, _ in model.named_parameters())
+    train(config(base, tmp_path / "rl", adapter=str(tmp_path / "sft"), steps=1, beta=0.1))
+    first = rows(tmp_path / "rl")[0]
+    assert float(first["kl"]) < 1e-6, "a fresh LoRA on the merged SFT weights starts at π_ref = π_SFT"
+
+
+def test_cli_runs_grpo_on_the_arithmetic_task(base, tmp_path):
+    out = tmp_path / "cli"
+    main(["grpo", "--model", base, "--task", "arithmetic", "--out", str(out), "--steps", "2", "--group-size", "2",
+          "--prompts-per-step", "2", "--max-new-tokens", "4", "--aggregation", "sequence", "--clip-high", "0.28"])
+    assert len(rows(out)) == 2 and os.path.isfile(out / "adapter" / "adapter_config.json")
+    assert {"reward_correct", "eval_accuracy", "accuracy_lenient"} <= set(rows(out)[0])
