@@ -46,3 +46,13 @@ def show_mask(tokenizer: Tokenizer, ids: list[int], mask: list[int], color: bool
             out.append(on + text + off if mask[start] else text)
             start = t
     return "".join(out)
+
+
+def tool_turn_text(observations: list[str]) -> str:
+    """The text that follows an assistant turn which called tools, up to the next generation prompt:
+    "\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n".
+    Cut out of the chat template itself, so rollouts append exactly what training will render."""
+    pieces = chat_pieces([{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}]
+                         + [{"role": "tool", "content": o} for o in observations], add_generation_prompt=True)
+    after = next(i for i, (_, trained) in enumerate(pieces) if trained) + 1
+    return "".join(text for text, _ in pieces[after:])

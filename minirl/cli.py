@@ -1,8 +1,9 @@
-"""python -m minirl {generate,sft,grpo,quickstart}: the command-line entry points.
+"""python -m minirl {generate,sft,grpo,rollout,quickstart}: the command-line entry points.
 
     python -m minirl generate --model DIR --prompt "What is 37 * 84?" --chat
     python -m minirl sft --model DIR --data train.jsonl --out runs/sft
     python -m minirl grpo --model DIR --adapter runs/sft/adapter --task arithmetic --out runs/grpo
+    python -m minirl rollout --model DIR --task calculator -n 4
     python -m minirl quickstart
 """
 
@@ -154,6 +155,33 @@ def add_grpo_parser(sub, fmt):
     g.set_defaults(func=cmd_grpo)
 
 
+def cmd_rollout(args):
+    import random
+
+    from .chat import show_mask
+    from .lora import load_adapter
+    from .rollout import sample_completions
+    from .tasks import make_task
+    from .weights import load_pretrained
+
+    model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    if args.adapter:
+        load_adapter(model, args.adapter)
+    task = make_task(args.task, seed=args.seed)
+    items = task.sample(args.n, random.Random(args.seed))
+    rollout = getattr(task, "rollout", None) or sample_completions
+    trajectories = rollout(model, tokenizer, items, 1, args.max_new_tokens, temperature=args.temperature,
+                           seed=args.seed)
+    if not hasattr(task, "rollout"):
+        from .grpo import score
+        score(task, trajectories)
+    for i, t in enumerate(trajectories):
+        ids, mask = t.prompt_ids + t.completion_ids, [0] * len(t.prompt_ids) + t.action_mask
+        print(f"==== episode {i}: reward {t.reward:+.2f}, {t.finish_reason}, {t.turns} turn(s), "
+              f"{sum(t.action_mask)} action / {len(t.action_mask) - sum(t.action_mask)} observation tokens")
+        print(show_mask(tokenizer, ids, mask, color=not args.no_color))
+
+
 def cmd_quickstart(args):
     from .quickstart import run
     run(out_dir=args.out, seed=args.seed)
@@ -183,6 +211,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sft_parser(sub, fmt)
     add_grpo_parser(sub, fmt)
+
+    r = sub.add_parser("rollout", help="print a task's episodes, actions highlighted", formatter_class=fmt)
+    r.add_argument("--model", required=True)
+    r.add_argument("--adapter", default=None, help="a LoRA adapter folder to apply")
+    r.add_argument("--task", default="calculator")
+    r.add_argument("-n", type=int, default=4, help="episodes")
+    r.add_argument("--max-new-tokens", type=int, default=128, help="per turn")
+    r.add_argument("--temperature", type=float, default=1.0)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    r.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    r.add_argument("--no-color", action="store_true", help="mark actions with [[...]] instead of colour")
+    r.set_defaults(func=cmd_rollout)
 
     q = sub.add_parser("quickstart", help="the main job: the whole pipeline on a CPU in minutes", formatter_class=fmt)
     q.add_argument("--out", default=os.path.join("runs", "quickstart"))

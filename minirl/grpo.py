@@ -131,7 +131,8 @@ def frozen_logprobs(model, batch, minibatch_size, temperature, context=nullconte
 @torch.no_grad()
 def evaluate(model, tokenizer, task, max_new_tokens, seed) -> dict:
     """Greedy accuracy on the task's held-out items, strict and lenient."""
-    trajectories = sample_completions(model, tokenizer, task.eval_items(), 1, max_new_tokens, temperature=0, seed=seed)
+    rollout = getattr(task, "rollout", None) or sample_completions
+    trajectories = rollout(model, tokenizer, task.eval_items(), 1, max_new_tokens, temperature=0, seed=seed)
     verdicts = [task.accuracy(t) for t in trajectories]
     return {"eval_accuracy": sum(v["strict"] for v in verdicts) / len(verdicts),
             "eval_accuracy_lenient": sum(v["lenient"] for v in verdicts) / len(verdicts)}
@@ -211,7 +212,8 @@ def train(cfg: GRPOConfig) -> dict:
     if resume_from:
         step = restore_checkpoint(resume_from, model, optimizer, scheduler, cfg.full)["step"]
     parts = [f"reward_{name}" for name in task.reward_functions]
-    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), FIELDS + parts, step if resume_from else None)
+    extra = list(getattr(task, "metric_names", []))  # agent tasks: tool use, recovery, calls per episode
+    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), FIELDS + parts + extra, step if resume_from else None)
     G, start, last_eval = cfg.group_size, time.perf_counter(), None
     bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True)
     while step < cfg.steps:
@@ -230,6 +232,7 @@ def train(cfg: GRPOConfig) -> dict:
         advantages = group_advantages(rewards.nan_to_num(), G, cfg.advantage_scale)
         rows = keep.repeat_interleave(G).nonzero()[:, 0].tolist()
         verdicts = [task.accuracy(t) for t in trajectories]
+        task_metrics = task.metrics(trajectories) if extra else {}
         t2 = time.perf_counter()
         row = {"step": step + 1, "reward_mean": rewards[torch.isfinite(rewards)].mean().item(),
                "reward_std": rewards[torch.isfinite(rewards)].std(unbiased=False).item(),
@@ -241,7 +244,7 @@ def train(cfg: GRPOConfig) -> dict:
                "groups_dropped_nonfinite": int((~finite).sum()),
                "groups_dropped_zero_spread": int((finite & ~spread).sum()) if cfg.dynamic_sampling else 0,
                **{f"reward_{k}": sum(t.reward_parts[k] for t in trajectories) / len(trajectories)
-                  for k in task.reward_functions}}
+                  for k in task.reward_functions}, **task_metrics}
         if rows:
             model.train()
             row.update(learn(cfg, model, ref_model, optimizer, scheduler, params, [trajectories[i] for i in rows],

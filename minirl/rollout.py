@@ -9,6 +9,8 @@ and the log-probs they were sampled with, so the learner scores the very tokens 
 
 from dataclasses import dataclass, field
 
+from .chat import tool_turn_text
+from .envs.tools import parse_assistant
 from .sampling import generate
 
 
@@ -24,6 +26,17 @@ class Trajectory:
     reward: float = 0.0
     reward_parts: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    messages: list = field(default_factory=list)  # the conversation as text: opening messages, turns, results
+    turns: int = 1  # assistant turns (actions) taken
+
+    def rewards_per_turn(self) -> list[float]:
+        """r_t for each turn: 0 until the last, which carries the episode's reward (outcome reward)."""
+        return [0.0] * (self.turns - 1) + [self.reward]
+
+    def discounted_return(self, gamma: float = 1.0) -> float:
+        """G_0 = Σ_t γ^t r_t (chapter §10.1). Agentic RL uses γ = 1: a late correct answer is as good as
+        an early one; shorter episodes are encouraged by explicit penalties instead."""
+        return sum(gamma ** t * r for t, r in enumerate(self.rewards_per_turn()))
 
 
 def prompt_ids(tokenizer, item: dict) -> list[int]:
@@ -44,3 +57,81 @@ def sample_completions(model, tokenizer, items: list[dict], group_size: int, max
                        finish_reason=out.finish_reason,
                        text=tokenizer.decode([t for t in out.tokens if t not in stop_ids]))
             for i, out in enumerate(outs)]
+
+
+def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int = 1, max_turns: int = 4,
+                 max_new_tokens: int = 128, max_context: int | None = None, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> list[Trajectory]:
+    """Multi-turn tool-use episodes, batched: every turn, all unfinished episodes are sampled together.
+
+    An episode (the MDP of chapter §10.1) alternates actions and observations: the policy writes an
+    assistant turn; if it calls tools, the environment runs them and their results are appended *as
+    tokens* (the exact ids chat.render gives for tool messages, action_mask 0) followed by the next
+    generation prompt; a turn without a tool call is the final answer. Episodes stop with
+    finish_reason "answer", "max_turns" (the turn budget is spent on tool calls), "length" (a turn
+    ran out of tokens) or "context" (the next turn would not fit in max_context tokens).
+    make_env() builds one environment per episode; G = group_size episodes per item, prompt-major.
+    """
+    max_context = max_context or model.config.max_position_embeddings
+    stop_ids = set(model.eos_token_ids)
+    episodes = []
+    for item in items:
+        for _ in range(group_size):
+            env = make_env()
+            messages, tools = env.reset(item)
+            ids = tokenizer.encode(tokenizer.apply_chat_template(messages, tools, add_generation_prompt=True))
+            episodes.append({"env": env, "traj": Trajectory(item, ids, [], [], [], "", messages=list(messages),
+                                                            turns=0, info={"tool_calls": [], "tool_errors": 0})})
+    for turn in range(max_turns):
+        active = [e for e in episodes if not e["traj"].finish_reason]
+        fits = []
+        for e in active:
+            t = e["traj"]
+            if len(t.prompt_ids) + len(t.completion_ids) + max_new_tokens > max_context:
+                t.finish_reason = "context"
+            else:
+                fits.append(e)
+        if not fits:
+            break
+        outs = generate(model, [e["traj"].prompt_ids + e["traj"].completion_ids for e in fits],
+                        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                        seed=None if seed is None else seed * 1009 + turn)
+        for e, out in zip(fits, outs):
+            t, env = e["traj"], e["env"]
+            t.completion_ids += out.tokens
+            t.action_mask += [1] * len(out.tokens)
+            t.logprobs += out.logprobs
+            t.turns += 1
+            text = tokenizer.decode([tok for tok in out.tokens if tok not in stop_ids])
+            t.messages.append({"role": "assistant", "content": text})
+            if out.finish_reason == "length":
+                t.finish_reason = "length"
+                continue
+            parsed = parse_assistant(text)
+            if not parsed.calls and not parsed.errors:
+                t.finish_reason = "answer"
+                continue
+            observations = list(parsed.errors)
+            for call in parsed.calls:
+                observations.append(env.step(call))
+                t.info["tool_calls"].append({"name": call.name, "arguments": call.arguments, "result": observations[-1]})
+            t.info["tool_errors"] += sum(o.startswith("Error:") for o in observations)
+            t.messages += [{"role": "tool", "content": o} for o in observations]
+            if turn == max_turns - 1:
+                t.finish_reason = "max_turns"
+                continue
+            observation_ids = tokenizer.encode(tool_turn_text(observations))
+            t.completion_ids += observation_ids
+            t.action_mask += [0] * len(observation_ids)
+            t.logprobs += [0.0] * len(observation_ids)
+    trajectories = []
+    for e in episodes:
+        t = e["traj"]
+        t.finish_reason = t.finish_reason or "max_turns"
+        t.text = t.messages[-1]["content"] if t.messages[-1]["role"] == "assistant" else ""
+        t.reward, info = e["env"].reward(t)
+        t.info.update(info)
+        if hasattr(e["env"], "close"):
+            e["env"].close()
+        trajectories.append(t)
+    return trajectories

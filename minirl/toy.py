@@ -44,7 +44,7 @@ def tiny_config(vocab_size: int, **overrides) -> Qwen2Config:
         tie_word_embeddings=True, bos_token_id=None, eos_token_id=None), **overrides})
 
 
-def build_checkpoint(folder: str, seed: int = 0, initializer_range: float = 0.02) -> str:
+def build_checkpoint(folder: str, seed: int = 0, initializer_range: float = 0.02, **config_overrides) -> str:
     """Train the toy tokenizer, build a random tiny Qwen2 and save both as a checkpoint folder.
     A wide initializer_range (e.g. 0.2) gives logits a usable scale from the start: LoRA cannot
     grow the frozen embeddings, so it needs that to fit data on a random base."""
@@ -53,25 +53,22 @@ def build_checkpoint(folder: str, seed: int = 0, initializer_range: float = 0.02
 
     tokenizer = train_tokenizer(arithmetic_corpus(seed=seed), vocab_size=512)
     config = tiny_config(tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
-                         initializer_range=initializer_range)
+                         initializer_range=initializer_range, **config_overrides)
     save_pretrained(random_model(config, seed=seed), folder, tokenizer)
     return folder
 
 
 def calculator_conversation(a: int, b: int, op: str = "*") -> dict:
     """One demonstration of the calculator agent: the question, a tool call, its result, the answer."""
+    from .envs.calculator import tool_call_message
+    from .envs.tools import CALCULATOR_SPEC
+
     value = {"+": a + b, "-": a - b, "*": a * b}[op]
-    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": f"{a} {op} {b}"}}}
     return {"messages": [{"role": "user", "content": f"What is {a} {op} {b}?"},
-                         {"role": "assistant", "content": "", "tool_calls": [call]},
+                         tool_call_message(f"{a} {op} {b}"),
                          {"role": "tool", "content": str(value)},
                          {"role": "assistant", "content": f"{a} {op} {b} = {value}."}],
-            "tools": [CALCULATOR_TOOL]}
-
-
-CALCULATOR_TOOL = {"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression exactly.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+            "tools": [CALCULATOR_SPEC]}
 
 
 def arithmetic_corpus(n: int = 400, seed: int = 0) -> list[str]:

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUICK_ARGS = {"03_sft_lora.py": ["--epochs", "3"], "06_grpo.py": ["--steps", "3"]}
+QUICK_ARGS = {"03_sft_lora.py": ["--epochs", "3"], "06_grpo.py": ["--steps", "3"],
+              "07_calculator_agent.py": ["--episodes", "8"]}
 LESSONS = sorted(f for f in os.listdir(os.path.join(ROOT, "lessons")) if f.endswith(".py"))
 
 

@@ -1,0 +1,71 @@
+"""Lesson 02: an agent episode as a Markov decision process, one token at a time.
+
+Chapter §10.1 (M = ⟨S, A, T, R, γ⟩, θ* = argmax E_τ[Σ_t γ^t r_t], γ = 1) and ch. 11 §4 (a trajectory
+τ = (a1, o1, a2, o2, …, aT) of actions and observations). For a language agent the state is the token
+context, an action is an assistant turn, the transition appends the action and the tool's answer,
+and the reward arrives when the episode ends. We write one episode with a scripted policy, lay it
+out token by token (which tokens the policy chose, which the environment wrote), then let the model
+play the same MDP.
+
+    python lessons/02_mdp_trajectory.py               # toy world, a few seconds on 2 CPU cores
+    python lessons/02_mdp_trajectory.py --model DIR   # a real Qwen2.5-Instruct folder
+
+Departure from the chapter: the toy model is random until the quickstart stage trains it, so its own
+episodes in part 3 are noise; the structure is the point.
+"""
+
+# %% setup
+import argparse
+import os
+import random
+import tempfile
+
+from minirl import load_pretrained
+from minirl.chat import render, show_mask
+from minirl.envs.calculator import CalculatorEnv, expert_policy, make_question, play
+from minirl.rollout import Trajectory, run_episodes
+from minirl.toy import build_checkpoint
+
+parser = argparse.ArgumentParser(description="Lesson 02: the MDP and a trajectory")
+parser.add_argument("--model", default=None, help="checkpoint folder (default: build the toy model)")
+args, _ = parser.parse_known_args()
+folder = args.model or build_checkpoint(os.path.join(tempfile.mkdtemp(prefix="lesson02-"), "toy"), seed=0)
+model, tokenizer = load_pretrained(folder)
+
+# %% 1. the MDP, in minirl's terms
+for symbol, meaning in [("S  state", "the token context: prompt, earlier turns, tool results"),
+                        ("A  action", "one assistant turn: the tokens up to <|im_end|> (text or a <tool_call>)"),
+                        ("T  transition", "append the action; if it called a tool, append the result as tokens"),
+                        ("R  reward", "0 for every turn but the last; the episode's outcome at the end"),
+                        ("γ  discount", "1: a correct answer counts the same whenever it comes")]:
+    print(f"{symbol:15s} {meaning}")
+
+# %% 2. one episode, written by the expert policy, token by token
+task = make_question(random.Random(7), hard=True)
+messages, reward, info = play(CalculatorEnv(), task, expert_policy)
+for m in messages:
+    print(f"{m['role']:>9}: {m.get('content') or m.get('tool_calls')}")
+print(f"reward {reward} ({info})")
+ids, mask = render(tokenizer, messages, task["tools"])
+prompt_len = len(tokenizer.encode(tokenizer.apply_chat_template(messages[:1], task["tools"],
+                                                                add_generation_prompt=True)))
+print(f"\n{len(ids)} tokens: {prompt_len} prompt, {sum(mask)} action, {len(ids) - prompt_len - sum(mask)} observation")
+print("  pos  who          token")
+for pos in range(prompt_len - 3, len(ids)):
+    who = "action" if mask[pos] else ("prompt" if pos < prompt_len else "observation")
+    print(f"{pos:5d}  {who:11s}  {tokenizer.decode([ids[pos]])!r}")
+
+# %% 3. the same MDP, played by the model (actions highlighted, observations plain)
+trajectories = run_episodes(model, tokenizer, CalculatorEnv, [task], group_size=2, max_turns=3,
+                            max_new_tokens=32, seed=0)
+for t in trajectories:
+    print(f"--- {t.finish_reason}, {t.turns} turn(s), reward {t.reward}")
+    print(show_mask(tokenizer, t.prompt_ids[-4:] + t.completion_ids, [0] * 4 + t.action_mask))
+
+# %% 4. the return: r_t per turn, Σ γ^t r_t
+episode = Trajectory(task, [], [], [], [], "answer", reward=reward, turns=sum(m["role"] == "assistant" for m in messages))
+print("rewards per turn:", episode.rewards_per_turn())
+for gamma in (1.0, 0.9):
+    print(f"γ = {gamma}: return {episode.discounted_return(gamma):.3f}")
+print("With γ < 1 a two-turn answer would be worth less than a one-turn guess; the agent would learn to skip the\n"
+      "tool. Agentic RL keeps γ = 1 and asks for brevity through explicit penalties (see lesson 07).")

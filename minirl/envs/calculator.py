@@ -1,0 +1,146 @@
+"""The calculator agent (chapter ch. 11 §1, §4): decide when a question needs the tool, use it, stop.
+
+Easy questions ("What is 7 + 5?") can be answered directly; hard ones ("What is 37 * 84 + 129?")
+need the calculator. The reward is the exact final answer, with small penalties that teach stopping
+(every tool call made after the tool already returned the answer). In flaky mode the tool fails with
+probability p, and only an agent that retries can still earn the reward.
+"""
+
+import random
+
+from .tools import CALCULATOR_SPEC, calculator, execute
+
+REDUNDANT_CALL_PENALTY = 0.1
+FLAKY_ERROR = "Error: the calculator is temporarily unavailable; please try again"
+WORD_PROBLEMS = [
+    ("A crate holds {a} boxes of {b} apples. How many apples are in the crate?", "{a} * {b}"),
+    ("A train travels {a} km every hour for {b} hours. How far does it go?", "{a} * {b}"),
+    ("A library has {a} shelves with {b} books each, and {c} more books on a cart. How many books in all?",
+     "{a} * {b} + {c}"),
+]
+
+
+def make_question(rng: random.Random, hard: bool, word_problems: bool = False) -> dict:
+    """One task item: {"question", "expression", "answer", "difficulty"} plus the chat fields."""
+    if not hard:
+        a, b, op = rng.randint(1, 9), rng.randint(1, 9), rng.choice("+-*")
+        question, expression = f"What is {a} {op} {b}?", f"{a} {op} {b}"
+    elif word_problems and rng.random() < 0.5:
+        text, form = rng.choice(WORD_PROBLEMS)
+        values = {"a": rng.randint(12, 99), "b": rng.randint(12, 99), "c": rng.randint(10, 999)}
+        question, expression = text.format(**values), form.format(**values)
+    else:
+        a, b = rng.randint(12, 999), rng.randint(12, 99)
+        if rng.random() < 0.5:
+            expression = f"{a} * {b}"
+        else:
+            expression = f"{a} * {b} {rng.choice('+-')} {rng.randint(10, 999)}"
+        question = f"What is {expression}?"
+    return {"messages": [{"role": "user", "content": question}], "tools": [CALCULATOR_SPEC],
+            "question": question, "expression": expression, "answer": int(calculator(expression)),
+            "difficulty": "hard" if hard else "easy"}
+
+
+def make_questions(n: int, rng: random.Random, hard_fraction: float = 0.5, word_problems: bool = False) -> list[dict]:
+    return [make_question(rng, rng.random() < hard_fraction, word_problems) for _ in range(n)]
+
+
+def final_number(text: str) -> int | None:
+    from ..tasks import lenient_answer  # the last number in the text
+    return lenient_answer(text)
+
+
+class CalculatorEnv:
+    """One episode of the calculator agent (see envs/__init__.py for the protocol)."""
+
+    reward_parts = ("correct", "penalty")
+
+    def __init__(self, flaky: float = 0.0, seed: int | None = None):
+        self.flaky = flaky
+        self.rng = random.Random(seed)
+
+    def reset(self, task: dict) -> tuple[list[dict], list[dict]]:
+        self.task, self.calls, self.results, self.flaky_errors = task, [], [], 0
+        return list(task["messages"]), list(task["tools"])
+
+    def step(self, call) -> str:
+        self.calls.append(call)
+        if call.name == "calculator" and self.flaky and self.rng.random() < self.flaky:
+            self.flaky_errors += 1
+            result = FLAKY_ERROR
+        else:
+            result = execute(call, {"calculator": calculator})
+        self.results.append(result)
+        return result
+
+    def reward(self, trajectory) -> tuple[float, dict]:
+        """correct: 1 if the episode ended with a final answer whose last number is the answer;
+        penalty: −0.1 for each tool call made after a tool result already equalled the answer.
+        How it can be gamed: answering with several numbers ("3108 or 3018") — only the last counts,
+        so listing candidates does not help; calling the tool is never rewarded by itself."""
+        answer = self.task["answer"]
+        final = trajectory.text if trajectory.finish_reason == "answer" else ""
+        correct = final_number(final) == answer
+        known_at = next((i for i, r in enumerate(self.results) if r.strip() == str(answer)), None)
+        redundant = 0 if known_at is None else len(self.calls) - known_at - 1
+        info = {"correct": float(correct), "penalty": -REDUNDANT_CALL_PENALTY * redundant,
+                "calls": len(self.calls), "redundant_calls": redundant, "flaky_errors": self.flaky_errors,
+                "difficulty": self.task["difficulty"], "used_tool": bool(self.calls)}
+        return info["correct"] + info["penalty"], info
+
+
+def agent_metrics(trajectories) -> dict:
+    """accuracy; tool-use rate on easy and hard questions; recovery rate (correct among episodes that saw a
+    tool error: a flaky failure or a malformed call, counted by the rollout); calls per episode."""
+    def rate(values):
+        values = list(values)
+        return sum(values) / len(values) if values else float("nan")
+    easy = [t for t in trajectories if t.info["difficulty"] == "easy"]
+    hard = [t for t in trajectories if t.info["difficulty"] == "hard"]
+    troubled = [t for t in trajectories if t.info["tool_errors"]]
+    return {"accuracy": rate(t.info["correct"] for t in trajectories),
+            "tool_use_easy": rate(t.info["used_tool"] for t in easy),
+            "tool_use_hard": rate(t.info["used_tool"] for t in hard),
+            "recovery_rate": rate(t.info["correct"] for t in troubled),
+            "calls_per_episode": rate(t.info["calls"] for t in trajectories)}
+
+
+# ---- scripted policies: demonstrations for SFT, baselines for tests and lessons -------------------------
+def tool_call_message(expression: str, content: str = "") -> dict:
+    return {"role": "assistant", "content": content, "tool_calls": [
+        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}]}
+
+
+def expert_policy(task: dict, messages: list[dict]) -> dict:
+    """Answer easy questions directly; for hard ones call the calculator once, retry after a tool
+    error, then state the result."""
+    last = messages[-1]
+    if last["role"] == "tool" and not last["content"].startswith("Error:"):
+        return {"role": "assistant", "content": f"{task['expression']} = {last['content']}."}
+    if task["difficulty"] == "easy":
+        return {"role": "assistant", "content": f"{task['expression']} = {task['answer']}."}
+    return tool_call_message(task["expression"])
+
+
+def play(env, task: dict, policy, max_turns: int = 4) -> tuple[list[dict], float, dict]:
+    """Run a scripted policy (task, messages) -> assistant message in an environment, without a model.
+    Returns the structured conversation (tool calls as `tool_calls`, ready for SFT data), the reward and
+    its info."""
+    from types import SimpleNamespace
+
+    from .tools import ToolCall
+
+    messages, _ = env.reset(task)
+    messages, finish = list(messages), "max_turns"
+    for _ in range(max_turns):
+        message = policy(task, messages)
+        messages.append(message)
+        if not message.get("tool_calls"):
+            finish = "answer"
+            break
+        for call in message["tool_calls"]:
+            spec = call.get("function", call)
+            messages.append({"role": "tool", "content": env.step(ToolCall(spec["name"], spec["arguments"]))})
+    text = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
+    reward, info = env.reward(SimpleNamespace(text=text, finish_reason=finish, info={}))
+    return messages, reward, info
