@@ -88,6 +88,7 @@ def add_sft_parser(sub, fmt):
     s.add_argument("--weight-decay", type=float, default=d.weight_decay)
     s.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
     s.add_argument("--checkpointing", action="store_true", help="activation checkpointing (less memory)")
+    s.add_argument("--group-by-length", action="store_true", help="batch conversations of similar length")
     s.add_argument("--seed", type=int, default=d.seed)
     # --- graduation ---
     s.add_argument("--eval-data", default=d.eval_data, help="held-out JSONL (default: 10%% of --data)")
@@ -184,7 +185,7 @@ def cmd_rollout(args):
 
 def cmd_quickstart(args):
     from .quickstart import run
-    run(out_dir=args.out, seed=args.seed)
+    run(out_dir=args.out, seed=args.seed, fast=args.fast, figure=None if args.no_figure else args.figure)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quickstart", help="the main job: the whole pipeline on a CPU in minutes", formatter_class=fmt)
     q.add_argument("--out", default=os.path.join("runs", "quickstart"))
     q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--fast", action="store_true", help="the same pipeline shrunk to about a minute (plumbing only)")
+    q.add_argument("--figure", default=os.path.join("figures", "quickstart.png"))
+    q.add_argument("--no-figure", action="store_true")
     q.set_defaults(func=cmd_quickstart)
     return parser
 

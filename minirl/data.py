@@ -127,8 +127,23 @@ def collate(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     return batch
 
 
-def epoch_batches(n_examples: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+def epoch_batches(n_examples: int, batch_size: int, seed: int, epoch: int,
+                  lengths: list[int] | None = None) -> list[list[int]]:
     """The example indices of each batch of one epoch: a fresh permutation per epoch, fixed by seed and
-    epoch alone, so a resumed run sees exactly the batches the uninterrupted run would have."""
-    order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(seed * 100003 + epoch)).tolist()
-    return [order[i:i + batch_size] for i in range(0, n_examples, batch_size)]
+    epoch alone, so a resumed run sees exactly the batches the uninterrupted run would have.
+
+    With `lengths`, batches are grouped by length (transformers' group_by_length): within each window of
+    50 batches the examples are sorted by length before being cut into batches, and the batches are then
+    shuffled. Padding, and with it wasted compute, shrinks. The catch: when length tracks the kind of
+    example (short direct answers, long tool-call episodes), each batch holds one kind and the gradient
+    swings between them; on the toy world it cost most of SFT's accuracy, so it is off by default."""
+    generator = torch.Generator().manual_seed(seed * 100003 + epoch)
+    order = torch.randperm(n_examples, generator=generator).tolist()
+    if lengths is not None:
+        window = 50 * batch_size
+        order = [i for start in range(0, n_examples, window)
+                 for i in sorted(order[start:start + window], key=lambda i: -lengths[i])]
+    batches = [order[i:i + batch_size] for i in range(0, n_examples, batch_size)]
+    if lengths is not None:
+        batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+    return batches

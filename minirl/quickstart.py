@@ -1,62 +1,106 @@
-"""`python -m minirl quickstart`: the foundation, end to end, on a CPU in under a minute.
+"""`python -m minirl quickstart`: the chapter's two stages on a laptop CPU, and RL climbing past its teacher.
 
-Until the toy world's training pipeline exists, the main job shows the layer everything stands on:
-build a tiny Qwen2-shaped model and a byte-level BPE with Qwen2.5's special tokens, save them as a
-checkpoint folder in the published layout, load it back with `load_pretrained` like any Qwen2.5
-folder, render a tool-calling conversation with the chat template and its loss mask, and sample a
-group of completions per prompt with the KV cache. The weights are random, so the completions are
-noise; what is checked is that cached decoding reproduces the full forward pass.
+The toy world (DESIGN.md §4): a calculator agent answering "What is 37 * 84?". Easy questions
+(single digits) can be answered directly; hard ones (two-digit products) need the calculator tool.
+  1. data: an imperfect scripted demonstrator plays the environment. It calls the tool on only 30 %
+     of hard questions and answers the rest from memory, usually wrongly; its accuracy is measured.
+  2. model: a byte-level BPE trained on those conversations (with Qwen2.5's ChatML and tool tokens)
+     and a ~1M-parameter Qwen2, saved as a checkpoint folder like any Qwen2.5 release.
+  3. SFT from scratch on the demonstrations (minirl.sft): the model imitates the demonstrator, habits
+     included. Greedy decoding picks the majority habit on hard questions: no tool.
+  4. GRPO (minirl.grpo) in the calculator environment with the exact-answer reward: sampling at
+     temperature 1 sometimes calls the tool, those samples win their group, and the policy learns
+     to call it, past what it was shown.
+  5. runs/quickstart/summary.json and figures/quickstart.png (figures/make_figures.py redraws it).
+All accuracies are greedy, on one fixed held-out set. --fast runs the same pipeline, shrunk, in
+about a minute: it checks the plumbing, not the numbers.
 """
 
 import json
 import os
+import random
+import shutil
 import time
 
 import torch
 
-from .chat import render, show_mask
-from .sampling import generate
-from .toy import build_checkpoint, calculator_conversation
-from .weights import load_pretrained
+from .envs.calculator import agent_metrics
+from .grpo import GRPOConfig
+from .grpo import train as grpo_train
+from .model import random_model
+from .plots import quickstart_figure
+from .sft import SFTConfig
+from .sft import train as sft_train
+from .tasks import CalculatorTask
+from .tokenizer import render_chat_template
+from .toy import demonstrations, demonstrator, tiny_config, train_tokenizer
+from .weights import load_pretrained, save_pretrained
+
+FULL = dict(train_questions=4000, sft_epochs=20, sft_batch=64, sft_lr=2e-3, grpo_steps=30, prompts_per_step=16,
+            group_size=8, grpo_lr=2e-4, eval_size=200, eval_every=10)
+FAST = dict(train_questions=200, sft_epochs=1, sft_batch=32, sft_lr=2e-3, grpo_steps=2, prompts_per_step=4,
+            group_size=4, grpo_lr=2e-4, eval_size=16, eval_every=1)
 
 
-def run(out_dir: str = os.path.join("runs", "quickstart"), seed: int = 0) -> dict:
+def evaluate(folder: str, task: CalculatorTask, seed: int) -> dict:
+    """Greedy episodes on the task's held-out questions: accuracy and tool use on easy and hard ones."""
+    model, tokenizer = load_pretrained(folder)
+    trajectories = task.rollout(model, tokenizer, task.eval_items(), 1, 48, temperature=0, seed=seed)
+    return agent_metrics(trajectories)
+
+
+def run(out_dir: str = os.path.join("runs", "quickstart"), seed: int = 0, fast: bool = False,
+        figure: str | None = os.path.join("figures", "quickstart.png")) -> dict:
+    settings = FAST if fast else FULL
     start = time.perf_counter()
     torch.manual_seed(seed)
-    print("1. tokenizer: byte-level BPE trained on arithmetic chats, with Qwen2.5's special tokens")
-    folder = build_checkpoint(os.path.join(out_dir, "tiny-qwen2"), seed=seed)
-    model, tokenizer = load_pretrained(folder)
-    print(f"2. saved a {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M-parameter Qwen2 to {folder}: "
-          f"{', '.join(sorted(os.listdir(folder)))}")
-    print("3. loaded it back with minirl.load_pretrained; the chat template with a tool call, trained tokens"
-          " highlighted:\n")
-    demo = calculator_conversation(37, 84)
-    ids, mask = render(tokenizer, demo["messages"], tools=demo["tools"])
-    print(show_mask(tokenizer, ids, mask) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    task = CalculatorTask(seed=seed, level="toy", eval_size=settings["eval_size"], max_turns=3)
 
-    questions = ["What is 12 * 7?", "What is 45 + 38?"]
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}],
-                                                              add_generation_prompt=True)) for q in questions]
-    G, new_tokens = 4, 24
-    t0 = time.perf_counter()
-    outs = generate(model, prompts, max_new_tokens=new_tokens, temperature=1.0, seed=seed, num_samples=G)
-    seconds = time.perf_counter() - t0
-    print(f"4. sampled G={G} completions for each of {len(prompts)} prompts (one prefill per prompt, KV cache):")
-    for i, out in enumerate(outs):
-        text = tokenizer.decode(out.tokens).replace("\n", "\\n")
-        print(f"   [{questions[i // G]} #{i % G}] ({out.finish_reason}, {len(out.tokens)} tokens) {text[:60]!r}")
+    print("1. the demonstrator plays the calculator environment (tool on 30 % of hard questions)")
+    rng = random.Random(f"quickstart-train-{seed}")
+    policy = demonstrator(seed=seed)
+    train_convs, _ = demonstrations(task.sample(settings["train_questions"], rng), policy, seed=seed)
+    _, demo_accuracy = demonstrations(task.eval_items(), policy, seed=seed + 1)
+    data = os.path.join(out_dir, "demonstrations.jsonl")
+    with open(data, "w") as f:
+        f.writelines(json.dumps(c) + "\n" for c in train_convs)
+    print(f"   {len(train_convs)} demonstrations; demonstrator accuracy on the held-out set: {demo_accuracy:.3f}")
 
-    # the cache must reproduce a full forward pass over prompt + completion, token for token
-    full = torch.tensor([prompts[0] + outs[0].tokens])
-    with torch.no_grad():
-        logprobs = torch.log_softmax(model(full)[0, len(prompts[0]) - 1:-1].float(), dim=-1)
-    recomputed = logprobs.gather(-1, full[0, len(prompts[0]):, None])[:, 0]
-    gap = (recomputed - torch.tensor(outs[0].logprobs)).abs().max().item()
-    print(f"5. cached sampling log-probs vs a full forward pass: max |difference| = {gap:.2e}")
-    summary = {"parameters": sum(p.numel() for p in model.parameters()), "vocab_size": tokenizer.vocab_size,
-               "tokens_per_second": sum(len(o.tokens) for o in outs) / seconds,
-               "cache_vs_forward_max_abs_diff": gap, "seconds": time.perf_counter() - start}
+    print("2. tokenizer and a tiny Qwen2, saved as a checkpoint folder")
+    tokenizer = train_tokenizer([render_chat_template(c["messages"], c["tools"]) for c in train_convs], 1024,
+                                split="lines")
+    config = tiny_config(tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id)
+    base = os.path.join(out_dir, "base")
+    save_pretrained(random_model(config, seed=seed), base, tokenizer)
+
+    print("3. SFT from scratch on the demonstrations")
+    sft_out = os.path.join(out_dir, "sft")
+    sft_train(SFTConfig(model=base, data=data, out=sft_out, full=True, epochs=settings["sft_epochs"],
+                        batch_size=settings["sft_batch"], lr=settings["sft_lr"], max_len=512, seed=seed,
+                        samples_per_prompt=4, eval_max_new_tokens=48, save_every=10**9))
+    sft = evaluate(os.path.join(sft_out, "model"), task, seed)
+    print(f"   SFT accuracy {sft['accuracy']:.3f}; tool use on hard questions {sft['tool_use_hard']:.2f}")
+
+    print("4. GRPO with the exact-answer reward, in the calculator environment")
+    grpo_out = os.path.join(out_dir, "grpo")
+    grpo_train(GRPOConfig(model=os.path.join(sft_out, "model"), task=task, out=grpo_out, full=True, beta=0.0,
+                          steps=settings["grpo_steps"], prompts_per_step=settings["prompts_per_step"],
+                          group_size=settings["group_size"], lr=settings["grpo_lr"], max_new_tokens=48,
+                          temperature=1.0, eval_every=settings["eval_every"], save_every=10**9, seed=seed))
+    grpo = evaluate(os.path.join(grpo_out, "model"), task, seed)
+    print(f"   GRPO accuracy {grpo['accuracy']:.3f}; tool use on hard questions {grpo['tool_use_hard']:.2f}")
+
+    summary = {"demonstrator_accuracy": demo_accuracy, "sft_accuracy": sft["accuracy"],
+               "grpo_accuracy": grpo["accuracy"], "tool_use_rate_sft": sft["tool_use_hard"],
+               "tool_use_rate_grpo": grpo["tool_use_hard"], "tool_use_easy_sft": sft["tool_use_easy"],
+               "tool_use_easy_grpo": grpo["tool_use_easy"], "eval_questions": len(task.eval_items()),
+               "fast": fast, "seed": seed, "seconds": time.perf_counter() - start}
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
-    print(f"done in {summary['seconds']:.1f}s; summary in {os.path.join(out_dir, 'summary.json')}")
+    if figure:
+        quickstart_figure(out_dir, figure)
+    print(f"5. demonstrator {demo_accuracy:.3f} -> SFT {sft['accuracy']:.3f} -> GRPO {grpo['accuracy']:.3f} "
+          f"in {summary['seconds']:.0f}s; {os.path.join(out_dir, 'summary.json')}" + (f", {figure}" if figure else ""))
     return summary

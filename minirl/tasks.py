@@ -83,13 +83,15 @@ class CalculatorTask:
     metric_names = ["tool_use_easy", "tool_use_hard", "recovery_rate", "calls_per_episode"]
 
     def __init__(self, seed: int = 0, hard_fraction: float = 0.5, flaky: float = 0.0, word_problems: bool = False,
-                 max_turns: int = 4, eval_size: int = 64):
+                 max_turns: int = 4, eval_size: int = 64, level: str = "full"):
         self.hard_fraction, self.flaky, self.word_problems, self.max_turns = hard_fraction, flaky, word_problems, max_turns
+        self.level = level
         self.reward_functions = {part: (lambda t, part=part: t.info[part], 1.0) for part in CalculatorEnv.reward_parts}
-        self._eval = make_questions(eval_size, random.Random(f"{self.name}-eval-{seed}"), hard_fraction, word_problems)
+        self._eval = make_questions(eval_size, random.Random(f"{self.name}-eval-{seed}"), hard_fraction, word_problems,
+                                    level)
 
     def sample(self, n: int, rng: random.Random) -> list[dict]:
-        return make_questions(n, rng, self.hard_fraction, self.word_problems)
+        return make_questions(n, rng, self.hard_fraction, self.word_problems, self.level)
 
     def eval_items(self) -> list[dict]:
         return self._eval

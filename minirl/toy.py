@@ -21,13 +21,25 @@ QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^
               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def train_tokenizer(texts, vocab_size: int = 512) -> Tokenizer:
-    """A byte-level BPE with Qwen2's normalizer, pre-tokenizer and decoder, trained on `texts`."""
+def train_tokenizer(texts, vocab_size: int = 512, split: str = "qwen") -> Tokenizer:
+    """A byte-level BPE with Qwen2's normalizer and decoder, trained on `texts`.
+
+    split="qwen" pre-splits text as Qwen2 does (words, single digits, punctuation), so merges stay
+    inside words. split="lines" isolates only digits and newlines and lets merges cross words within
+    a line: the toy world's long, fixed chat header (system prompt and tool block, ~150 Qwen-style
+    tokens) becomes a few dozen, and a 1M-parameter model trains about 4x faster. Numbers stay one
+    token per digit either way. Newlines must stay isolated: the generation prompt ends with
+    "assistant\n", and a token merging that "\n" with the reply's first words would exist only in
+    training, never at generation time."""
+    if split not in ("qwen", "lines", "numbers"):
+        raise ValueError(f"split must be 'qwen', 'lines' or 'numbers', got {split!r}")
     bpe = HFTokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    first = ([pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated")] if split == "qwen" else
+             [pre_tokenizers.Split("\n", behavior="isolated"),
+              pre_tokenizers.Digits(individual_digits=split == "lines")])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(first + [pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                                   use_regex=False)])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -83,3 +95,57 @@ def arithmetic_corpus(n: int = 400, seed: int = 0) -> list[str]:
         texts.append(render_chat_template([{"role": "user", "content": f"What is {a} {op} {b}?"},
                                            {"role": "assistant", "content": f"The answer is {answer}."}]))
     return texts
+
+
+# ---- the imperfect demonstrator -------------------------------------------------------------------------
+def demonstrator(tool_rate_hard: float = 0.3, double_call_rate: float = 0.2, memory_accuracy: float = 0.0,
+                 seed: int = 0):
+    """A scripted calculator agent with the habits SFT will copy (DESIGN.md §4):
+    - easy questions: answered directly, correctly;
+    - hard questions: the tool is called on only `tool_rate_hard` of them; the rest are answered from
+      memory: right `memory_accuracy` of the time, otherwise a rough estimate (the product rounded to two
+      significant digits, "37 * 84 is about 3100.": mental arithmetic that gets close, not exact);
+    - after a successful call it sometimes (`double_call_rate`) calls again before answering;
+    - after a tool error it never retries: it answers from memory.
+    Each question's choices come from a generator seeded by the question, so a conversation is consistent
+    across its turns. Returns policy(task, messages) -> the next assistant message."""
+    from .envs.calculator import tool_call_message
+
+    def choices(task):
+        rng = random.Random(f"{seed}/{task['question']}")
+        return {"tool": rng.random() < tool_rate_hard, "double": rng.random() < double_call_rate,
+                "memory_right": rng.random() < memory_accuracy}
+
+    def from_memory(task, c):
+        if task["difficulty"] == "easy" or c["memory_right"]:
+            return {"role": "assistant", "content": f"{task['expression']} = {task['answer']}."}
+        estimate = round(task["answer"], 2 - len(str(abs(task["answer"]))))
+        return {"role": "assistant", "content": f"{task['expression']} is about {estimate}."}
+
+    def policy(task, messages):
+        c = choices(task)
+        results = [m["content"] for m in messages if m["role"] == "tool"]
+        if results:
+            if results[-1].startswith("Error:"):
+                return from_memory(task, c)
+            if c["double"] and len(results) == 1:
+                return tool_call_message(task["expression"])
+            return {"role": "assistant", "content": f"The answer is {results[-1]}."}
+        if task["difficulty"] == "hard" and c["tool"]:
+            return tool_call_message(task["expression"])
+        return from_memory(task, c)
+
+    return policy
+
+
+def demonstrations(tasks: list[dict], policy, flaky: float = 0.0, seed: int = 0) -> tuple[list[dict], float]:
+    """Play `policy` on each task in the calculator environment: the SFT data ({"messages", "tools"} per
+    conversation) and the policy's measured accuracy."""
+    from .envs.calculator import CalculatorEnv, play
+
+    conversations, correct = [], 0.0
+    for i, task in enumerate(tasks):
+        messages, _, info = play(CalculatorEnv(flaky=flaky, seed=seed * 100003 + i), task, policy)
+        conversations.append({"messages": messages, "tools": task["tools"]})
+        correct += info["correct"]
+    return conversations, correct / len(tasks)

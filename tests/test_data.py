@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from minirl.chat import render
 from minirl.data import DataError, collate, encode, epoch_batches, read_conversations
@@ -88,3 +89,15 @@ def test_epoch_order_depends_only_on_seed_and_epoch():
     assert a == b and [len(x) for x in a] == [3, 3, 3, 1]
     assert sorted(i for batch in a for i in batch) == list(range(10))
     assert epoch_batches(10, 3, seed=1, epoch=1) != a and epoch_batches(10, 3, seed=2, epoch=0) != a
+
+
+def test_group_by_length_makes_batches_of_similar_length_and_covers_every_example():
+    lengths = [int(x) for x in torch.randint(10, 500, (1000,), generator=torch.Generator().manual_seed(0))]
+    batches = epoch_batches(1000, 10, seed=0, epoch=0, lengths=lengths)
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
+    random_spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b)
+                        for b in epoch_batches(1000, 10, seed=0, epoch=0)) / len(batches)
+    assert spread < random_spread / 5
+    assert batches == epoch_batches(1000, 10, seed=0, epoch=0, lengths=lengths)
+    assert batches != epoch_batches(1000, 10, seed=0, epoch=1, lengths=lengths)

@@ -20,9 +20,16 @@ WORD_PROBLEMS = [
 ]
 
 
-def make_question(rng: random.Random, hard: bool, word_problems: bool = False) -> dict:
-    """One task item: {"question", "expression", "answer", "difficulty"} plus the chat fields."""
-    if not hard:
+def make_question(rng: random.Random, hard: bool, word_problems: bool = False, level: str = "full") -> dict:
+    """One task item: {"question", "expression", "answer", "difficulty"} plus the chat fields. Hard
+    questions are 2-3 digit products, some with a third term ("full"), or only 2-digit × 2-digit
+    products ("toy", the embedded world's)."""
+    if level not in ("full", "toy"):
+        raise ValueError(f"level must be 'full' or 'toy', got {level!r}")
+    if hard and level == "toy":
+        a, b = rng.randint(12, 99), rng.randint(12, 99)
+        question, expression = f"What is {a} * {b}?", f"{a} * {b}"
+    elif not hard:
         a, b, op = rng.randint(1, 9), rng.randint(1, 9), rng.choice("+-*")
         question, expression = f"What is {a} {op} {b}?", f"{a} {op} {b}"
     elif word_problems and rng.random() < 0.5:
@@ -41,8 +48,9 @@ def make_question(rng: random.Random, hard: bool, word_problems: bool = False) -
             "difficulty": "hard" if hard else "easy"}
 
 
-def make_questions(n: int, rng: random.Random, hard_fraction: float = 0.5, word_problems: bool = False) -> list[dict]:
-    return [make_question(rng, rng.random() < hard_fraction, word_problems) for _ in range(n)]
+def make_questions(n: int, rng: random.Random, hard_fraction: float = 0.5, word_problems: bool = False,
+                   level: str = "full") -> list[dict]:
+    return [make_question(rng, rng.random() < hard_fraction, word_problems, level) for _ in range(n)]
 
 
 def final_number(text: str) -> int | None:

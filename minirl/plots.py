@@ -1,0 +1,50 @@
+"""Figures drawn from the CSV/JSON a run leaves behind (figures/make_figures.py calls these)."""
+
+import csv
+import json
+import os
+
+
+def read_csv(path: str) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _series(rows, key):
+    points = [(int(r["step"]), float(r[key])) for r in rows if r.get(key) not in (None, "", "nan")]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def quickstart_figure(run_dir: str, out_path: str):
+    """Three panels from runs/quickstart: held-out accuracy of demonstrator, SFT and GRPO over GRPO steps;
+    the GRPO reward; tool-use rate on hard vs easy questions in GRPO's samples."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    rows = read_csv(os.path.join(run_dir, "grpo", "metrics.csv"))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    ax = axes[0]
+    steps, accuracy = _series(rows, "eval_accuracy")
+    ax.plot([0] + steps, [summary["sft_accuracy"]] + accuracy, "o-", color="C2", label="GRPO (from SFT)")
+    ax.axhline(summary["demonstrator_accuracy"], color="C7", ls="--", label="demonstrator")
+    ax.axhline(summary["sft_accuracy"], color="C0", ls=":", label="SFT")
+    ax.set(title="held-out accuracy (greedy)", xlabel="GRPO step", ylim=(0, 1.02))
+    ax.legend(loc="lower right")
+    ax = axes[1]
+    ax.plot(*_series(rows, "reward_mean"), color="C1")
+    ax.set(title="GRPO reward (sample mean)", xlabel="GRPO step", ylim=(-0.05, 1.02))
+    ax = axes[2]
+    ax.plot(*_series(rows, "tool_use_hard"), color="C3", label="hard questions")
+    ax.plot(*_series(rows, "tool_use_easy"), color="C9", label="easy questions")
+    ax.set(title="tool-use rate in GRPO samples", xlabel="GRPO step", ylim=(-0.05, 1.05))
+    ax.legend(loc="center right")
+    fig.suptitle(f"demonstrator {summary['demonstrator_accuracy']:.2f} → SFT {summary['sft_accuracy']:.2f} → "
+                 f"GRPO {summary['grpo_accuracy']:.2f}  ({summary['eval_questions']} held-out questions)")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    return out_path

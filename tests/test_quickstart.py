@@ -1,0 +1,81 @@
+"""The toy world: the demonstrator's habits as specified, the toy tokenizer's clean turn boundaries, and
+the quickstart pipeline end to end in its fast mode (plumbing, not the numbers), with its figure."""
+
+import json
+import os
+import random
+
+import pytest
+
+from minirl import load_pretrained
+from minirl.chat import render
+from minirl.envs.calculator import CalculatorEnv, make_questions, play
+from minirl.quickstart import run
+from minirl.tokenizer import chat_pieces, render_chat_template
+from minirl.toy import demonstrations, demonstrator, train_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_demonstrator_has_the_specified_habits():
+    questions = make_questions(600, random.Random(0), level="toy")
+    policy = demonstrator(tool_rate_hard=0.3, double_call_rate=0.2, seed=0)
+    played = [(q, *play(CalculatorEnv(), q, policy)) for q in questions]
+    easy = [p for p in played if p[0]["difficulty"] == "easy"]
+    hard = [p for p in played if p[0]["difficulty"] == "hard"]
+    assert all(info["correct"] and not info["used_tool"] for _, _, _, info in easy)
+    tool = [p for p in hard if p[3]["used_tool"]]
+    assert 0.22 < len(tool) / len(hard) < 0.38
+    assert 0.1 < sum(p[3]["calls"] == 2 for p in tool) / len(tool) < 0.3  # checks its result twice
+    assert all(p[3]["correct"] for p in tool)
+    memory = [p for p in hard if not p[3]["used_tool"]]
+    assert sum(p[3]["correct"] for p in memory) / len(memory) < 0.1  # "about 3100": close, rarely exact
+    assert "is about" in memory[0][1][-1]["content"]
+    # after a tool error it never retries: it answers from memory
+    flaky = [play(CalculatorEnv(flaky=1.0, seed=i), q, policy) for i, (q, _, _, _) in enumerate(tool[:20])]
+    assert all(info["calls"] == 1 and "is about" in messages[-1]["content"] for messages, _, info in flaky)
+    # its measured accuracy is what demonstrations() reports
+    _, accuracy = demonstrations(questions, policy)
+    assert accuracy == pytest.approx(sum(p[3]["correct"] for p in played) / len(played))
+
+
+def test_the_toy_tokenizer_never_merges_across_a_turn_boundary():
+    """Training must see the tokens generation produces: no token may straddle the start of an
+    assistant reply (the generation prompt ends with "assistant\\n")."""
+    conversations, _ = demonstrations(make_questions(300, random.Random(1), level="toy"), demonstrator())
+    tokenizer = train_tokenizer([render_chat_template(c["messages"], c["tools"]) for c in conversations], 1024,
+                                split="lines")
+    for conv in conversations[:100]:
+        pieces = chat_pieces(conv["messages"], conv["tools"])
+        starts, offset = set(), 0
+        for text, trained in pieces:
+            if trained:
+                starts.add(offset)
+            offset += len(text)
+        _, offsets = tokenizer.encode_with_offsets("".join(text for text, _ in pieces))
+        boundaries = {start for start, _ in offsets}
+        assert starts <= boundaries
+        ids, mask = render(tokenizer, conv["messages"], conv["tools"])
+        assert sum(mask) > 0
+
+
+def test_quickstart_fast_runs_end_to_end(tmp_path):
+    figure = tmp_path / "quickstart.png"
+    summary = run(out_dir=str(tmp_path / "qs"), seed=0, fast=True, figure=str(figure))
+    for key in ("demonstrator_accuracy", "sft_accuracy", "grpo_accuracy", "tool_use_rate_sft", "tool_use_rate_grpo",
+                "seconds"):
+        assert 0 <= summary[key] <= (1 if key != "seconds" else 120), key
+    assert json.load(open(tmp_path / "qs" / "summary.json")) == summary
+    assert figure.stat().st_size > 10_000 and figure.read_bytes()[:4] == b"\x89PNG"
+    for stage in ("base", os.path.join("sft", "model"), os.path.join("grpo", "model")):
+        load_pretrained(str(tmp_path / "qs" / stage))
+    # figures/make_figures.py redraws it from the run's CSV and JSON alone
+    import sys
+    sys.path.insert(0, ROOT)
+    from figures.make_figures import main
+    main(runs_root=str(tmp_path / "root"), out_dir=str(tmp_path))  # no run there: skipped, no error
+    os.makedirs(tmp_path / "root" / "runs")
+    os.symlink(tmp_path / "qs", tmp_path / "root" / "runs" / "quickstart")
+    os.remove(figure)
+    main(runs_root=str(tmp_path / "root"), out_dir=str(tmp_path))
+    assert figure.exists()
