@@ -185,7 +185,9 @@ def cmd_rollout(args):
 
 def cmd_quickstart(args):
     from .quickstart import run
-    run(out_dir=args.out, seed=args.seed, fast=args.fast, figure=None if args.no_figure else args.figure)
+    figure = args.figure or (os.path.join(args.out, "quickstart.png") if args.fast else
+                             os.path.join("figures", "quickstart.png"))  # --fast never overwrites the README's
+    run(out_dir=args.out, seed=args.seed, fast=args.fast, figure=None if args.no_figure else figure)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", default=os.path.join("runs", "quickstart"))
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--fast", action="store_true", help="the same pipeline shrunk to about a minute (plumbing only)")
-    q.add_argument("--figure", default=os.path.join("figures", "quickstart.png"))
+    q.add_argument("--figure", default=None, help="default: figures/quickstart.png (--fast: inside --out)")
     q.add_argument("--no-figure", action="store_true")
     q.set_defaults(func=cmd_quickstart)
     return parser
