@@ -61,7 +61,7 @@ def run(out_dir: str = os.path.join("runs", "quickstart"), seed: int = 0, fast: 
     print("1. the demonstrator plays the calculator environment (tool on 30 % of hard questions)")
     rng = random.Random(f"quickstart-train-{seed}")
     policy = demonstrator(seed=seed)
-    train_convs, _ = demonstrations(task.sample(settings["train_questions"], rng), policy, seed=seed)
+    train_convs, _ = demonstrations(task.sample(settings["train_questions"], rng), policy, seed=seed, progress=True)
     _, demo_accuracy = demonstrations(task.eval_items(), policy, seed=seed + 1)
     data = os.path.join(out_dir, "demonstrations.jsonl")
     with open(data, "w") as f:

@@ -138,13 +138,16 @@ def demonstrator(tool_rate_hard: float = 0.3, double_call_rate: float = 0.2, mem
     return policy
 
 
-def demonstrations(tasks: list[dict], policy, flaky: float = 0.0, seed: int = 0) -> tuple[list[dict], float]:
+def demonstrations(tasks: list[dict], policy, flaky: float = 0.0, seed: int = 0,
+                   progress: bool = False) -> tuple[list[dict], float]:
     """Play `policy` on each task in the calculator environment: the SFT data ({"messages", "tools"} per
     conversation) and the policy's measured accuracy."""
+    from tqdm import tqdm
+
     from .envs.calculator import CalculatorEnv, play
 
     conversations, correct = [], 0.0
-    for i, task in enumerate(tasks):
+    for i, task in enumerate(tqdm(tasks, desc="demonstrations", disable=not progress)):
         messages, _, info = play(CalculatorEnv(flaky=flaky, seed=seed * 100003 + i), task, policy)
         conversations.append({"messages": messages, "tools": task["tools"]})
         correct += info["correct"]
