@@ -1,11 +1,19 @@
-"""Batched greedy sampling: minirl.generate against transformers' generate, same weights, same prompts,
+"""Batched sampling: minirl.generate against transformers' generate, same weights, same prompts,
 same process. Prints tokens/s of both and their ratio (median of --repeats alternating runs).
 
     python bench/sample.py                       # Qwen2.5-0.5B shape, random weights, B=8, 32 new tokens
     python bench/sample.py --model DIR           # real weights from a checkpoint folder
     python bench/sample.py --tiny                # seconds-long smoke run of the same code path
+    python bench/sample.py --device cuda --dtype bfloat16 --batch 1 --new-tokens 256 --compile
+    python bench/sample.py --device cuda --dtype bfloat16 --group 8 --batch 8 --new-tokens 512 --compile
 
-Both models hold the *same* weight tensors (transformers' model is built on the meta device and
+--compile decodes with minirl's fixed-shape cache and a compiled step (CUDA graphs on a GPU); its
+compilation happens in the warm-up and is not timed. --group G samples G completions per prompt at
+temperature 1 (GRPO's group: --batch prompts x G rows; transformers: num_return_sequences=G), where the
+two draws differ, so only speed is compared. On a GPU the HBM roofline is printed too: the weight
+bytes read per decoding step over the card's bandwidth (--bandwidth-gbs, default from the card's name).
+
+Greedy runs: both models hold the *same* weight tensors (transformers' model is built on the meta device and
 assigned ours), so the comparison is kernel for kernel and memory is not doubled. Greedy decoding
 with no stop token: every row generates exactly --new-tokens tokens, and the two token streams are
 compared. Expected time on 2 CPU cores, 0.5B fp32: about a minute; memory about 3 GB.
@@ -53,19 +61,32 @@ def make_prompts(model, tokenizer, batch: int, seed: int) -> list[list[int]]:
     return [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
-def run_minirl(model, prompts, new_tokens):
-    outs = minirl.generate(model, prompts, max_new_tokens=new_tokens, temperature=0, stop_token_ids=[])
+def run_minirl(model, prompts, new_tokens, group=1, compile=False):
+    sampling = dict(temperature=1.0, num_samples=group, seed=0) if group > 1 else dict(temperature=0)
+    outs = minirl.generate(model, prompts, max_new_tokens=new_tokens, stop_token_ids=[], compile=compile,
+                           **sampling)
     return [o.tokens for o in outs]
 
 
-def run_transformers(twin, prompts, new_tokens):
+def run_transformers(twin, prompts, new_tokens, group=1):
     T = max(map(len, prompts))
-    ids = torch.tensor([[0] * (T - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts])
+    device = twin.device
+    ids = torch.tensor([[0] * (T - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts], device=device)
+    sampling = (dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=group)
+                if group > 1 else dict(do_sample=False))
     with torch.no_grad():
-        out = twin.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                            eos_token_id=None, repetition_penalty=1.0)
+        out = twin.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=None,
+                            repetition_penalty=1.0, **sampling)
     return out[:, T:].tolist()
+
+
+BANDWIDTH_GBS = {"H200": 4800, "H100": 3350, "A100-SXM4-80GB": 2039, "A100-SXM4-40GB": 1555, "A100": 1555}
+
+
+def bandwidth_gbs(device) -> float | None:
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in BANDWIDTH_GBS.items() if k in name), None)
 
 
 def main():
@@ -78,44 +99,71 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile", action="store_true", help="minirl: fixed-shape cache + compiled decode step")
+    parser.add_argument("--group", type=int, default=1, help="G samples per prompt at temperature 1 (1: greedy)")
+    parser.add_argument("--bandwidth-gbs", type=float, default=None, help="GPU memory bandwidth for the roofline")
+    parser.add_argument("--table", default=None, help="append one markdown table row to this file")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
-    dtype = getattr(torch, args.dtype)
+    dtype, device = getattr(torch, args.dtype), torch.device(args.device)
     tokenizer = None
     if args.model:
-        model, tokenizer = minirl.load_pretrained(args.model, dtype=dtype)
+        model, tokenizer = minirl.load_pretrained(args.model, dtype=dtype, device=device)
         name = os.path.basename(os.path.normpath(args.model))
     else:
         config = tiny_config(512) if args.tiny else preset(args.preset)
-        model = minirl.random_model(config, dtype=dtype, seed=args.seed)
+        model = minirl.random_model(config, dtype=dtype, device=device, seed=args.seed)
         name = "tiny" if args.tiny else f"Qwen2.5-{args.preset} shape, random weights"
     twin = transformers_twin(model)
     prompts = make_prompts(model, tokenizer, args.batch, args.seed)
-    produced = args.batch * args.new_tokens
+    rows = args.batch * args.group
+    produced = rows * args.new_tokens
 
-    run_minirl(model, prompts, 2)  # warm-up: first-call allocations and kernel selection
-    run_transformers(twin, prompts, 2)
+    # warm-up: first-call allocations, kernel selection, and with --compile the compilation itself
+    # (the same lengths as the timed runs, so the compiled step is reused, not recompiled)
+    run_minirl(model, prompts, args.new_tokens if args.compile else 2, args.group, args.compile)
+    run_transformers(twin, prompts, 2, args.group)
     times = {"minirl": [], "transformers": []}
     for _ in range(args.repeats):
-        for label, fn, m in (("minirl", run_minirl, model), ("transformers", run_transformers, twin)):
+        for label in times:
             start = time.perf_counter()
-            tokens = fn(m, prompts, args.new_tokens)
-            times[label].append(time.perf_counter() - start)
             if label == "minirl":
-                ours = tokens
+                ours = run_minirl(model, prompts, args.new_tokens, args.group, args.compile)
             else:
-                theirs = tokens
-    same = sum(a == b for a, b in zip(ours, theirs))
+                theirs = run_transformers(twin, prompts, args.new_tokens, args.group)
+            times[label].append(time.perf_counter() - start)  # .tolist() inside waited for the device
     rate = {k: produced / statistics.median(v) for k, v in times.items()}
-    print(f"model: {name}; {args.dtype} on {torch.get_num_threads()} CPU threads; batch {args.batch}, prompts "
-          f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.new_tokens} new tokens, greedy; "
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"{torch.get_num_threads()} CPU threads")
+    mode = f"{args.batch} prompts x {args.group} samples, temperature 1" if args.group > 1 else (
+        f"batch {args.batch}, greedy")
+    print(f"model: {name}; {args.dtype} on {where}; {mode}; prompts {min(map(len, prompts))}-"
+          f"{max(map(len, prompts))} tokens, {args.new_tokens} new tokens; compile {args.compile}; "
           f"median of {args.repeats}")
     for label in times:
         print(f"  {label:13s} {rate[label]:7.1f} tok/s   runs: " + " ".join(f"{t:.2f}s" for t in times[label]))
-    print(f"  ratio minirl / transformers: {rate['minirl'] / rate['transformers']:.2f}x   "
-          f"identical greedy outputs: {same}/{args.batch} rows")
-    return rate["minirl"] / rate["transformers"]
+    ratio = rate["minirl"] / rate["transformers"]
+    same = sum(a == b for a, b in zip(ours, theirs))
+    check = f"identical greedy outputs: {same}/{rows} rows" if args.group == 1 else "sampled: outputs differ"
+    print(f"  ratio minirl / transformers: {ratio:.2f}x   {check}")
+    roofline = ""
+    if device.type == "cuda" and args.batch * args.group == 1:
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        bandwidth = args.bandwidth_gbs or bandwidth_gbs(device)
+        if bandwidth:
+            steps_per_s = rate["minirl"]  # batch 1: one token per step
+            fraction = steps_per_s * weight_bytes / (bandwidth * 1e9)
+            roofline = f"{100 * fraction:.0f}% of the {bandwidth:.0f} GB/s roofline"
+            print(f"  HBM roofline: {weight_bytes / 1e9:.2f} GB of weights per token -> "
+                  f"{bandwidth * 1e9 / weight_bytes:.0f} tok/s at most; minirl reaches {roofline}")
+    if args.table:
+        with open(args.table, "a") as f:
+            f.write(f"| sample.py | {name} | {args.dtype}, {where} | {mode}, {args.new_tokens} new"
+                    f"{', compile' if args.compile else ''} | {rate['minirl']:.1f} | {rate['transformers']:.1f} | "
+                    f"{ratio:.2f}x {roofline} |\n")
+    return ratio
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""python -m minirl {generate,sft,grpo,rollout,quickstart}: the command-line entry points.
+"""python -m minirl {generate,sft,grpo,rollout,quickstart,memory}: the command-line entry points.
 
     python -m minirl generate --model DIR --prompt "What is 37 * 84?" --chat
     python -m minirl sft --model DIR --data train.jsonl --out runs/sft
     python -m minirl grpo --model DIR --adapter runs/sft/adapter --task arithmetic --out runs/grpo
     python -m minirl rollout --model DIR --task calculator -n 4
     python -m minirl quickstart
+    python -m minirl memory --model 7b --lora-r 16 --group-size 8 --prompts-per-step 2
 """
 
 import argparse
@@ -50,7 +51,7 @@ def cmd_generate(args):
     start = time.perf_counter()
     tokens = print_stream(tokenizer, stream(model, ids, max_new_tokens=args.max_new_tokens,
                                             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                            seed=args.seed), model.eos_token_ids)
+                                            seed=args.seed, compile=args.compile), model.eos_token_ids)
     seconds = time.perf_counter() - start
     print(f"[{len(tokens)} tokens in {seconds:.1f}s, {len(tokens) / seconds:.1f} tok/s]", file=sys.stderr)
 
@@ -128,6 +129,7 @@ def add_grpo_parser(sub, fmt):
     g.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     g.add_argument("--temperature", type=float, default=d.temperature)
     g.add_argument("--top-p", type=float, default=d.top_p)
+    g.add_argument("--compile", action="store_true", help="compile the decode step (CUDA graphs on GPU)")
     # --- objective ---
     g.add_argument("--beta", type=float, default=d.beta, help="KL weight (0: no reference pass)")
     g.add_argument("--clip-low", type=float, default=d.clip_low)
@@ -210,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=0.8)
     g.add_argument("--top-k", type=int, default=20, help="0 = off")
     g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--compile", action="store_true", help="compile the decode step (CUDA graphs on GPU)")
     g.set_defaults(func=cmd_generate)
 
     add_sft_parser(sub, fmt)
@@ -235,7 +238,39 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--figure", default=None, help="default: figures/quickstart.png (--fast: inside --out)")
     q.add_argument("--no-figure", action="store_true")
     q.set_defaults(func=cmd_quickstart)
+
+    m = sub.add_parser("memory", help="itemized GPU memory estimate of one GRPO step", formatter_class=fmt)
+    m.add_argument("--model", required=True, help="a preset (0.5b, 1.5b, 3b, 7b) or a checkpoint folder")
+    m.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
+    m.add_argument("--lora-r", type=int, default=16)
+    m.add_argument("--group-size", type=int, default=8)
+    m.add_argument("--prompts-per-step", type=int, default=2)
+    m.add_argument("--prompt-len", type=int, default=256)
+    m.add_argument("--max-new-tokens", type=int, default=768)
+    m.add_argument("--minibatch-size", type=int, default=16, help="sequences per forward/backward")
+    m.add_argument("--no-checkpointing", action="store_true", help="keep every layer's activations")
+    m.add_argument("--beta", type=float, default=0.04, help="0: no reference (saves the frozen copy in --full)")
+    m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="weights; auto = what grpo picks on a GPU (bfloat16 with LoRA, float32 with --full)")
+    m.set_defaults(func=cmd_memory)
     return parser
+
+
+def cmd_memory(args):
+    from .config import Qwen2Config, preset
+    from .memory import estimate
+
+    if os.path.isdir(args.model):
+        config = Qwen2Config.from_json(os.path.join(args.model, "config.json"))
+    else:
+        config = preset(args.model)
+    dtype = args.dtype if args.dtype != "auto" else "float32" if args.full else "bfloat16"
+    plan = estimate(config, full=args.full, lora_r=args.lora_r, group_size=args.group_size,
+                    prompts_per_step=args.prompts_per_step, prompt_len=args.prompt_len,
+                    max_new_tokens=args.max_new_tokens, dtype_bytes=DTYPES[dtype].itemsize,
+                    minibatch_size=args.minibatch_size, checkpointing=not args.no_checkpointing, beta=args.beta)
+    print(f"{args.model}: {dtype}")
+    print(plan.table())
 
 
 def main(argv=None):

@@ -49,6 +49,7 @@ class GRPOConfig:
     max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
+    compile: bool = False  # decode with a fixed-shape cache and a torch.compile'd step (CUDA graphs on GPU)
     # --- objective ---
     beta: float = 0.04
     clip_low: float = 0.2
@@ -221,7 +222,7 @@ def train(cfg: GRPOConfig) -> dict:
         items = task.sample(cfg.prompts_per_step, random.Random(cfg.seed * 1_000_003 + step))
         rollout = getattr(task, "rollout", None) or sample_completions
         trajectories = rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
-                               top_p=cfg.top_p, seed=cfg.seed * 1_000_003 + step)
+                               top_p=cfg.top_p, seed=cfg.seed * 1_000_003 + step, compile=cfg.compile)
         t1 = time.perf_counter()
         score(task, trajectories)
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)

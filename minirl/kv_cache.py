@@ -30,13 +30,15 @@ class KVCache:
     def batch_size(self) -> int:
         return self.keys.shape[1]
 
-    def append_mask(self, real: torch.Tensor) -> torch.Tensor:
-        """Record which of the T incoming tokens are real; return the mask over all S = length + T slots."""
+    def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Record which of the T incoming tokens are real. Returns the mask over all S = length + T
+        slots (B, S) and the slot each incoming token goes to (T,)."""
         T = real.shape[1]
         if self.length + T > self.max_len:
             raise ValueError(f"KV cache is full: {self.length} slots used + {T} new tokens > {self.max_len} slots")
         self.key_mask[:, self.length:self.length + T] = real
-        return self.key_mask[:, :self.length + T]  # (B, S)
+        slots = torch.arange(self.length, self.length + T, device=real.device)  # (T,)
+        return self.key_mask[:, :self.length + T], slots
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, K, T, D) at slots [length, length + T); return all filled slots (B, K, S, D)."""
@@ -62,3 +64,58 @@ class KVCache:
         self.keys, self.values = keys, values
         self.key_mask = self.key_mask[rows]
         self.next_pos = self.next_pos[rows]
+
+
+class StaticKVCache(KVCache):
+    """The same cache with shapes that never change, for torch.compile and CUDA graphs.
+
+    KVCache slices its buffers to the filled length, so every decoding step has new shapes and reads
+    a Python counter. Here every step reads all S = max_len slots (unfilled ones are masked out), the
+    fill counter `slot` is a tensor, and writes go in place with index_copy_: the decode step is one
+    fixed graph that can be compiled once and replayed; the buffers are written only in place, so
+    they keep their addresses, which CUDA graphs require.
+    Prefill still runs on a plain KVCache (prompt lengths vary); `load` copies it in.
+    """
+
+    def __init__(self, config: Qwen2Config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
+        super().__init__(config, batch_size, max_len, dtype, device)
+        self.slot = torch.zeros((), dtype=torch.long, device=device)  # slots filled, as a tensor
+        for buffer in (self.keys, self.values, self.key_mask, self.next_pos, self.slot):
+            torch._dynamo.mark_static_address(buffer)  # compiled graphs may keep pointing at it
+
+    def load(self, cache: KVCache, rows: torch.Tensor):
+        """Fill from a prefilled cache: row i of this cache gets row rows[i] of `cache` (a prompt's
+        prefill copied into the G rows of its group). Copies in place; the slots after the prompt
+        are masked out."""
+        S = cache.length
+        if len(rows) != self.batch_size or S > self.max_len:
+            raise ValueError(f"cannot load {len(rows)} rows x {S} slots into a static cache of "
+                             f"{self.batch_size} rows x {self.max_len} slots")
+        self.keys[:, :, :, :S] = cache.keys[:, rows, :, :S]
+        self.values[:, :, :, :S] = cache.values[:, rows, :, :S]
+        self.key_mask.zero_()
+        self.key_mask[:, :S] = cache.key_mask[rows, :S]
+        self.next_pos.copy_(cache.next_pos[rows])
+        self.slot.fill_(S)
+        self.length = S
+
+    def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As KVCache.append_mask, but over all max_len slots, with no Python-side bookkeeping (the
+        caller makes sure the cache is long enough: checking would need the GPU's counter)."""
+        slots = self.slot + torch.arange(real.shape[1], device=real.device)  # (T,)
+        self.key_mask.index_copy_(1, slots, real)
+        return self.key_mask, slots  # (B, S), (T,)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, K, T, D) at the next T slots, in place; return every slot (B, K, S, D)."""
+        slots = self.slot + torch.arange(k.shape[2], device=k.device)  # (T,)
+        self.keys[layer].index_copy_(2, slots, k)
+        self.values[layer].index_copy_(2, slots, v)
+        return self.keys[layer], self.values[layer]
+
+    def advance(self, attention_mask: torch.Tensor):
+        self.slot += attention_mask.shape[1]
+        self.next_pos += attention_mask.sum(-1).to(self.next_pos.dtype)
+
+    def select_rows(self, rows: torch.Tensor):
+        raise RuntimeError("a StaticKVCache keeps its rows (its shapes are fixed); load() refills it")

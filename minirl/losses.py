@@ -70,7 +70,9 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 
 def _chunk_logprobs(hidden, weight, targets, temperature):
-    logits = (hidden @ weight.T).float() / temperature  # (N_chunk, V)
+    logits = (hidden @ weight.T).float()  # (N_chunk, V)
+    if temperature != 1.0:  # (skipped at 1: one chunk-sized copy less, forward and backward)
+        logits = logits / temperature
     return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
 
 

@@ -158,23 +158,21 @@ def attention_mask_and_positions(attention_mask, kv_cache, T):
     alone. Returns mask (B, 1, T, S) bool or None (plain causal, no padding, no cache) and
     position_ids (B, T).
     """
-    start = 0 if kv_cache is None else kv_cache.length
     real = attention_mask.bool()
+    position_ids = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
     if kv_cache is None:
-        position_ids = (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
         if bool(real.all()):
             return None, position_ids
-        key_mask = real  # (B, S=T)
+        key_mask, query_slot = real, torch.arange(T, device=real.device)  # (B, S=T), (T,)
     else:
-        position_ids = kv_cache.next_pos[:, None] + (real.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
-        key_mask = kv_cache.append_mask(real)  # (B, S=start+T)
-    S = key_mask.shape[1]
-    query_pos = torch.arange(start, start + T, device=real.device)[:, None]  # (T, 1)
-    key_pos = torch.arange(S, device=real.device)[None, :]  # (1, S)
-    mask = key_mask[:, None, None, :] & (key_pos <= query_pos)  # (B, 1, T, S)
+        position_ids = kv_cache.next_pos[:, None] + position_ids
+        key_mask, query_slot = kv_cache.append_mask(real)  # (B, S), (T,): the slot each query is written to
+    key_slot = torch.arange(key_mask.shape[1], device=real.device)[None, :]  # (1, S)
+    query_slot = query_slot[:, None]  # (T, 1)
+    mask = key_mask[:, None, None, :] & (key_slot <= query_slot)  # (B, 1, T, S)
     # A padding query sees no real key; letting every query see itself keeps softmax finite (its output
     # is never used) without changing any real token's attention.
-    return mask | (key_pos == query_pos), position_ids
+    return mask | (key_slot == query_slot), position_ids
 
 
 class Qwen2Model(nn.Module):

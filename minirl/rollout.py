@@ -46,11 +46,11 @@ def prompt_ids(tokenizer, item: dict) -> list[int]:
 
 def sample_completions(model, tokenizer, items: list[dict], group_size: int, max_new_tokens: int,
                        temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                       seed: int | None = None) -> list[Trajectory]:
+                       seed: int | None = None, compile: bool = False) -> list[Trajectory]:
     """Single-turn rollouts: G completions per item, prompt-major (the G of item i are consecutive)."""
     prompts = [prompt_ids(tokenizer, item) for item in items]
     outs = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                    top_k=top_k, seed=seed, num_samples=group_size)
+                    top_k=top_k, seed=seed, num_samples=group_size, compile=compile)
     stop_ids = set(model.eos_token_ids)
     return [Trajectory(prompt=items[i // group_size], prompt_ids=prompts[i // group_size],
                        completion_ids=out.tokens, action_mask=[1] * len(out.tokens), logprobs=out.logprobs,
@@ -61,7 +61,8 @@ def sample_completions(model, tokenizer, items: list[dict], group_size: int, max
 
 def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int = 1, max_turns: int = 4,
                  max_new_tokens: int = 128, max_context: int | None = None, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> list[Trajectory]:
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 compile: bool = False) -> list[Trajectory]:
     """Multi-turn tool-use episodes, batched: every turn, all unfinished episodes are sampled together.
 
     An episode (the MDP of chapter §10.1) alternates actions and observations: the policy writes an
@@ -95,7 +96,7 @@ def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int 
             break
         outs = generate(model, [e["traj"].prompt_ids + e["traj"].completion_ids for e in fits],
                         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                        seed=None if seed is None else seed * 1009 + turn)
+                        seed=None if seed is None else seed * 1009 + turn, compile=compile)
         for e, out in zip(fits, outs):
             t, env = e["traj"], e["env"]
             t.completion_ids += out.tokens

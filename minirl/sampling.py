@@ -7,14 +7,21 @@ Prompts of different lengths are left-padded into one batch; positions count rea
 each row is computed exactly as if it were alone. `num_samples=G` draws G completions per prompt
 (GRPO's group) from one prefill: the prompt's cache is copied into G rows. Rows that have stopped
 are dropped from the batch once they are at least half of it, so they stop costing work.
+
+`static_cache=True` decodes with fixed shapes instead (a StaticKVCache, no compaction, the stop test
+every SYNC_EVERY tokens so the host rarely waits for the device), and `compile=True` also compiles
+that decode step with torch.compile (CUDA graphs on a GPU: one launch per token instead of hundreds).
 """
 
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from .kv_cache import KVCache
+from .kv_cache import KVCache, StaticKVCache
+
+SYNC_EVERY = 8  # static path: tokens between the host's checks whether every row has stopped
 
 
 @dataclass
@@ -72,9 +79,9 @@ def _check(model, prompts, max_new_tokens, temperature, top_p, top_k, num_sample
                          f"{temperature}, {top_p}, {top_k}, {num_samples}")
 
 
-def _decode_steps(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids, generator, num_samples):
-    """Yield, once per step, (rows, tokens, logprobs, done): `rows` are the indices (into the
-    prompt-major list of len(prompts) * num_samples sequences) of the rows still in the batch."""
+def _prefill(model, prompts, max_len):
+    """Run every prompt through the model once, left-padded into one batch: returns the cache and
+    the logits of each prompt's last position (B, V)."""
     device = model.device
     longest = max(len(p) for p in prompts)
     ids = torch.zeros(len(prompts), longest, dtype=torch.long)  # (B, T), left-padded
@@ -82,8 +89,16 @@ def _decode_steps(model, prompts, max_new_tokens, temperature, top_p, top_k, sto
     for i, p in enumerate(prompts):
         ids[i, longest - len(p):] = torch.tensor(p)
         mask[i, longest - len(p):] = 1
-    cache = KVCache(model.config, len(prompts), longest + max_new_tokens, model.dtype, device)
+    cache = KVCache(model.config, len(prompts), max_len, model.dtype, device)
     logits = model(ids.to(device), mask.to(device), kv_cache=cache, logits_to_keep=1)[:, -1]  # (B, V)
+    return cache, logits
+
+
+def _decode_steps(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids, generator, num_samples):
+    """Yield, once per step, (rows, tokens, logprobs, done): `rows` are the indices (into the
+    prompt-major list of len(prompts) * num_samples sequences) of the rows still in the batch."""
+    device = model.device
+    cache, logits = _prefill(model, prompts, max(len(p) for p in prompts) + max_new_tokens)
     rows = torch.arange(len(prompts) * num_samples, device=device)  # sequence held by each cache row
     if num_samples > 1:  # one prefill per prompt, then its cache is copied into the G rows of its group
         group_of_row = torch.arange(len(prompts), device=device).repeat_interleave(num_samples)
@@ -104,6 +119,49 @@ def _decode_steps(model, prompts, max_new_tokens, temperature, top_p, top_k, sto
             rows, tokens = rows[keep], tokens[keep]
         step_mask = torch.ones(len(rows), 1, dtype=torch.long, device=device)
         logits = model(tokens[:, None], step_mask, kv_cache=cache, logits_to_keep=1)[:, -1]  # (B, V)
+
+
+def _decode_step(model, tokens, cache):
+    """One token for every row: tokens (B,) -> next-token logits (B, V). The part that is compiled."""
+    step_mask = torch.ones(tokens.shape[0], 1, dtype=torch.long, device=tokens.device)
+    return model(tokens[:, None], step_mask, kv_cache=cache, logits_to_keep=1)[:, -1]
+
+
+@functools.cache
+def _compiled_decode_step(mode: str):
+    """torch.compile of _decode_step, built once per mode; the model is an argument, so dynamo keeps
+    one compiled graph per model (and batch size) behind it. On a GPU the mode is "reduce-overhead":
+    the step is captured as a CUDA graph and replayed for every token."""
+    return torch.compile(_decode_step, mode=mode, fullgraph=True)
+
+
+def _static_decode_steps(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids, generator,
+                         num_samples, compile):
+    """_decode_steps with fixed shapes: every row stays in the batch until all have stopped (no
+    compaction), and the host checks for that only every SYNC_EVERY tokens."""
+    device = model.device
+    prefill_cache, logits = _prefill(model, prompts, max(len(p) for p in prompts))
+    rows = torch.arange(len(prompts) * num_samples, device=device)
+    group_of_row = torch.arange(len(prompts), device=device).repeat_interleave(num_samples)
+    # slots rounded up to a multiple of 256, so calls of similar lengths reuse one compiled step
+    slots = min(-(-(prefill_cache.length + max_new_tokens) // 256) * 256, model.config.max_position_embeddings)
+    cache = StaticKVCache(model.config, len(rows), slots, model.dtype, device)
+    cache.load(prefill_cache, group_of_row)
+    del prefill_cache
+    logits = logits[group_of_row]
+    if compile:
+        step_fn = _compiled_decode_step("reduce-overhead" if device.type == "cuda" else "default")
+    else:
+        step_fn = _decode_step
+    stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    done = torch.zeros(len(rows), dtype=torch.bool, device=device)
+    for step in range(max_new_tokens):
+        tokens, logprobs = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), (B,)
+        done |= torch.isin(tokens, stop_ids)
+        yield rows, tokens, logprobs, done
+        if step == max_new_tokens - 1 or ((step + 1) % SYNC_EVERY == 0 and bool(done.all())):
+            return
+        logits = step_fn(model, tokens, cache).clone()  # clone: a CUDA graph reuses its output buffer
 
 
 def _stop_ids(model, stop_token_ids):
@@ -128,10 +186,13 @@ def _generator(model, seed):
 @torch.no_grad()
 def generate(model, prompts: list[list[int]], max_new_tokens: int = 64, temperature: float = 1.0,
              top_p: float = 1.0, top_k: int = 0, stop_token_ids: list[int] | None = None,
-             seed: int | None = None, num_samples: int = 1) -> list[Completion]:
+             seed: int | None = None, num_samples: int = 1, static_cache: bool = False,
+             compile: bool = False) -> list[Completion]:
     """Sample a completion for every prompt (num_samples > 1: that many per prompt, prompt-major, so
     outs[i * G + j] is sample j of prompt i). stop_token_ids=None stops on the checkpoint's eos ids,
-    [] never stops early. seed makes the draw reproducible (a private torch.Generator)."""
+    [] never stops early. seed makes the draw reproducible (a private torch.Generator).
+    static_cache: decode with fixed shapes (module docstring); compile: also torch.compile the
+    decode step (implies static_cache; the first call pays the compilation)."""
     _check(model, prompts, max_new_tokens, temperature, top_p, top_k, num_samples)
     stop_ids = _stop_ids(model, stop_token_ids)
     N = len(prompts) * num_samples
@@ -140,8 +201,8 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 64, temperat
     steps = 0
     with _eval_mode(model):
         for step, (rows, tokens, logprobs, done) in enumerate(
-                _decode_steps(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
-                              _generator(model, seed), num_samples)):
+                _steps_fn(static_cache, compile)(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
+                         _generator(model, seed), num_samples)):
             out_tokens[rows, step] = tokens
             out_logprobs[rows, step] = logprobs
             steps = step + 1
@@ -153,15 +214,23 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 64, temperat
     return outs
 
 
+def _steps_fn(static_cache, compile):
+    if compile or static_cache:
+        return lambda *args: _static_decode_steps(*args, compile)
+    return _decode_steps
+
+
 @torch.no_grad()
 def stream(model, prompt: list[int], max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-           top_k: int = 0, stop_token_ids: list[int] | None = None, seed: int | None = None):
-    """Yield the generated token ids of one prompt as they are sampled (the stop token included)."""
+           top_k: int = 0, stop_token_ids: list[int] | None = None, seed: int | None = None,
+           compile: bool = False):
+    """Yield the generated token ids of one prompt as they are sampled (the stop token included).
+    compile: decode with a fixed-shape cache and a compiled step, as generate(compile=True)."""
     _check(model, [prompt], max_new_tokens, temperature, top_p, top_k, 1)
     stop_ids = _stop_ids(model, stop_token_ids)
     with _eval_mode(model):
-        for _, tokens, _, done in _decode_steps(model, [prompt], max_new_tokens, temperature, top_p, top_k,
-                                                stop_ids, _generator(model, seed), 1):
+        for _, tokens, _, done in _steps_fn(compile, compile)(model, [prompt], max_new_tokens, temperature, top_p,
+                                                             top_k, stop_ids, _generator(model, seed), 1):
             yield int(tokens[0])
             if bool(done[0]):
                 return

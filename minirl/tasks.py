@@ -96,11 +96,12 @@ class CalculatorTask:
     def eval_items(self) -> list[dict]:
         return self._eval
 
-    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None):
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
+                compile=False):
         env_seeds = random.Random(seed)  # the flaky tool's failures are part of the replayable run
         return run_episodes(model, tokenizer, lambda: CalculatorEnv(self.flaky, seed=env_seeds.random()), items,
                             group_size, self.max_turns, max_new_tokens, temperature=temperature, top_p=top_p,
-                            seed=seed)
+                            seed=seed, compile=compile)
 
     def accuracy(self, trajectory) -> dict:
         return {"strict": bool(trajectory.info["correct"]),
@@ -132,9 +133,11 @@ class CodeTask:
     def eval_items(self) -> list[dict]:
         return self._eval
 
-    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None):
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
+                compile=False):
         return run_episodes(model, tokenizer, lambda: CodeEnv(reward=self.reward), items, group_size, self.max_turns,
-                            max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+                            max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                            compile=compile)
 
     def accuracy(self, trajectory) -> dict:
         return {"strict": trajectory.info["fraction"] == 1.0 and not trajectory.info["hacked"],

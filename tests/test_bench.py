@@ -25,3 +25,16 @@ def test_bench_sft_step_tiny_runs_and_matches_peft():
         if "|Δloss| minirl" in line:  # same base weights, same initial adapters: the same loss at every step
             worst = float(line.split("max over")[1].split()[2])
             assert worst < 1e-4, line
+
+
+def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
+    """bench/gpu_suite.sh --tiny: every script of the GPU suite, with the suite's flags, on a tiny model."""
+    table = tmp_path / "suite.md"
+    result = subprocess.run(["bash", os.path.join(ROOT, "bench", "gpu_suite.sh"), "--tiny", str(table)],
+                            capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in table.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [row.split("|")[1].strip() for row in rows] == ["sample.py", "sample.py", "grpo_step.py", "grpo_step.py",
+                                                           "memory.py"]
+    assert not any("FAILED" in row for row in rows)
+    assert "compile" in rows[1] and "full fine-tuning" in rows[3] and "estimate" in rows[4]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from minirl import generate, load_model, stream
-from minirl.kv_cache import KVCache
-from minirl.sampling import sample_next
+from minirl.kv_cache import KVCache, StaticKVCache
+from minirl.sampling import SYNC_EVERY, _static_decode_steps, sample_next
 
 PROMPTS = [[5, 17, 42, 9, 100, 3, 77, 12, 8], [200, 3], [11, 12, 13, 14, 15]]
 
@@ -198,3 +198,65 @@ def test_cache_refuses_to_overflow(tiny):
         model(torch.tensor([[4, 5]]), kv_cache=cache)
     with pytest.raises(ValueError, match="longer than the model's context"):
         KVCache(model.config, 1, 1000)
+
+
+# ---- the fixed-shape (static) cache and the compiled decode step --------------------------------------
+def test_static_cache_step_equals_full_forward(tiny):
+    _, model = tiny
+    ids = torch.tensor([PROMPTS[0] + [1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        full = model(ids)[0]  # (T, V)
+        prefill = KVCache(model.config, 1, 4)
+        stepped = [model(ids[:, :4], kv_cache=prefill)[0]]
+        cache = StaticKVCache(model.config, 1, 32)
+        cache.load(prefill, torch.tensor([0]))
+        addresses = [t.data_ptr() for t in (cache.keys, cache.values, cache.key_mask, cache.next_pos, cache.slot)]
+        stepped += [model(ids[:, t:t + 1], kv_cache=cache)[0] for t in range(4, ids.shape[1])]
+    torch.testing.assert_close(torch.cat(stepped), full, atol=1e-5, rtol=0)
+    assert int(cache.slot) == ids.shape[1] and cache.key_mask[0].sum() == ids.shape[1]
+    # written in place only: a captured CUDA graph keeps pointing at the same memory
+    assert addresses == [t.data_ptr() for t in (cache.keys, cache.values, cache.key_mask, cache.next_pos, cache.slot)]
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=0),  # greedy, rows stop at different steps
+                                    dict(temperature=1.0, seed=3, stop_token_ids=[]),
+                                    dict(temperature=0.8, top_p=0.9, seed=5, num_samples=3, stop_token_ids=[])])
+def test_static_cache_decoding_equals_the_dynamic_one(tiny, kwargs):
+    _, model = tiny
+    stop = {"stop_token_ids": [7, 9, 11, 13]} if kwargs.get("temperature") == 0 else {}
+    dynamic = generate(model, PROMPTS, max_new_tokens=20, **kwargs, **stop)
+    static = generate(model, PROMPTS, max_new_tokens=20, static_cache=True, **kwargs, **stop)
+    if stop:
+        assert {o.finish_reason for o in dynamic} == {"stop", "length"}  # the stop handling is exercised
+    for d, s in zip(dynamic, static):
+        assert (d.tokens, d.finish_reason) == (s.tokens, s.finish_reason)
+        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(d.logprobs), atol=1e-5, rtol=0)
+
+
+def test_static_decoding_asks_the_device_only_every_few_tokens(tiny, monkeypatch):
+    """No host synchronization per token: the only device-to-host reads are the stop checks."""
+    _, model = tiny
+    reads = []
+    for name in ("__bool__", "item", "tolist"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _f=original, _n=name: reads.append(_n) or _f(self, *a))
+    steps = _static_decode_steps(model, PROMPTS, 32, 1.0, 1.0, 0, [], torch.Generator().manual_seed(0), 2, False)
+    for _ in steps:
+        pass
+    assert len(reads) == 32 // SYNC_EVERY - 1  # after tokens 8, 16, 24; the last step needs none
+
+
+def test_compiled_decoding_equals_eager(hf_checkpoint):
+    """torch.compile of the decode step (one small layer, to keep the compilation to seconds on CPU)."""
+    _, folder = hf_checkpoint(num_hidden_layers=1)
+    model = load_model(folder)
+    eager = generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[])
+    compiled = generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[], compile=True)
+    for e, c in zip(eager, compiled):
+        assert e.tokens == c.tokens
+        torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(e.logprobs), atol=1e-4, rtol=0)
+    # a new call (a new cache, other prompt lengths, sampling) replays the same compiled step
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again = generate(model, [[3, 4, 5, 6, 7, 8, 9], [2], [6, 5]], max_new_tokens=12, temperature=1.0, seed=1,
+                         stop_token_ids=[], compile=True)
+    assert [len(o.tokens) for o in again] == [12, 12, 12]

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Every benchmark of the GPU plan in one run, written as one markdown table (about 6 minutes on one
+# H100/H200-class GPU; each command has a time limit so a stuck one cannot eat the rest).
+#
+#   bench/gpu_suite.sh [OUT.md]            # on a CUDA machine: real shapes (0.5B, 1.5B, 7B), random weights
+#   bench/gpu_suite.sh --tiny [OUT.md]     # the same scripts and flags on the CPU with a tiny model
+#
+# Rows: sample.py (batch 1 and group sampling, 0.5B and 7B, vs transformers generate), grpo_step.py
+# (a GRPO step's time split and peak: 0.5B and 1.5B full fine-tuning, capped to 40 GB), memory.py (the
+# 7B LoRA step: measured peak vs minirl.memory's estimate, capped to 40 GB); then pytest -m gpu.
+# PYTHON picks the interpreter (default: python3).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+tiny=0
+if [ "${1:-}" = "--tiny" ]; then tiny=1; shift; fi
+out=${1:-bench/gpu_results.md}
+status=0
+
+run() {  # run LIMIT_SECONDS SCRIPT ARGS...: one benchmark, its row appended to the table
+    local limit=$1; shift
+    echo "+ $PY $*" >&2
+    if ! timeout "$limit" "$PY" "$@" --table "$out"; then
+        echo "| $1 | FAILED or over ${limit}s: $* | | | | | |" >> "$out"
+        status=1
+    fi
+}
+
+{
+    echo "# minirl GPU suite, $(date -u +%Y-%m-%d) — $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (--tiny)")'), torch $("$PY" -c 'import torch; print(torch.__version__)')"
+    echo
+    echo "| script | model | dtype, hardware | workload | minirl | peer or split | ratio / peak |"
+    echo "|---|---|---|---|---|---|---|"
+} > "$out"
+
+if [ "$tiny" = 1 ]; then
+    run 300 bench/sample.py --tiny --batch 1 --new-tokens 8 --repeats 1
+    run 300 bench/sample.py --tiny --batch 2 --group 4 --new-tokens 8 --repeats 1 --compile
+    run 300 bench/grpo_step.py --tiny --repeats 1
+    run 300 bench/grpo_step.py --tiny --repeats 1 --full
+    run 300 bench/memory.py --tiny
+else
+    gpu="--device cuda --dtype bfloat16"
+    run 120 bench/sample.py $gpu --preset 0.5b --batch 1 --new-tokens 256 --repeats 3 --compile
+    run 150 bench/sample.py $gpu --preset 7b --batch 1 --new-tokens 128 --repeats 2 --compile
+    run 150 bench/sample.py $gpu --preset 0.5b --batch 8 --group 8 --new-tokens 512 --repeats 2 --compile
+    run 120 bench/grpo_step.py --device cuda --preset 0.5b --full --group 8 --prompts 2 --new-tokens 512 --minibatch 4 --cap-gb 40 --repeats 1 --compile
+    run 150 bench/grpo_step.py --device cuda --preset 1.5b --full --group 8 --prompts 1 --new-tokens 512 --minibatch 2 --cap-gb 40 --repeats 1 --compile
+    run 200 bench/memory.py --device cuda --preset 7b --group 8 --prompts 1 --prompt-len 256 --new-tokens 768 --minibatch 8 --cap-gb 40 --compile
+    echo "+ pytest -m gpu" >&2
+    if ! timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py >&2; then status=1; fi
+fi
+cat "$out"
+exit $status
