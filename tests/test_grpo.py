@@ -1,5 +1,5 @@
 """The GRPO loop on a tiny model: a learnable reward rises, every adapter weight moves, resume replays the
-metrics, groups stay consecutive, and degenerate batches never produce a NaN update."""
+metrics and the rollout log, groups stay consecutive, and degenerate batches never produce a NaN update."""
 
 import csv
 import math
@@ -79,6 +79,8 @@ def test_resume_reproduces_the_metrics(base, tmp_path):
     assert len(a) == len(b) == 8
     for x, y in zip(a, b):
         assert {k: v for k, v in x.items() if k not in TIMING} == {k: v for k, v in y.items() if k not in TIMING}
+    logged = [open(os.path.join(run, "rollouts.jsonl")).read() for run in (tmp_path / "a", tmp_path / "b")]
+    assert logged[0] == logged[1] and logged[0].count("\n") == 2 * 2 * 8  # steps 1 and 8, 2 groups of G = 8
 
 
 def test_groups_are_consecutive_and_never_mix_prompts(base):
