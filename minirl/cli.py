@@ -1,10 +1,11 @@
-"""python -m minirl {generate,sft,grpo,rollout,quickstart}: the command-line entry points.
+"""python -m minirl {generate,sft,grpo,rollout,quickstart,view}: the command-line entry points.
 
     python -m minirl generate --model DIR --prompt "What is 37 * 84?" --chat
     python -m minirl sft --model DIR --data train.jsonl --out runs/sft
     python -m minirl grpo --model DIR --adapter runs/sft/adapter --task arithmetic --out runs/grpo
     python -m minirl rollout --model DIR --task calculator -n 4
     python -m minirl quickstart
+    python -m minirl view runs/quickstart
 """
 
 import argparse
@@ -195,6 +196,12 @@ def cmd_quickstart(args):
     run(out_dir=args.out, seed=args.seed, fast=args.fast, figure=None if args.no_figure else figure)
 
 
+def cmd_view(args):
+    from .viewer import write_page
+    out = write_page(args.run, args.out, args.max_rollouts)
+    print(f"wrote {out} ({os.path.getsize(out) / 1e6:.2f} MB); open it in a browser: file://{os.path.abspath(out)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="python -m minirl", description=__doc__, formatter_class=fmt)
@@ -240,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--figure", default=None, help="default: figures/quickstart.png (--fast: inside --out)")
     q.add_argument("--no-figure", action="store_true")
     q.set_defaults(func=cmd_quickstart)
+
+    v = sub.add_parser("view", help="write a self-contained HTML page of a GRPO run's rollouts and curves",
+                       formatter_class=fmt)
+    v.add_argument("run", help="a GRPO run folder (rollouts.jsonl, metrics.csv) or the quickstart's")
+    v.add_argument("--out", default=None, help="the HTML file (default: RUN/viewer.html)")
+    v.add_argument("--max-rollouts", type=int, default=2000, help="past this, show evenly spaced logged steps")
+    v.set_defaults(func=cmd_view)
     return parser
 
 
