@@ -33,18 +33,17 @@ from .losses import kl_k3
 
 def token_pieces(tokenizer, ids: list[int]) -> list[str]:
     """The text of each token, with "".join(pieces) == tokenizer.decode(ids). Byte-level BPE can split
-    one character over several tokens; those are decoded together, the last carrying the text and the
-    others "" (a malformed byte sequence is given up on after 4 tokens and shown as U+FFFD)."""
+    one character over several tokens; those are decoded together, the last carrying the character and
+    the others "" (bytes that never make a character are given up on after 4 tokens: U+FFFD each)."""
     pieces, pending = [], []
-    for token in ids:
+    for i, token in enumerate(ids):
         pending.append(token)
         text = tokenizer.decode(pending)
-        if text.endswith("\ufffd") and len(pending) < 4:
+        if text.endswith("\ufffd") and len(pending) < 4 and i + 1 < len(ids):
             continue
-        pieces += [""] * (len(pending) - 1) + [text]
+        alone = [tokenizer.decode([t]) for t in pending]
+        pieces += alone if "".join(alone) == text else [""] * (len(pending) - 1) + [text]
         pending = []
-    if pending:
-        pieces += [""] * (len(pending) - 1) + [tokenizer.decode(pending)]
     return pieces
 
 

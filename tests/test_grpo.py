@@ -173,6 +173,8 @@ def test_an_sft_adapter_becomes_the_reference(base, tmp_path):
 def test_cli_runs_grpo_on_the_arithmetic_task(base, tmp_path):
     out = tmp_path / "cli"
     main(["grpo", "--model", base, "--task", "arithmetic", "--out", str(out), "--steps", "2", "--group-size", "2",
-          "--prompts-per-step", "2", "--max-new-tokens", "4", "--aggregation", "sequence", "--clip-high", "0.28"])
+          "--prompts-per-step", "2", "--max-new-tokens", "4", "--aggregation", "sequence", "--clip-high", "0.28",
+          "--log-rollouts-every", "1", "--log-rollout-groups", "1"])
     assert len(rows(out)) == 2 and os.path.isfile(out / "adapter" / "adapter_config.json")
+    assert len(open(out / "rollouts.jsonl").readlines()) == 2 * 1 * 2  # steps x groups x G
     assert {"reward_correct", "eval_accuracy", "accuracy_lenient"} <= set(rows(out)[0])

@@ -53,6 +53,8 @@ def test_token_pieces_decode_back_and_keep_characters_whole(toy_tokenizer):
     assert len(pieces) == len(ids) and "".join(pieces) == text == toy_tokenizer.decode(ids)
     assert "\ufffd" not in "".join(pieces) and "<|im_start|>" in pieces
     assert "" in pieces, "the toy BPE splits 北 over byte tokens; all but the last carry ''"
+    broken = toy_tokenizer.encode("京")[:1] + toy_tokenizer.encode("<|im_end|>x")  # a lead byte, never completed
+    assert token_pieces(toy_tokenizer, broken) == ["\ufffd", "<|im_end|>", "x"]
 
 
 def test_grpo_logs_bounded_aligned_rollouts(base, tmp_path):

@@ -68,7 +68,7 @@ def run(tmp_path_factory):
     base = build_checkpoint(str(root / "tiny"), seed=0, initializer_range=0.2)
     out = str(root / "run")
     train(GRPOConfig(model=base, task=ScriptedTask(), out=out, steps=STEPS, group_size=G, prompts_per_step=3,
-                     max_new_tokens=12, lr=1e-3, beta=0.04, save_every=100, log_rollouts_every=2,
+                     max_new_tokens=8, lr=1e-3, beta=0.04, save_every=100, log_rollouts_every=2,
                      log_rollout_groups=GROUPS))
     return out
 
