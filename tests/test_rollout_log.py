@@ -1,6 +1,6 @@
 """The rollout log GRPO writes for `minirl view`: which steps, how many lines, per-token fields aligned to the
 whole sequence with null where not computed, the learner's values consistent with its formulas, dropped
-groups marked, and token pieces that decode back to the text."""
+groups marked, NaN written as null, and token pieces that decode back to the text."""
 
 import json
 import math
@@ -20,14 +20,17 @@ PER_TOKEN = ["sampler_logprob", "logprob", "old_logprob", "ref_logprob", "ratio"
 
 
 class FirstTokenTask:
+    """Reward: the first token id is a multiple of 4; NaN for "What is 0 + 1?", each step's first prompt,
+    so the first group of every step is dropped (non-finite reward) and the others are learned from."""
     name = "first-token"
 
-    def __init__(self, reward=None):
-        self.reward_functions = {"first": (reward or (lambda t: float(t.completion_ids[0] % 4 == 0)), 1.0)}
+    def __init__(self):
+        self.reward_functions = {"first": (lambda t: float("nan") if t.prompt["messages"][0]["content"] == "What is 0 + 1?"
+                                           else float(t.completion_ids[0] % 4 == 0), 1.0)}
 
     def sample(self, n, rng):
-        return [{"messages": [{"role": "user", "content": f"What is {rng.randint(1, 99)} + 1?"}], "tools": None,
-                 "answer": 0} for _ in range(n)]
+        return [{"messages": [{"role": "user", "content": f"What is {0 if i == 0 else rng.randint(1, 99)} + 1?"}],
+                 "tools": None, "answer": 0} for i in range(n)]
 
     def eval_items(self):
         return self.sample(2, random.Random(0))
@@ -57,40 +60,35 @@ def test_token_pieces_decode_back_and_keep_characters_whole(toy_tokenizer):
     assert token_pieces(toy_tokenizer, broken) == ["\ufffd", "<|im_end|>", "x"]
 
 
-def test_grpo_logs_bounded_aligned_rollouts(base, tmp_path):
+def test_grpo_logs_bounded_aligned_rollouts_and_marks_dropped_groups(base, tmp_path):
     out = tmp_path / "run"
-    train(GRPOConfig(model=base, task=FirstTokenTask(), out=str(out), steps=5, group_size=3, prompts_per_step=3,
-                     max_new_tokens=6, lr=5e-3, beta=0.1, inner_steps=2, minibatch_size=4, save_every=100,
-                     log_rollouts_every=2, log_rollout_groups=2))
+    train(GRPOConfig(model=base, task=FirstTokenTask(), out=str(out), steps=4, group_size=3, prompts_per_step=3,
+                     max_new_tokens=4, lr=5e-3, beta=0.1, inner_steps=2, minibatch_size=4, save_every=100,
+                     log_rollouts_every=3, log_rollout_groups=2))
     records = read(out)
-    assert sorted({r["step"] for r in records}) == [1, 2, 4, 5]  # the first, every 2nd, the last
-    assert len(records) == 4 * 2 * 3  # logged steps x groups x G
+    assert sorted({r["step"] for r in records}) == [1, 3, 4]  # the first, every 3rd, the last
+    assert len(records) == 3 * 2 * 3  # logged steps x groups x G
     assert [(r["group"], r["sample"]) for r in records[:6]] == [(g, s) for g in range(2) for s in range(3)]
     for r in records:
         n, P = len(r["ids"]), r["prompt_len"]
         assert all(len(r[k]) == n for k in ["pieces", "action_mask"] + PER_TOKEN)
         assert r["action_mask"][:P] == [0] * P and all(r[k][:P] == [None] * P for k in PER_TOKEN)
-        assert r["kept"] and r["finish_reason"] in ("stop", "length") and r["answer"] == 0
-        assert r["reward"] == r["reward_parts"]["first"]
+        assert r["finish_reason"] in ("stop", "length") and r["answer"] == 0 and r["sampler_logprob"][-1] is not None
+        if r["group"] == 0:  # dropped: NaN reward (written as null), nothing learned, so no learner values
+            assert not r["kept"] and r["reward"] is None and r["reward_parts"]["first"] is None
+            assert all(v is None for k in PER_TOKEN[1:] for v in r[k])
+            continue
+        assert r["kept"] and r["reward"] == r["reward_parts"]["first"]
         for t in range(P, n):
             lp, old, ratio = r["logprob"][t], r["old_logprob"][t], r["ratio"][t]
             assert abs(r["sampler_logprob"][t] - old) < 1e-3  # π_old re-scores the sampled tokens: the sampler
             assert math.isclose(ratio, math.exp(lp - old), rel_tol=1e-4)  # ρ = exp(logπθ − logπ_old)
             delta = r["ref_logprob"][t] - lp
             assert math.isclose(r["kl"][t], math.exp(delta) - delta - 1, rel_tol=1e-3, abs_tol=1e-5)
-    group = [r for r in records if r["step"] == 1 and r["group"] == 0]
+    group = [r for r in records if r["step"] == 1 and r["group"] == 1]
     assert abs(sum(r["advantage"] for r in group)) < 1e-4, "advantages are centred within their group"
     assert any(abs(r - 1) > 1e-6 for rec in records if rec["step"] > 1 for r in rec["ratio"] if r is not None), \
         "with 2 inner steps the last one's ratio has moved off 1"
-
-
-def test_dropped_groups_are_marked_and_have_no_learner_values(base, tmp_path):
-    out = tmp_path / "flat"
-    train(GRPOConfig(model=base, task=FirstTokenTask(lambda t: 1.0), out=str(out), steps=1, group_size=2,
-                     prompts_per_step=2, max_new_tokens=4, dynamic_sampling=True, save_every=100))
-    for r in read(out):
-        assert not r["kept"] and r["reward"] == 1.0
-        assert all(v is None for k in PER_TOKEN[1:] for v in r[k]) and r["sampler_logprob"][-1] is not None
 
 
 def test_observations_have_no_log_probs_and_values_map_to_their_rows(toy_tokenizer, tmp_path):
