@@ -70,9 +70,13 @@ def read_rollouts(path: str) -> list[dict]:
             missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
             if missing:
                 raise ValueError(f"{path}:{number}: missing {', '.join(missing)}")
+            for key, kind in [(k, int) for k in ("step", "group", "sample", "prompt_len")] + [
+                    (k, list) for k in ("ids", "pieces", "action_mask", *PER_TOKEN)]:
+                if not isinstance(record.get(key, []), kind):
+                    raise ValueError(f"{path}:{number}: {key} should be {kind.__name__}, got {record[key]!r:.40}")
             n = len(record["ids"])
-            if not isinstance(record["prompt_len"], int) or not 0 <= record["prompt_len"] <= n:
-                raise ValueError(f"{path}:{number}: prompt_len {record['prompt_len']!r} is not within 0..{n}")
+            if not 0 <= record["prompt_len"] <= n:
+                raise ValueError(f"{path}:{number}: prompt_len {record['prompt_len']} is not within 0..{n}")
             for key in ("pieces", "action_mask", *PER_TOKEN):
                 if key in record and len(record[key]) != n:
                     raise ValueError(f"{path}:{number}: {key} has {len(record[key])} entries for {n} token ids")
@@ -190,7 +194,7 @@ def _series(rows: list[dict], key: str) -> list[tuple[float, float]]:
     points = []
     for r in rows:
         try:
-            x, y = float(r["step"]), float(r.get(key) or "nan")
+            x, y = float(r.get("step") or "nan"), float(r.get(key) or "nan")
         except (TypeError, ValueError):
             continue
         if math.isfinite(x) and math.isfinite(y):
@@ -294,9 +298,14 @@ def write_page(path: str, out: str | None = None, max_rollouts: int = 2000) -> s
     """Build the page and write it whole (a temporary file renamed into place); returns its path."""
     page = build_page(path, max_rollouts)
     out = out or os.path.join(path, "viewer.html")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     tmp = out + ".tmp"
-    with open(tmp, "w", encoding="utf-8", errors="replace") as f:
-        f.write(page)
-    os.replace(tmp, out)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8", errors="replace") as f:
+            f.write(page)
+        os.replace(tmp, out)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise ValueError(f"cannot write {out}: {e.strerror or e}") from None
     return out

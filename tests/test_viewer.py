@@ -125,11 +125,18 @@ def test_bad_inputs_say_what_and_where(run, tmp_path, capsys):
     (broken / "rollouts.jsonl").write_text(json.dumps(record) + "\n")
     with pytest.raises(ValueError, match=r"rollouts.jsonl:1: pieces has"):
         build_page(str(broken))
+    record["pieces"].append("")
+    (broken / "rollouts.jsonl").write_text(json.dumps({**record, "step": "1"}) + "\n")
+    with pytest.raises(ValueError, match=r"rollouts.jsonl:1: step should be int, got '1'"):
+        build_page(str(broken))
     del record["reward"]
     (broken / "rollouts.jsonl").write_text(json.dumps(record) + "\n")
     with pytest.raises(ValueError, match=r"rollouts.jsonl:1: missing reward"):
         build_page(str(broken))
     assert not os.path.exists(broken / "viewer.html")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ValueError, match="cannot write .*a-file"):
+        write_page(run, str(tmp_path / "a-file" / "view.html"))
 
 
 # ---- the page in a real browser -------------------------------------------------------------------------
