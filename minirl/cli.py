@@ -156,7 +156,7 @@ def add_grpo_parser(sub, fmt):
     g.add_argument("--stop-after", type=int, default=d.stop_after)
     # --- rollout log (python -m minirl view) ---
     g.add_argument("--log-rollouts-every", type=int, default=d.log_rollouts_every,
-                   help="write a sample of rollouts to OUT/rollouts.jsonl every N steps, and at the first and last (0: off)")
+                   help="write a sample of rollouts to OUT/rollouts.jsonl every N steps, the first and last (0: off)")
     g.add_argument("--log-rollout-groups", type=int, default=d.log_rollout_groups,
                    help="groups (prompts, each with all G completions) per logged step")
     g.set_defaults(func=cmd_grpo)

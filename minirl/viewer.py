@@ -66,7 +66,8 @@ def read_rollouts(path: str) -> list[dict]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{number}: not valid JSON ({e.msg}); was the run interrupted mid-write?") from None
+                raise ValueError(f"{path}:{number}: not valid JSON ({e.msg}); was the run interrupted mid-write?"
+                                 ) from None
             missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
             if missing:
                 raise ValueError(f"{path}:{number}: missing {', '.join(missing)}")
