@@ -1,10 +1,11 @@
-"""python -m minirl {generate,sft,grpo,rollout,quickstart,memory}: the command-line entry points.
+"""python -m minirl {generate,sft,grpo,rollout,quickstart,view,memory}: the command-line entry points.
 
     python -m minirl generate --model DIR --prompt "What is 37 * 84?" --chat
     python -m minirl sft --model DIR --data train.jsonl --out runs/sft
     python -m minirl grpo --model DIR --adapter runs/sft/adapter --task arithmetic --out runs/grpo
     python -m minirl rollout --model DIR --task calculator -n 4
     python -m minirl quickstart
+    python -m minirl view runs/quickstart
     python -m minirl memory --model 7b --lora-r 16 --group-size 8 --prompts-per-step 2
 """
 
@@ -155,6 +156,11 @@ def add_grpo_parser(sub, fmt):
     g.add_argument("--save-every", type=int, default=d.save_every)
     g.add_argument("--resume", action="store_true")
     g.add_argument("--stop-after", type=int, default=d.stop_after)
+    # --- rollout log (python -m minirl view) ---
+    g.add_argument("--log-rollouts-every", type=int, default=d.log_rollouts_every,
+                   help="write a sample of rollouts to OUT/rollouts.jsonl every N steps, the first and last (0: off)")
+    g.add_argument("--log-rollout-groups", type=int, default=d.log_rollout_groups,
+                   help="groups (prompts, each with all G completions) per logged step")
     g.set_defaults(func=cmd_grpo)
 
 
@@ -190,6 +196,12 @@ def cmd_quickstart(args):
     figure = args.figure or (os.path.join(args.out, "quickstart.png") if args.fast else
                              os.path.join("figures", "quickstart.png"))  # --fast never overwrites the README's
     run(out_dir=args.out, seed=args.seed, fast=args.fast, figure=None if args.no_figure else figure)
+
+
+def cmd_view(args):
+    from .viewer import write_page
+    out = write_page(args.run, args.out, args.max_rollouts)
+    print(f"wrote {out} ({os.path.getsize(out) / 1e6:.2f} MB); open it in a browser: file://{os.path.abspath(out)}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -253,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="weights; auto = what grpo picks on a GPU (bfloat16 with LoRA, float32 with --full)")
     m.set_defaults(func=cmd_memory)
+
+    v = sub.add_parser("view", help="write a self-contained HTML page of a GRPO run's rollouts and curves",
+                       formatter_class=fmt)
+    v.add_argument("run", help="a GRPO run folder (rollouts.jsonl, metrics.csv) or the quickstart's")
+    v.add_argument("--out", default=None, help="the HTML file (default: RUN/viewer.html)")
+    v.add_argument("--max-rollouts", type=int, default=2000, help="past this, show evenly spaced logged steps")
+    v.set_defaults(func=cmd_view)
     return parser
 
 

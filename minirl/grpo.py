@@ -9,7 +9,8 @@ Chapter §10.1 (L_RL = −E[R(τ)] + β·KL(πθ‖π_SFT)) and ch. 11 §6. Each
   4. learn: reference log-probs with the adapters off (π_ref = the model RL started from), then μ
      inner updates, each an optimizer step over all minibatches (gradient accumulation) of the
      clipped, KL-regularized surrogate (losses.policy_loss).
-Metrics go to runs/NAME/metrics.csv, checkpoints and exact resume work as in sft.py.
+Metrics go to runs/NAME/metrics.csv, a sample of rollouts to runs/NAME/rollouts.jsonl (for
+`python -m minirl view runs/NAME`), checkpoints and exact resume work as in sft.py.
 
 Departures from DeepSeekMath's GRPO, all switchable: the asymmetric clip (DAPO) is available but off
 by default; aggregation defaults to "token" (DAPO) rather than per-sequence means; --adapter merges an
@@ -33,6 +34,7 @@ from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_
 from .lora import add_lora, disable_adapters, load_adapter, merge_and_unload, save_adapter
 from .losses import group_advantages, policy_loss, token_logprobs_chunked
 from .rollout import sample_completions
+from .rollout_log import RolloutLog, rollout_records
 from .tasks import make_task
 from .weights import load_pretrained, save_pretrained
 
@@ -77,6 +79,9 @@ class GRPOConfig:
     save_every: int = 10
     resume: bool = False
     stop_after: int = 0
+    # --- rollout log, for `minirl view` (rollout_log.py) ---
+    log_rollouts_every: int = 10  # steps between logged samples, plus the first and last step; 0 = off
+    log_rollout_groups: int = 2  # groups per logged step, each with all G completions
 
 
 TIMING = ["t_sample", "t_score", "t_learn", "tokens_per_s"]
@@ -139,8 +144,11 @@ def evaluate(model, tokenizer, task, max_new_tokens, seed) -> dict:
             "eval_accuracy_lenient": sum(v["lenient"] for v in verdicts) / len(verdicts)}
 
 
-def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, advantages, tokenizer, device) -> dict:
-    """μ optimizer steps on one batch of rollouts; returns the loss statistics of the last one."""
+def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, advantages, tokenizer, device,
+          per_token: dict | None = None) -> dict:
+    """μ optimizer steps on one batch of rollouts; returns the loss statistics of the last one.
+    per_token, when given, receives the last inner step's (N, Lc) log-probs for the rollout log:
+    logprob (πθ), old_logprob (π_old) and ref_logprob (π_ref, None when beta = 0)."""
     batch = learning_batch(trajectories, tokenizer.pad_token_id, device)
     advantages = advantages.to(device)
     mask = batch["action_mask"]
@@ -154,10 +162,12 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
     stats = {}
     for _ in range(cfg.inner_steps):
         totals = {"loss": 0.0, "clip_low_frac": 0.0, "clip_high_frac": 0.0, "kl": 0.0, "ratio": 0.0, "gap": 0.0}
+        seen = []  # this inner step's log-probs, for per_token
         for rows in torch.arange(N).split(cfg.minibatch_size):
             rows = rows.to(device)
             logp = completion_logprobs(model, batch, rows, cfg.temperature)  # (b, Lc)
             old = old_logp[rows] if old_logp is not None else logp.detach()
+            seen.append(logp.detach())
             loss, mb = policy_loss(logp, old, None if ref_logp is None else ref_logp[rows], advantages[rows], mask[rows],
                                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, beta=cfg.beta,
                                    aggregation=cfg.aggregation)
@@ -180,12 +190,18 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     stats["sampler_logprob_gap"] = stats.pop("gap")
+    if per_token is not None:
+        logp = torch.cat(seen)  # (N, Lc)
+        per_token.update(logprob=logp, old_logprob=logp if old_logp is None else old_logp, ref_logprob=ref_logp)
     return stats
 
 
 def train(cfg: GRPOConfig) -> dict:
     if cfg.aggregation not in ("token", "sequence", "constant"):
         raise ValueError(f"--aggregation must be token, sequence or constant, got {cfg.aggregation!r}")
+    if cfg.log_rollouts_every < 0 or cfg.log_rollout_groups < 1:
+        raise ValueError(f"--log-rollouts-every must be >= 0 (0: off) and --log-rollout-groups >= 1, got "
+                         f"{cfg.log_rollouts_every} and {cfg.log_rollout_groups}")
     device = torch.device(cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else (
         torch.bfloat16 if device.type == "cuda" and not cfg.full else torch.float32)
@@ -215,6 +231,8 @@ def train(cfg: GRPOConfig) -> dict:
     parts = [f"reward_{name}" for name in task.reward_functions]
     extra = list(getattr(task, "metric_names", []))  # agent tasks: tool use, recovery, calls per episode
     log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), FIELDS + parts + extra, step if resume_from else None)
+    rollout_log = (RolloutLog(os.path.join(cfg.out, "rollouts.jsonl"), step if resume_from else None)
+                   if cfg.log_rollouts_every else None)
     G, start, last_eval = cfg.group_size, time.perf_counter(), None
     bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True)
     while step < cfg.steps:
@@ -246,12 +264,18 @@ def train(cfg: GRPOConfig) -> dict:
                "groups_dropped_zero_spread": int((finite & ~spread).sum()) if cfg.dynamic_sampling else 0,
                **{f"reward_{k}": sum(t.reward_parts[k] for t in trajectories) / len(trajectories)
                   for k in task.reward_functions}, **task_metrics}
+        logging_rollouts = rollout_log and (step == 0 or (step + 1) % cfg.log_rollouts_every == 0
+                                            or step + 1 == cfg.steps)
+        per_token = {} if logging_rollouts else None
         if rows:
             model.train()
             row.update(learn(cfg, model, ref_model, optimizer, scheduler, params, [trajectories[i] for i in rows],
-                             advantages[rows], tokenizer, device))
+                             advantages[rows], tokenizer, device, per_token))
         t3 = time.perf_counter()
         step += 1
+        if logging_rollouts:
+            rollout_log.write(rollout_records(step, trajectories, advantages, rows, per_token, tokenizer, G,
+                                              cfg.log_rollout_groups))
         row.update(t_sample=t1 - t0, t_score=t2 - t1, t_learn=t3 - t2,
                    tokens_per_s=sum(len(t.completion_ids) for t in trajectories) / (t3 - t0))
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
@@ -268,6 +292,8 @@ def train(cfg: GRPOConfig) -> dict:
             break
     bar.close()
     log.close()
+    if rollout_log:
+        rollout_log.close()
     final_dir = os.path.join(cfg.out, "model" if cfg.full else "adapter")
     if cfg.full:
         save_pretrained(model, final_dir, tokenizer)

@@ -11,7 +11,8 @@ The toy world (DESIGN.md §4): a calculator agent answering "What is 37 * 84?". 
   4. GRPO (minirl.grpo) in the calculator environment with the exact-answer reward: sampling at
      temperature 1 sometimes calls the tool, those samples win their group, and the policy learns
      to call it, past what it was shown.
-  5. runs/quickstart/summary.json and figures/quickstart.png (figures/make_figures.py redraws it).
+  5. runs/quickstart/summary.json and figures/quickstart.png (figures/make_figures.py redraws it);
+     `python -m minirl view runs/quickstart` shows GRPO's logged rollouts (runs/quickstart/grpo/rollouts.jsonl).
 All accuracies are greedy, on one fixed held-out set. --fast runs the same pipeline, shrunk, in
 about a minute: it checks the plumbing, not the numbers.
 """
@@ -37,9 +38,9 @@ from .toy import demonstrations, demonstrator, tiny_config, train_tokenizer
 from .weights import load_pretrained, save_pretrained
 
 FULL = dict(train_questions=4000, sft_epochs=20, sft_batch=64, sft_lr=2e-3, grpo_steps=30, prompts_per_step=16,
-            group_size=8, grpo_lr=2e-4, eval_size=200, eval_every=10)
+            group_size=8, grpo_lr=2e-4, eval_size=200, eval_every=10, log_rollouts_every=5)
 FAST = dict(train_questions=200, sft_epochs=1, sft_batch=32, sft_lr=2e-3, grpo_steps=2, prompts_per_step=4,
-            group_size=4, grpo_lr=2e-4, eval_size=16, eval_every=1)
+            group_size=4, grpo_lr=2e-4, eval_size=16, eval_every=1, log_rollouts_every=1)
 
 
 def evaluate(folder: str, task: CalculatorTask, seed: int) -> dict:
@@ -88,7 +89,8 @@ def run(out_dir: str = os.path.join("runs", "quickstart"), seed: int = 0, fast: 
     grpo_train(GRPOConfig(model=os.path.join(sft_out, "model"), task=task, out=grpo_out, full=True, beta=0.0,
                           steps=settings["grpo_steps"], prompts_per_step=settings["prompts_per_step"],
                           group_size=settings["group_size"], lr=settings["grpo_lr"], max_new_tokens=48,
-                          temperature=1.0, eval_every=settings["eval_every"], save_every=10**9, seed=seed))
+                          temperature=1.0, eval_every=settings["eval_every"], save_every=10**9, seed=seed,
+                          log_rollouts_every=settings["log_rollouts_every"], log_rollout_groups=4))
     grpo = evaluate(os.path.join(grpo_out, "model"), task, seed)
     print(f"   GRPO accuracy {grpo['accuracy']:.3f}; tool use on hard questions {grpo['tool_use_hard']:.2f}")
 

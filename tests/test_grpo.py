@@ -1,5 +1,5 @@
 """The GRPO loop on a tiny model: a learnable reward rises, every adapter weight moves, resume replays the
-metrics, groups stay consecutive, and degenerate batches never produce a NaN update."""
+metrics and the rollout log, groups stay consecutive, and degenerate batches never produce a NaN update."""
 
 import csv
 import math
@@ -79,6 +79,8 @@ def test_resume_reproduces_the_metrics(base, tmp_path):
     assert len(a) == len(b) == 8
     for x, y in zip(a, b):
         assert {k: v for k, v in x.items() if k not in TIMING} == {k: v for k, v in y.items() if k not in TIMING}
+    logged = [open(os.path.join(run, "rollouts.jsonl")).read() for run in (tmp_path / "a", tmp_path / "b")]
+    assert logged[0] == logged[1] and logged[0].count("\n") == 2 * 2 * 8  # steps 1 and 8, 2 groups of G = 8
 
 
 def test_groups_are_consecutive_and_never_mix_prompts(base):
@@ -171,6 +173,8 @@ def test_an_sft_adapter_becomes_the_reference(base, tmp_path):
 def test_cli_runs_grpo_on_the_arithmetic_task(base, tmp_path):
     out = tmp_path / "cli"
     main(["grpo", "--model", base, "--task", "arithmetic", "--out", str(out), "--steps", "2", "--group-size", "2",
-          "--prompts-per-step", "2", "--max-new-tokens", "4", "--aggregation", "sequence", "--clip-high", "0.28"])
+          "--prompts-per-step", "2", "--max-new-tokens", "4", "--aggregation", "sequence", "--clip-high", "0.28",
+          "--log-rollouts-every", "1", "--log-rollout-groups", "1"])
     assert len(rows(out)) == 2 and os.path.isfile(out / "adapter" / "adapter_config.json")
+    assert len(open(out / "rollouts.jsonl").readlines()) == 2 * 1 * 2  # steps x groups x G
     assert {"reward_correct", "eval_accuracy", "accuracy_lenient"} <= set(rows(out)[0])

@@ -1,5 +1,6 @@
 """The toy world: the demonstrator's habits as specified, the toy tokenizer's clean turn boundaries, and
-the quickstart pipeline end to end in its fast mode (plumbing, not the numbers), with its figure."""
+the quickstart pipeline end to end in its fast mode (plumbing, not the numbers), with its figure and its
+rollout viewer page."""
 
 import json
 import os
@@ -13,6 +14,7 @@ from minirl.envs.calculator import CalculatorEnv, make_questions, play
 from minirl.quickstart import run
 from minirl.tokenizer import chat_pieces, render_chat_template
 from minirl.toy import demonstrations, demonstrator, train_tokenizer
+from minirl.viewer import write_page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,6 +71,9 @@ def test_quickstart_fast_runs_end_to_end(tmp_path):
     assert figure.stat().st_size > 10_000 and figure.read_bytes()[:4] == b"\x89PNG"
     for stage in ("base", os.path.join("sft", "model"), os.path.join("grpo", "model")):
         load_pretrained(str(tmp_path / "qs" / stage))
+    # python -m minirl view on the quickstart's folder: its GRPO rollouts and the three-way comparison
+    page = open(write_page(str(tmp_path / "qs"), str(tmp_path / "view.html")), encoding="utf-8").read()
+    assert 'id="comparison-section"' in page and page.count('<svg class="curve"') >= 5
     # figures/make_figures.py redraws it from the run's CSV and JSON alone
     import sys
     sys.path.insert(0, ROOT)
