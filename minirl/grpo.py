@@ -240,7 +240,8 @@ def train(cfg: GRPOConfig) -> dict:
         items = task.sample(cfg.prompts_per_step, random.Random(cfg.seed * 1_000_003 + step))
         rollout = getattr(task, "rollout", None) or sample_completions
         trajectories = rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
-                               top_p=cfg.top_p, seed=cfg.seed * 1_000_003 + step, compile=cfg.compile)
+                               top_p=cfg.top_p, seed=cfg.seed * 1_000_003 + step,
+                               **({"compile": True} if cfg.compile else {}))  # a task's own rollout may not take it
         t1 = time.perf_counter()
         score(task, trajectories)
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)

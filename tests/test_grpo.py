@@ -178,3 +178,18 @@ def test_cli_runs_grpo_on_the_arithmetic_task(base, tmp_path):
     assert len(rows(out)) == 2 and os.path.isfile(out / "adapter" / "adapter_config.json")
     assert len(open(out / "rollouts.jsonl").readlines()) == 2 * 1 * 2  # steps x groups x G
     assert {"reward_correct", "eval_accuracy", "accuracy_lenient"} <= set(rows(out)[0])
+
+
+def test_compile_reaches_the_sampler(base, tmp_path, monkeypatch):
+    """--compile is passed down to generate (the compiled path itself: tests/test_sampling.py); the
+    sampler here runs the same fixed-shape path uncompiled, to keep the test fast."""
+    import minirl.rollout
+    calls, original = [], minirl.rollout.generate
+
+    def spy(*args, compile=False, **kwargs):
+        calls.append(compile)
+        return original(*args, static_cache=compile, **kwargs)
+
+    monkeypatch.setattr(minirl.rollout, "generate", spy)
+    train(config(base, tmp_path / "compiled", steps=1, compile=True))
+    assert calls and calls[0] is True  # the step's rollouts (the final evaluation samples greedily, uncompiled)
