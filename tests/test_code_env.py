@@ -237,11 +237,15 @@ def test_an_infinite_loop_times_out_and_its_process_group_is_killed(tmp_path):
             "    while True:\n"
             "        pass\n")
     test = "from mod import spin\n\ndef test_a():\n    spin()\n\ndef test_b():\n    assert True\n"
-    observation, seconds, summary = run_in_sandbox(tmp_path, code, test, test_timeout=1.5)
-    assert seconds < 1.5 + 3.0
+    observation, seconds, summary = run_in_sandbox(tmp_path, code, test, test_timeout=3.0)
+    assert seconds < 3.0 + 3.0
     assert observation.startswith("0 passed, 2 failed") and "timeout" in observation
     assert summary["error"].startswith("timeout")
-    assert not is_running(int(pid_file.read_text()))
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5.0  # SIGKILL is delivered asynchronously: give a loaded machine a moment
+    while is_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not is_running(pid)
 
 
 def test_an_infinite_loop_at_import_also_times_out(tmp_path):
