@@ -5,6 +5,7 @@
     python -m minirl grpo --model DIR --adapter runs/sft/adapter --task arithmetic --out runs/grpo
     python -m minirl rollout --model DIR --task calculator -n 4
     python -m minirl quickstart
+    torchrun --nproc_per_node 4 -m minirl grpo ...      # sft and grpo on several processes (README: Scale-out)
 """
 
 import argparse
@@ -239,7 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.command not in ("sft", "grpo"):
+        parser.error(f"{args.command} runs in one process; only sft and grpo run under torchrun")
     try:
         args.func(args)
     except (ValueError, FileNotFoundError) as e:  # bad input the user can fix: say what, without a traceback

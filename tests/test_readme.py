@@ -35,7 +35,7 @@ def repository_files() -> set[str]:
     for folder, dirs, names in os.walk(ROOT):
         dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
         for name in names:
-            if not name.endswith((".pyc",)):
+            if not name.endswith((".pyc",)) and name != ".git":  # in a git worktree .git is a file
                 files.add(os.path.relpath(os.path.join(folder, name), ROOT))
     ignored = subprocess.run(["git", "check-ignore", *sorted(files)], cwd=ROOT, capture_output=True, text=True)
     return files - set(ignored.stdout.split())
