@@ -107,6 +107,15 @@ def all_reduce_sum(value):
     return summed.to(tensor.device) if torch.is_tensor(value) else summed.item()
 
 
+def all_reduce_max(value: int) -> int:
+    """The largest of the ranks' integers."""
+    if world_size() == 1:
+        return value
+    tensor = torch.tensor(value, dtype=torch.int64, device=_comm_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def all_reduce_sums(values: dict) -> dict:
     """{name: number} summed over ranks, in one collective."""
     if world_size() == 1:

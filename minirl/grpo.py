@@ -109,11 +109,12 @@ def filter_groups(trajectories, G: int, dynamic_sampling: bool):
     return rewards, finite, spread, finite & (spread | (not dynamic_sampling))
 
 
-def learning_batch(trajectories, pad_id: int, device) -> dict:
+def learning_batch(trajectories, pad_id: int, device, completion_len: int = 1) -> dict:
     """Left-pad the prompts and right-pad the completions so every completion starts at column Lp:
-    the hidden state at column Lp - 1 + t predicts completion token t."""
+    the hidden state at column Lp - 1 + t predicts completion token t. Completions are padded to
+    Lc = the longest of them, or completion_len if that is longer."""
     Lp = max((len(t.prompt_ids) for t in trajectories), default=1)
-    Lc = max(1, max((len(t.completion_ids) for t in trajectories), default=1))
+    Lc = max(completion_len, max((len(t.completion_ids) for t in trajectories), default=1))
     N = len(trajectories)
     ids = torch.full((N, Lp + Lc), pad_id, dtype=torch.long)
     attention = torch.zeros(N, Lp + Lc, dtype=torch.long)
@@ -165,7 +166,9 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
     calls learn: the normalizers (tokens for "token", sequences for "sequence" and "constant") count
     the whole batch over all ranks, the gradients are summed over ranks, and the returned
     statistics are those of the whole batch, so N ranks take the step one process would take."""
-    batch = learning_batch(trajectories, tokenizer.pad_token_id, device)
+    # "constant" divides by B·T, T the longest completion of the whole batch: every rank pads to it
+    longest = distributed.all_reduce_max(max((len(t.completion_ids) for t in trajectories), default=1))
+    batch = learning_batch(trajectories, tokenizer.pad_token_id, device, longest)
     advantages = advantages.to(device)
     mask = batch["action_mask"]
     ref_logp = None

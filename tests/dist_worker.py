@@ -43,8 +43,9 @@ def learn_once(base: str, aggregation: str, split: int) -> dict:
             if "lora_B" in name:
                 p.normal_(0.0, 0.1)
     rollouts = sample_completions(model, tokenizer, prompts(PROMPTS, random.Random(0)), G, 6, seed=0)
-    for i, t in enumerate(rollouts):  # lengths 1..6 and an observation token, so the three aggregations differ
-        n = 1 + i % 6
+    # lengths 1..6 and an observation token, so the three aggregations differ; rank 0's half of the
+    # rollouts is at most 4 tokens long, rank 1's 6, as "constant" divides by the longest of all
+    for t, n in zip(rollouts, [1, 2, 3, 4, 2, 3, 4, 1, 6, 5, 3, 6, 1, 2, 4, 5]):
         t.completion_ids, t.logprobs, t.action_mask = t.completion_ids[:n], t.logprobs[:n], [1] * n
         if n > 2:
             t.action_mask[1], t.logprobs[1] = 0, 0.0
