@@ -163,8 +163,9 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
     """μ optimizer steps on one batch of rollouts; returns the loss statistics of the last one.
 
     Under torchrun `trajectories` are this rank's share of the batch (possibly none) and every rank
-    calls learn: the normalizers (tokens for "token", sequences for "sequence" and "constant") count
-    the whole batch over all ranks, the gradients are summed over ranks, and the returned
+    calls learn: the normalizers (tokens for "token", sequences for "sequence", sequences x the
+    longest completion for "constant") count the whole batch over all ranks, the gradients are
+    summed over ranks (distributed.all_reduce_grads), and the returned
     statistics are those of the whole batch, so N ranks take the step one process would take."""
     # "constant" divides by B·T, T the longest completion of the whole batch: every rank pads to it
     longest = distributed.all_reduce_max(max((len(t.completion_ids) for t in trajectories), default=1))
