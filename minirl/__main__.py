@@ -1,3 +1,5 @@
+from torch.distributed.elastic.multiprocessing.errors import record
+
 from .cli import main
 
-main()
+record(main)()  # under torchrun -m minirl, a failing rank's exception is named in the launcher's summary

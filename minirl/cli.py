@@ -7,6 +7,7 @@
     python -m minirl quickstart
     python -m minirl view runs/quickstart
     python -m minirl memory --model 7b --lora-r 16 --group-size 8 --prompts-per-step 2
+    torchrun --nproc_per_node 4 -m minirl grpo ...      # sft and grpo on several processes (README: Scale-out)
 """
 
 import argparse
@@ -293,7 +294,10 @@ def cmd_memory(args):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and args.command not in ("sft", "grpo"):
+        parser.error(f"{args.command} runs in one process; only sft and grpo run under torchrun")
     try:
         args.func(args)
     except (ValueError, FileNotFoundError) as e:  # bad input the user can fix: say what, without a traceback

@@ -12,6 +12,12 @@ Chapter §10.1 (L_RL = −E[R(τ)] + β·KL(πθ‖π_SFT)) and ch. 11 §6. Each
 Metrics go to runs/NAME/metrics.csv, a sample of rollouts to runs/NAME/rollouts.jsonl (for
 `python -m minirl view runs/NAME`), checkpoints and exact resume work as in sft.py.
 
+Under torchrun (distributed.py, README "Scale-out") --prompts-per-step stays the global P: each of
+the N ranks samples and scores P/N of the step's prompts with its own seed, so a group never spans
+ranks and its advantages are computed where it lives, from its own rewards. The learner divides
+by the normalizer of the whole step's batch on all ranks and sums the gradients over ranks; the
+logged metrics are computed from every rank's trajectories; rank 0 writes the files.
+
 Departures from DeepSeekMath's GRPO, all switchable: the asymmetric clip (DAPO) is available but off
 by default; aggregation defaults to "token" (DAPO) rather than per-sequence means; --adapter merges an
 SFT adapter into the weights first and trains a fresh LoRA, so disabling adapters gives π_SFT exactly;
@@ -30,6 +36,7 @@ from dataclasses import dataclass, fields
 import torch
 from tqdm import tqdm
 
+from . import distributed
 from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
 from .lora import add_lora, disable_adapters, load_adapter, merge_and_unload, save_adapter
 from .losses import group_advantages, policy_loss, token_logprobs_chunked
@@ -98,11 +105,22 @@ def score(task, trajectories) -> None:
         traj.reward = sum(weight * traj.reward_parts[name] for name, (_, weight) in task.reward_functions.items())
 
 
-def learning_batch(trajectories, pad_id: int, device) -> dict:
+def filter_groups(trajectories, G: int, dynamic_sampling: bool):
+    """rewards (N,); per group (P,): finite (no NaN/inf reward: a NaN poisons its whole group), spread
+    (not all rewards equal), keep (finite, and with dynamic sampling only groups with a spread)."""
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+    finite = torch.isfinite(rewards).view(-1, G).all(dim=1)
+    grouped = rewards.view(-1, G).nan_to_num()
+    spread = grouped.amax(dim=1) > grouped.amin(dim=1)  # not std > 0: [0.7] * G has a rounding-error std
+    return rewards, finite, spread, finite & (spread | (not dynamic_sampling))
+
+
+def learning_batch(trajectories, pad_id: int, device, completion_len: int = 1) -> dict:
     """Left-pad the prompts and right-pad the completions so every completion starts at column Lp:
-    the hidden state at column Lp - 1 + t predicts completion token t."""
-    Lp = max(len(t.prompt_ids) for t in trajectories)
-    Lc = max(1, max(len(t.completion_ids) for t in trajectories))
+    the hidden state at column Lp - 1 + t predicts completion token t. Completions are padded to
+    Lc = the longest of them, or completion_len if that is longer."""
+    Lp = max((len(t.prompt_ids) for t in trajectories), default=1)
+    Lc = max(completion_len, max((len(t.completion_ids) for t in trajectories), default=1))
     N = len(trajectories)
     ids = torch.full((N, Lp + Lc), pad_id, dtype=torch.long)
     attention = torch.zeros(N, Lp + Lc, dtype=torch.long)
@@ -136,34 +154,48 @@ def frozen_logprobs(model, batch, minibatch_size, temperature, context=nullconte
 
 @torch.no_grad()
 def evaluate(model, tokenizer, task, max_new_tokens, seed) -> dict:
-    """Greedy accuracy on the task's held-out items, strict and lenient."""
+    """Greedy accuracy on the task's held-out items, strict and lenient (each rank plays its share)."""
     rollout = getattr(task, "rollout", None) or sample_completions
-    trajectories = rollout(model, tokenizer, task.eval_items(), 1, max_new_tokens, temperature=0, seed=seed)
+    items = task.eval_items()[distributed.rank()::distributed.world_size()]
+    trajectories = rollout(model, tokenizer, items, 1, max_new_tokens, temperature=0,
+                           seed=distributed.rank_seed(seed)) if items else []
     verdicts = [task.accuracy(t) for t in trajectories]
-    return {"eval_accuracy": sum(v["strict"] for v in verdicts) / len(verdicts),
-            "eval_accuracy_lenient": sum(v["lenient"] for v in verdicts) / len(verdicts)}
+    counts = distributed.all_reduce_sums({"strict": sum(v["strict"] for v in verdicts),
+                                          "lenient": sum(v["lenient"] for v in verdicts), "n": len(verdicts)})
+    return {"eval_accuracy": counts["strict"] / counts["n"], "eval_accuracy_lenient": counts["lenient"] / counts["n"]}
 
 
 def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, advantages, tokenizer, device,
           per_token: dict | None = None) -> dict:
     """μ optimizer steps on one batch of rollouts; returns the loss statistics of the last one.
     per_token, when given, receives the last inner step's (N, Lc) log-probs for the rollout log:
-    logprob (πθ), old_logprob (π_old) and ref_logprob (π_ref, None when beta = 0)."""
-    batch = learning_batch(trajectories, tokenizer.pad_token_id, device)
+    logprob (πθ), old_logprob (π_old) and ref_logprob (π_ref, None when beta = 0).
+
+    Under torchrun `trajectories` are this rank's share of the batch (possibly none) and every rank
+    calls learn: the normalizers (tokens for "token", sequences for "sequence", sequences x the
+    longest completion for "constant") count the whole batch over all ranks, the gradients are
+    summed over ranks (distributed.all_reduce_grads), and the returned
+    statistics are those of the whole batch, so N ranks take the step one process would take."""
+    # "constant" divides by B·T, T the longest completion of the whole batch: every rank pads to it
+    longest = distributed.all_reduce_max(max((len(t.completion_ids) for t in trajectories), default=1))
+    batch = learning_batch(trajectories, tokenizer.pad_token_id, device, longest)
     advantages = advantages.to(device)
     mask = batch["action_mask"]
     ref_logp = None
-    if cfg.beta:  # the reference: adapters off (LoRA) or the frozen starting copy (full fine-tuning)
+    if cfg.beta and trajectories:  # the reference: adapters off (LoRA), or the frozen starting copy (--full)
         ref_logp = (frozen_logprobs(ref_model, batch, cfg.minibatch_size, cfg.temperature) if ref_model is not None
                     else frozen_logprobs(model, batch, cfg.minibatch_size, cfg.temperature,
                                          lambda: disable_adapters(model)))
-    old_logp = frozen_logprobs(model, batch, cfg.minibatch_size, cfg.temperature) if cfg.inner_steps > 1 else None
-    N, n_tokens = len(trajectories), mask.sum().clamp(min=1)
+    old_logp = (frozen_logprobs(model, batch, cfg.minibatch_size, cfg.temperature)
+                if cfg.inner_steps > 1 and trajectories else None)
+    N = distributed.all_reduce_sum(len(trajectories))
+    n_tokens = distributed.all_reduce_sum(mask.sum()).clamp(min=1)
     stats = {}
     for _ in range(cfg.inner_steps):
         totals = {"loss": 0.0, "clip_low_frac": 0.0, "clip_high_frac": 0.0, "kl": 0.0, "ratio": 0.0, "gap": 0.0}
         seen = []  # this inner step's log-probs, for per_token
-        for rows in torch.arange(N).split(cfg.minibatch_size):
+        minibatches = torch.arange(len(trajectories)).split(cfg.minibatch_size) if trajectories else ()
+        for rows in minibatches:  # none on a rank whose groups were all dropped this step
             rows = rows.to(device)
             logp = completion_logprobs(model, batch, rows, cfg.temperature)  # (b, Lc)
             old = old_logp[rows] if old_logp is not None else logp.detach()
@@ -182,6 +214,8 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
                 totals[key] += mb[key] * share
             gap = ((logp.detach() - batch["sampler_logprobs"][rows]).abs() * mask[rows]).sum()
             totals["gap"] += (gap / n_tokens).item()
+        totals = distributed.all_reduce_sums(totals)
+        distributed.all_reduce_grads(params)  # summed: each rank's loss was already divided by the global count
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
         if not math.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient norm {grad_norm}; refusing the update")
@@ -190,7 +224,7 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     stats["sampler_logprob_gap"] = stats.pop("gap")
-    if per_token is not None:
+    if per_token is not None and seen:
         logp = torch.cat(seen)  # (N, Lc)
         per_token.update(logprob=logp, old_logprob=logp if old_logp is None else old_logp, ref_logprob=ref_logp)
     return stats
@@ -202,10 +236,12 @@ def train(cfg: GRPOConfig) -> dict:
     if cfg.log_rollouts_every < 0 or cfg.log_rollout_groups < 1:
         raise ValueError(f"--log-rollouts-every must be >= 0 (0: off) and --log-rollout-groups >= 1, got "
                          f"{cfg.log_rollouts_every} and {cfg.log_rollout_groups}")
-    device = torch.device(cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    device = distributed.init(cfg.device)
+    distributed.check_divisible(cfg.prompts_per_step, "--prompts-per-step")
+    rank, share = distributed.rank(), cfg.prompts_per_step // distributed.world_size()
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else (
         torch.bfloat16 if device.type == "cuda" and not cfg.full else torch.float32)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed + rank)  # the initial weights are rank 0's (broadcast below)
     os.makedirs(cfg.out, exist_ok=True)
     task = make_task(cfg.task, seed=cfg.seed) if isinstance(cfg.task, str) else cfg.task
     model, tokenizer = load_pretrained(cfg.model, dtype=dtype, device=device)
@@ -228,29 +264,32 @@ def train(cfg: GRPOConfig) -> dict:
         raise FileNotFoundError(f"--resume: no checkpoint under {os.path.join(cfg.out, 'checkpoints')}")
     if resume_from:
         step = restore_checkpoint(resume_from, model, optimizer, scheduler, cfg.full)["step"]
+    distributed.broadcast_params(params)
     parts = [f"reward_{name}" for name in task.reward_functions]
     extra = list(getattr(task, "metric_names", []))  # agent tasks: tool use, recovery, calls per episode
-    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), FIELDS + parts + extra, step if resume_from else None)
+    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), FIELDS + parts + extra, step if resume_from else None,
+                     write=distributed.is_main())
+    # under torchrun rank 0 logs its own groups (the learner's per-token values live on their rank)
     rollout_log = (RolloutLog(os.path.join(cfg.out, "rollouts.jsonl"), step if resume_from else None)
-                   if cfg.log_rollouts_every else None)
+                   if cfg.log_rollouts_every and distributed.is_main() else None)
     G, start, last_eval = cfg.group_size, time.perf_counter(), None
-    bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True)
+    bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True, disable=not distributed.is_main())
     while step < cfg.steps:
         t0 = time.perf_counter()
         items = task.sample(cfg.prompts_per_step, random.Random(cfg.seed * 1_000_003 + step))
+        items = items[rank * share:(rank + 1) * share]  # this rank's prompts: its groups live here whole
         rollout = getattr(task, "rollout", None) or sample_completions
-        trajectories = rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
-                               top_p=cfg.top_p, seed=cfg.seed * 1_000_003 + step,
-                               **({"compile": True} if cfg.compile else {}))  # a task's own rollout may not take it
+        mine = rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
+                       top_p=cfg.top_p, seed=distributed.rank_seed(cfg.seed * 1_000_003 + step),
+                       **({"compile": True} if cfg.compile else {}))  # a task's own rollout may not take it
         t1 = time.perf_counter()
-        score(task, trajectories)
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-        finite = torch.isfinite(rewards).view(-1, G).all(dim=1)  # (P,) a NaN poisons its whole group
-        grouped = rewards.view(-1, G).nan_to_num()
-        spread = grouped.amax(dim=1) > grouped.amin(dim=1)  # not std > 0: [0.7] * G has a rounding-error std
-        keep = finite & (spread | (not cfg.dynamic_sampling))
-        advantages = group_advantages(rewards.nan_to_num(), G, cfg.advantage_scale)
+        score(task, mine)
+        local_rewards, _, _, keep = filter_groups(mine, G, cfg.dynamic_sampling)
+        advantages = group_advantages(local_rewards.nan_to_num(), G, cfg.advantage_scale)
         rows = keep.repeat_interleave(G).nonzero()[:, 0].tolist()
+        # the logged metrics describe the whole step: every rank's trajectories, in prompt order
+        trajectories = distributed.all_gather_objects(mine)
+        rewards, finite, spread, _ = filter_groups(trajectories, G, cfg.dynamic_sampling)
         verdicts = [task.accuracy(t) for t in trajectories]
         task_metrics = task.metrics(trajectories) if extra else {}
         t2 = time.perf_counter()
@@ -268,14 +307,14 @@ def train(cfg: GRPOConfig) -> dict:
         logging_rollouts = rollout_log and (step == 0 or (step + 1) % cfg.log_rollouts_every == 0
                                             or step + 1 == cfg.steps)
         per_token = {} if logging_rollouts else None
-        if rows:
+        if distributed.all_reduce_sum(len(rows)):  # every rank learns (and communicates) if any rank has rows
             model.train()
-            row.update(learn(cfg, model, ref_model, optimizer, scheduler, params, [trajectories[i] for i in rows],
+            row.update(learn(cfg, model, ref_model, optimizer, scheduler, params, [mine[i] for i in rows],
                              advantages[rows], tokenizer, device, per_token))
         t3 = time.perf_counter()
         step += 1
         if logging_rollouts:
-            rollout_log.write(rollout_records(step, trajectories, advantages, rows, per_token, tokenizer, G,
+            rollout_log.write(rollout_records(step, mine, advantages, rows, per_token, tokenizer, G,
                                               cfg.log_rollout_groups))
         row.update(t_sample=t1 - t0, t_score=t2 - t1, t_learn=t3 - t2,
                    tokens_per_s=sum(len(t.completion_ids) for t in trajectories) / (t3 - t0))
@@ -296,14 +335,16 @@ def train(cfg: GRPOConfig) -> dict:
     if rollout_log:
         rollout_log.close()
     final_dir = os.path.join(cfg.out, "model" if cfg.full else "adapter")
-    if cfg.full:
-        save_pretrained(model, final_dir, tokenizer)
-    else:
-        save_adapter(model, final_dir)
     summary = {"steps": step, **(last_eval or evaluate(model, tokenizer, task, cfg.max_new_tokens, cfg.seed)),
                "seconds": time.perf_counter() - start, "saved": final_dir}
-    with open(os.path.join(cfg.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print(f"grpo: {step} steps, eval accuracy {summary['eval_accuracy']:.3f} strict / "
-          f"{summary['eval_accuracy_lenient']:.3f} lenient; saved {final_dir}")
+    if distributed.is_main():
+        if cfg.full:
+            save_pretrained(model, final_dir, tokenizer)
+        else:
+            save_adapter(model, final_dir)
+        with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+    distributed.barrier()  # the adapter and summary exist on every rank's return
+    distributed.print_main(f"grpo: {step} steps, eval accuracy {summary['eval_accuracy']:.3f} strict / "
+                           f"{summary['eval_accuracy_lenient']:.3f} lenient; saved {final_dir}")
     return summary

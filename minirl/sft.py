@@ -11,6 +11,12 @@ loss history) is written to a temporary folder and renamed into place; --resume 
 newest one and, on CPU with the same seed, reproduces the uninterrupted loss curve exactly.
 Graduation (graduation.py) is measured every --eval-every steps and at the end.
 
+Under torchrun (distributed.py, README "Scale-out") --batch-size stays the global micro-batch: each
+rank trains on its share of every micro-batch (conversations rank, rank + N, ...), the loss divides
+by the trained tokens of the whole step on all ranks and the gradients are summed over ranks, so
+N ranks take the same steps as one process with the same flags, only faster. Graduation samples are
+split between ranks too; rank 0 writes metrics, checkpoints and the adapter.
+
 Departures from the usual recipe: none in the loss; the loss is computed from hidden states in
 chunks (losses.sft_loss_chunked) so a 152k vocabulary never materializes full float32 logits.
 """
@@ -25,7 +31,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from . import data, graduation
+from . import data, distributed, graduation
 from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
 from .lora import add_lora, save_adapter
 from .losses import IGNORE_INDEX, sft_loss_chunked
@@ -100,10 +106,12 @@ def split_heldout(conversations: list[dict], seed: int) -> tuple[list[dict], lis
 
 # ---- the loop ----------------------------------------------------------------------------------------
 def train(cfg: SFTConfig) -> dict:
-    device = torch.device(cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    device = distributed.init(cfg.device)
+    distributed.check_divisible(cfg.batch_size, "--batch-size")
+    rank, world = distributed.rank(), distributed.world_size()
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else (
         torch.bfloat16 if device.type == "cuda" and not cfg.full else torch.float32)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed + rank)  # LoRA dropout differs between ranks; the initial weights are rank 0's
     os.makedirs(cfg.out, exist_ok=True)
     model, tokenizer = load_pretrained(cfg.model, dtype=dtype, device=device)
     conversations, skipped = data.read_conversations(cfg.data, cfg.skip_bad)
@@ -114,9 +122,10 @@ def train(cfg: SFTConfig) -> dict:
     examples, stats = data.encode(tokenizer, train_convs, cfg.max_len, cfg.overflow)
     if not examples:
         raise data.DataError(f"{cfg.data}: every conversation was dropped (longer than --max-len {cfg.max_len}?)")
-    print(f"data: {stats.kept} conversations for training ({stats.truncated} truncated, {stats.dropped} dropped "
-          f"at --max-len {cfg.max_len}, {skipped} bad lines skipped); graduation measured on "
-          f"{len(eval_convs)} {'training' if eval_on == 'train' else 'held-out'} prompts")
+    distributed.print_main(f"data: {stats.kept} conversations for training ({stats.truncated} truncated, "
+                           f"{stats.dropped} dropped at --max-len {cfg.max_len}, {skipped} bad lines skipped); "
+                           f"graduation measured on {len(eval_convs)} "
+                           f"{'training' if eval_on == 'train' else 'held-out'} prompts")
 
     if cfg.full:
         model.requires_grad_(True)
@@ -136,26 +145,28 @@ def train(cfg: SFTConfig) -> dict:
     if resume_from:
         state = restore_checkpoint(resume_from, model, optimizer, scheduler, cfg.full)
         step, losses = state["step"], state["losses"]
-        print(f"resumed from {resume_from} at step {step}")
-    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), METRIC_FIELDS, step if resume_from else None)
+        distributed.print_main(f"resumed from {resume_from} at step {step}")
+    distributed.broadcast_params(params)
+    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), METRIC_FIELDS, step if resume_from else None,
+                     write=distributed.is_main())
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     save_every = cfg.save_every or steps_per_epoch
 
     def run_eval():
-        metrics = graduation.evaluate(model, tokenizer, eval_convs, cfg.samples_per_prompt,
-                                      cfg.eval_max_new_tokens, seed=cfg.seed)
+        metrics = evaluate(model, tokenizer, eval_convs, cfg.samples_per_prompt, cfg.eval_max_new_tokens, cfg.seed)
         return metrics, graduation.graduated(metrics, losses, cfg.min_format, cfg.min_distinct)
 
     start, last_eval = time.perf_counter(), None
-    bar = tqdm(total=total_steps, initial=step, desc="sft", dynamic_ncols=True)
+    bar = tqdm(total=total_steps, initial=step, desc="sft", dynamic_ncols=True, disable=not distributed.is_main())
     model.train()
     while step < total_steps:
         epoch, index = divmod(step, steps_per_epoch)
         batches = data.epoch_batches(len(examples), cfg.batch_size, cfg.seed, epoch,
                                      stats.lengths if cfg.group_by_length else None)
-        group = [collate_on(examples, b, tokenizer.pad_token_id, device)
-                 for b in batches[index * cfg.grad_accum:(index + 1) * cfg.grad_accum]]
-        trained = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in group)
+        group = [collate_on(examples, b[rank::world], tokenizer.pad_token_id, device)  # this rank's share
+                 for b in batches[index * cfg.grad_accum:(index + 1) * cfg.grad_accum] if b[rank::world]]
+        # the mean is over the trained tokens of the whole step: all micro-batches, all ranks
+        trained = distributed.all_reduce_sum(sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in group))
         tick, loss_value = time.perf_counter(), 0.0
         for batch in group:
             with autocast:
@@ -165,6 +176,8 @@ def train(cfg: SFTConfig) -> dict:
                 loss = sft_loss_chunked(hidden, model.lm_head.weight, batch["labels"]) * (n / trained)
             loss.backward()
             loss_value += loss.item()
+        distributed.all_reduce_grads(params)  # summed: each rank's loss was already divided by the global count
+        loss_value = distributed.all_reduce_sum(loss_value)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
@@ -172,7 +185,7 @@ def train(cfg: SFTConfig) -> dict:
         optimizer.zero_grad(set_to_none=True)
         step += 1
         losses.append(loss_value)
-        tokens = sum(int(b["attention_mask"].sum()) for b in group)
+        tokens = int(distributed.all_reduce_sum(sum(int(b["attention_mask"].sum()) for b in group)))
         row = {"step": step, "epoch": epoch, "loss": f"{loss_value:.6f}", "lr": f"{lr:.6e}",
                "grad_norm": f"{grad_norm:.6f}", "tokens": tokens,
                "tokens_per_s": f"{tokens / (time.perf_counter() - tick):.1f}",
@@ -185,8 +198,8 @@ def train(cfg: SFTConfig) -> dict:
                        loss_plateau=int(grad["loss_plateau"]), graduated=int(grad["graduated"]))
             model.train()
             if cfg.until_graduated and grad["graduated"]:
-                print(f"graduated at step {step}: loss plateau, format {metrics['format_accuracy']:.2f}, "
-                      f"distinct {metrics['distinct_completions']:.2f}")
+                distributed.print_main(f"graduated at step {step}: loss plateau, format "
+                                       f"{metrics['format_accuracy']:.2f}, distinct {metrics['distinct_completions']:.2f}")
                 stopping = True
         log.write(row)
         bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=row["tokens_per_s"])
@@ -201,22 +214,39 @@ def train(cfg: SFTConfig) -> dict:
     if last_eval is None:
         last_eval = run_eval()
     final_dir = os.path.join(cfg.out, "model" if cfg.full else "adapter")
-    if cfg.full:
-        save_pretrained(model, final_dir, tokenizer)
-    else:
-        save_adapter(model, final_dir)
+    if distributed.is_main():
+        if cfg.full:
+            save_pretrained(model, final_dir, tokenizer)
+        else:
+            save_adapter(model, final_dir)
     metrics, grad = last_eval
     summary = {"steps": step, "total_steps": total_steps, "final_loss": losses[-1] if losses else None,
                "format_accuracy": metrics["format_accuracy"], "distinct_completions": metrics["distinct_completions"],
                "distinct_2": metrics["distinct_2"], **grad, "graduation_measured_on": eval_on,
                "examples": stats.kept, "truncated": stats.truncated, "dropped": stats.dropped,
                "skipped_bad_lines": skipped, "seconds": time.perf_counter() - start, "saved": final_dir}
-    with open(os.path.join(cfg.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print(f"graduation: loss plateau {grad['loss_plateau']}, format accuracy {metrics['format_accuracy']:.2f} "
-          f"(>= {cfg.min_format}), distinct completions {metrics['distinct_completions']:.2f} "
-          f"(>= {cfg.min_distinct}) -> {'graduated' if grad['graduated'] else 'not yet'}; saved {final_dir}")
+    if distributed.is_main():
+        with open(os.path.join(cfg.out, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+    distributed.barrier()  # the adapter and summary exist on every rank's return
+    distributed.print_main(f"graduation: loss plateau {grad['loss_plateau']}, format accuracy "
+                           f"{metrics['format_accuracy']:.2f} (>= {cfg.min_format}), distinct completions "
+                           f"{metrics['distinct_completions']:.2f} (>= {cfg.min_distinct}) -> "
+                           f"{'graduated' if grad['graduated'] else 'not yet'}; saved {final_dir}")
     return summary
+
+
+def evaluate(model, tokenizer, conversations, samples_per_prompt, max_new_tokens, seed) -> dict:
+    """graduation.evaluate; under torchrun each rank samples its share of the prompts and the metrics,
+    all means over prompts (format accuracy: k samples for each), are averaged over all of them."""
+    if distributed.world_size() == 1:
+        return graduation.evaluate(model, tokenizer, conversations, samples_per_prompt, max_new_tokens, seed=seed)
+    mine = conversations[distributed.rank()::distributed.world_size()]
+    keys = ("format_accuracy", "distinct_completions", "distinct_2")
+    metrics = graduation.evaluate(model, tokenizer, mine, samples_per_prompt, max_new_tokens,
+                                  seed=distributed.rank_seed(seed)) if mine else dict.fromkeys(keys, 0.0)
+    sums = distributed.all_reduce_sums({**{k: metrics[k] * len(mine) for k in keys}, "prompts": len(mine)})
+    return {k: sums[k] / sums["prompts"] for k in keys}
 
 
 def collate_on(examples, indices, pad_id, device):
