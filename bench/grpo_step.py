@@ -154,6 +154,12 @@ def parser():
     return p
 
 
+def append_row(path, *cells):
+    """One row of gpu_suite.sh's markdown table."""
+    with open(path, "a") as f:
+        f.write("| " + " | ".join(cells) + " |\n")
+
+
 def apply_cap(args):
     if args.cap_gb and args.device.startswith("cuda"):
         total = torch.cuda.get_device_properties(torch.device(args.device)).total_memory
@@ -185,11 +191,10 @@ def main():
     print(f"  loss {steps[-1]['stats']['loss']:.4f}  kl {steps[-1]['stats']['kl']:.2e}  "
           f"grad_norm {steps[-1]['stats']['grad_norm']:.3f}")
     if args.table:
-        with open(args.table, "a") as f:
-            f.write(f"| grpo_step.py | {name} | {mode}, {where} | {args.prompts}x{args.group}, {args.prompt_len}+"
-                    f"{args.new_tokens}{', compile' if args.compile else ''} | "
-                    f"{steps[-1]['tokens'] / total:.1f} | sample {med['t_sample']:.1f}s / learn {med['t_learn']:.1f}s | "
-                    f"peak {peak_gb:.1f} GB |\n")
+        append_row(args.table, "grpo_step.py", name, f"{mode}, {where}",
+                   f"{args.prompts}x{args.group}, {args.prompt_len}+{args.new_tokens}{', compile' if args.compile else ''}",
+                   f"{steps[-1]['tokens'] / total:.1f}", f"sample {med['t_sample']:.1f}s / learn {med['t_learn']:.1f}s",
+                   f"peak {peak_gb:.1f} GB")
 
 
 if __name__ == "__main__":

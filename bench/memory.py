@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from grpo_step import apply_cap, build, grpo_step, parser, prompts_for, status_bytes  # noqa: E402
+from grpo_step import append_row, apply_cap, build, grpo_step, parser, prompts_for, status_bytes  # noqa: E402
 
 from minirl.memory import estimate  # noqa: E402
 
@@ -60,11 +60,10 @@ def main():
         name = "tiny" if args.tiny else f"Qwen2.5-{args.preset} shape"
         mode = "full" if args.full else f"LoRA r={args.lora_r}"
         cap = f", capped {args.cap_gb:g} GB" if args.cap_gb else ""
-        with open(args.table, "a") as f:
-            f.write(f"| memory.py | {name} | {mode}, {str(model.dtype).replace('torch.', '')}{cap} | "
-                    f"{args.prompts}x{args.group}, {args.prompt_len}+{args.new_tokens} | "
-                    f"measured {peak_measured / 1e9:.2f} GB | estimate {peak_estimate / 1e9:.2f} GB | "
-                    f"{peak_estimate / peak_measured:.2f} |\n")
+        append_row(args.table, "memory.py", name, f"{mode}, {str(model.dtype).replace('torch.', '')}{cap}",
+                   f"{args.prompts}x{args.group}, {args.prompt_len}+{args.new_tokens}",
+                   f"measured {peak_measured / 1e9:.2f} GB", f"estimate {peak_estimate / 1e9:.2f} GB",
+                   f"{peak_estimate / peak_measured:.2f}")
 
 
 if __name__ == "__main__":

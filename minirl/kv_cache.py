@@ -97,7 +97,7 @@ class StaticKVCache(KVCache):
         self.key_mask[:, :S] = cache.key_mask[rows, :S]
         self.next_pos.copy_(cache.next_pos[rows])
         self.slot.fill_(S)
-        self.length = S
+        self.length = S  # the prefill's length; decoding counts in `slot` (a Python int would recompile)
 
     def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """As KVCache.append_mask, but over all max_len slots, with no Python-side bookkeeping (the

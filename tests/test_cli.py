@@ -55,3 +55,16 @@ def test_real_model_answers_in_words(real_model_dir):
                                      add_generation_prompt=True)
     out = generate(model, [tok.encode(prompt)], max_new_tokens=20, temperature=0)[0]
     assert "Paris" in tok.decode(out.tokens)
+
+
+@pytest.mark.real
+def test_real_model_static_cache_decodes_the_same_text(real_model_dir):
+    """The fixed-shape cache (generate(compile=True)'s path, uncompiled here) on real weights: the same
+    greedy tokens as the dynamic cache, for two chat prompts of different lengths in one batch."""
+    model, tok = load_pretrained(real_model_dir, dtype=torch.float32)
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
+               for q in ("What is the capital of France?", "Write a haiku about the sea, then explain it.")]
+    dynamic = generate(model, prompts, max_new_tokens=24, temperature=0)
+    static = generate(model, prompts, max_new_tokens=24, temperature=0, static_cache=True)
+    assert [o.tokens for o in static] == [o.tokens for o in dynamic]
+    assert "Paris" in tok.decode(static[0].tokens)
