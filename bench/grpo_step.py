@@ -42,15 +42,7 @@ from minirl.lora import add_lora  # noqa: E402
 from minirl.losses import group_advantages  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
-
-
-def status_bytes(field: str) -> int:
-    """VmRSS (resident now) or VmHWM (resident high-water mark), from /proc/self/status."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field} line (CPU memory is measured on Linux only)")
+from sft_step import status_bytes  # noqa: E402  (bench/ is on the path: this script's folder)
 
 
 class PeakMemory:

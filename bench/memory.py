@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from grpo_step import append_row, apply_cap, build, grpo_step, parser, prompts_for, status_bytes  # noqa: E402
+from grpo_step import append_row, apply_cap, build, grpo_step, parser, prompts_for
+from sft_step import status_bytes  # noqa: E402
 
 from minirl.memory import estimate  # noqa: E402
 

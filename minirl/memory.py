@@ -119,29 +119,36 @@ def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group
     n_params = parameter_count(config)
     n_train, train_bytes = (n_params, e) if full else (lora_parameter_count(config, lora_r), 4)
 
-    items = {f"weights ({n_params / 1e9:.2f} B params x {e} bytes)": n_params * e}
-    if full and beta:
-        items["reference policy (frozen copy, full fine-tuning)"] = n_params * e
-    if not full:
-        items[f"LoRA parameters ({n_train / 1e6:.1f} M, float32)"] = n_train * 4
-    items["gradients"] = n_train * train_bytes
-    items["AdamW state (2 per trainable parameter)"] = 2 * n_train * train_bytes
+    weights = n_params * e
+    reference = n_params * e if full and beta else 0
+    lora = 0 if full else n_train * 4
+    gradients = n_train * train_bytes
+    adam = 2 * n_train * train_bytes
     kv = L * 2 * N * config.num_key_value_heads * config.head_dim * T * e
-    items[f"KV cache ({N} sequences x {T} tokens)"] = kv
-    items["sampling logits (float32, 3 copies)"] = N * V * 4 * 3
+    sampling_logits = N * V * 4 * 3
     per_token_layer = activation_bytes_per_token_layer(config, e, lora=not full, r=lora_r)
-    if checkpointing:
-        layers = L * b * T * e * C + b * T * per_token_layer  # each layer's input, one layer recomputed
-        name = f"activations ({b} x {T} tokens, checkpointed)"
+    if checkpointing:  # each layer's input, and one layer recomputed during backward
+        layers = L * b * T * e * C + b * T * per_token_layer
     else:
         layers = L * b * T * per_token_layer
-        name = f"activations ({b} x {T} tokens, all layers kept)"
-    items[name] = layers + b * T * (4 + 2 * e) * C  # + the final norm and the hidden states it returns
-    items[f"log-prob chunks ({chunk_size} x {V} logits)"] = chunk_size * V * (e + 8)
+    activations = layers + b * T * (4 + 2 * e) * C  # + the final norm and the hidden states it returns
+    chunks = chunk_size * V * (e + 8)
 
-    persistent = sum(v for k, v in items.items() if k.startswith(("weights", "reference", "LoRA", "AdamW")))
-    sampling = persistent + kv + items["sampling logits (float32, 3 copies)"]
-    learning = persistent + items["gradients"] + items[name] + items[f"log-prob chunks ({chunk_size} x {V} logits)"]
+    items = {f"weights ({n_params / 1e9:.2f} B params x {e} bytes)": weights}
+    if reference:
+        items["reference policy (frozen copy, full fine-tuning)"] = reference
+    if lora:
+        items[f"LoRA parameters ({n_train / 1e6:.1f} M, float32)"] = lora
+    items["gradients"] = gradients
+    items["AdamW state (2 per trainable parameter)"] = adam
+    items[f"KV cache ({N} sequences x {T} tokens)"] = kv
+    items["sampling logits (float32, 3 copies)"] = sampling_logits
+    items[f"activations ({b} x {T} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"] = activations
+    items[f"log-prob chunks ({chunk_size} x {V} logits)"] = chunks
+
+    persistent = weights + reference + lora + adam  # alive for the whole run
+    sampling = persistent + kv + sampling_logits
+    learning = persistent + gradients + activations + chunks
     mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
     description = (f"GRPO step, {mode}, {e}-byte weights: {prompts_per_step} prompts x {group_size} samples, "
                    f"{prompt_len} + {max_new_tokens} tokens, minibatch {b}, checkpointing "

@@ -201,8 +201,8 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 64, temperat
     steps = 0
     with _eval_mode(model):
         for step, (rows, tokens, logprobs, done) in enumerate(
-                _steps_fn(static_cache, compile)(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
-                         _generator(model, seed), num_samples)):
+                _steps(static_cache, compile, model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
+                       _generator(model, seed), num_samples)):
             out_tokens[rows, step] = tokens
             out_logprobs[rows, step] = logprobs
             steps = step + 1
@@ -214,10 +214,9 @@ def generate(model, prompts: list[list[int]], max_new_tokens: int = 64, temperat
     return outs
 
 
-def _steps_fn(static_cache, compile):
-    if compile or static_cache:
-        return lambda *args: _static_decode_steps(*args, compile)
-    return _decode_steps
+def _steps(static_cache, compile, *args):
+    """The decoding loop to run: the fixed-shape one (compiled or not) or the compacting one."""
+    return _static_decode_steps(*args, compile) if static_cache or compile else _decode_steps(*args)
 
 
 @torch.no_grad()
@@ -229,8 +228,8 @@ def stream(model, prompt: list[int], max_new_tokens: int = 64, temperature: floa
     _check(model, [prompt], max_new_tokens, temperature, top_p, top_k, 1)
     stop_ids = _stop_ids(model, stop_token_ids)
     with _eval_mode(model):
-        for _, tokens, _, done in _steps_fn(compile, compile)(model, [prompt], max_new_tokens, temperature, top_p,
-                                                             top_k, stop_ids, _generator(model, seed), 1):
+        for _, tokens, _, done in _steps(compile, compile, model, [prompt], max_new_tokens, temperature, top_p,
+                                         top_k, stop_ids, _generator(model, seed), 1):
             yield int(tokens[0])
             if bool(done[0]):
                 return
