@@ -5,7 +5,8 @@
 #   bench/gpu_suite.sh [OUT.md]            # on a CUDA machine: real shapes (0.5B, 1.5B, 7B), random weights
 #   bench/gpu_suite.sh --tiny [OUT.md]     # the same scripts and flags on the CPU with a tiny model
 #
-# Rows: sample.py (batch 1 and group sampling, 0.5B and 7B, vs transformers generate), grpo_step.py
+# Rows: sample.py (batch 1 and group sampling, 0.5B and 7B, vs transformers generate; LoRA folded in
+# vs unmerged, the measurement behind grpo --merge-lora auto), grpo_step.py
 # (a GRPO step's time split and peak: 0.5B and 1.5B full fine-tuning, capped to 40 GB), memory.py (the
 # 7B LoRA step: measured peak vs minirl.memory's estimate, capped to 40 GB); then pytest -m gpu.
 # PYTHON picks the interpreter (default: python3).
@@ -36,6 +37,7 @@ run() {  # run LIMIT_SECONDS SCRIPT ARGS...: one benchmark, its row appended to 
 if [ "$tiny" = 1 ]; then
     run 300 bench/sample.py --tiny --batch 1 --new-tokens 8 --repeats 1
     run 300 bench/sample.py --tiny --batch 2 --group 4 --new-tokens 8 --repeats 1 --compile
+    run 300 bench/sample.py --tiny --batch 2 --group 4 --new-tokens 8 --repeats 1 --compile --lora 4
     run 300 bench/grpo_step.py --tiny --repeats 1
     run 300 bench/grpo_step.py --tiny --repeats 1 --full
     run 300 bench/memory.py --tiny
@@ -44,6 +46,7 @@ else
     run 120 bench/sample.py $gpu --preset 0.5b --batch 1 --new-tokens 256 --repeats 3 --compile
     run 150 bench/sample.py $gpu --preset 7b --batch 1 --new-tokens 128 --repeats 2 --compile
     run 150 bench/sample.py $gpu --preset 0.5b --batch 8 --group 8 --new-tokens 512 --repeats 2 --compile
+    run 120 bench/sample.py $gpu --preset 0.5b --batch 2 --group 8 --new-tokens 256 --repeats 2 --compile --lora 16
     run 120 bench/grpo_step.py --device cuda --preset 0.5b --full --group 8 --prompts 2 --new-tokens 512 --minibatch 4 --cap-gb 40 --repeats 1 --compile
     run 150 bench/grpo_step.py --device cuda --preset 1.5b --full --group 8 --prompts 1 --new-tokens 512 --minibatch 2 --cap-gb 40 --repeats 1 --compile
     run 200 bench/memory.py --device cuda --preset 7b --group 8 --prompts 1 --prompt-len 256 --new-tokens 768 --minibatch 8 --cap-gb 40 --compile

@@ -44,7 +44,7 @@ def main():
     plan = estimate(model.config, full=args.full, lora_r=args.lora_r, group_size=args.group,
                     prompts_per_step=args.prompts, prompt_len=args.prompt_len, max_new_tokens=args.new_tokens,
                     dtype_bytes=model.dtype.itemsize, minibatch_size=args.minibatch, checkpointing=True,
-                    beta=args.beta)
+                    beta=args.beta, compile=args.compile)
     print(plan.table())
     what = "allocated by torch" if device.type == "cuda" else "resident above the process's start"
     print(f"measured ({what}):")

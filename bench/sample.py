@@ -7,6 +7,11 @@ same process. Prints tokens/s of both and their ratio (median of --repeats alter
     python bench/sample.py --device cuda --dtype bfloat16 --batch 1 --new-tokens 256 --compile
     python bench/sample.py --device cuda --dtype bfloat16 --group 8 --batch 8 --new-tokens 512 --compile
 
+--lora R compares minirl with itself instead: LoRA adapters of rank R on every linear layer (B random,
+so they change the output), sampling with the adapters folded into the weights for the call
+(lora.merged_adapters; the fold and the restore are inside the timing) against sampling with them
+unmerged (two extra small matmuls per layer). It is the measurement behind grpo --merge-lora auto.
+
 --compile decodes with minirl's fixed-shape cache and a compiled step (CUDA graphs on a GPU); its
 compilation happens in the warm-up and is not timed. --group G samples G completions per prompt at
 temperature 1 (GRPO's group: --batch prompts x G rows; transformers: num_return_sequences=G), where the
@@ -31,6 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import minirl  # noqa: E402
 from minirl.config import preset  # noqa: E402
+from minirl.lora import add_lora, lora_layers, merged_adapters  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 
 
@@ -102,6 +108,8 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--compile", action="store_true", help="minirl: fixed-shape cache + compiled decode step")
     parser.add_argument("--group", type=int, default=1, help="G samples per prompt at temperature 1 (1: greedy)")
+    parser.add_argument("--lora", type=int, default=0, metavar="R",
+                        help="LoRA rank R: minirl with the adapters folded in vs unmerged (no transformers)")
     parser.add_argument("--bandwidth-gbs", type=float, default=None, help="GPU memory bandwidth for the roofline")
     parser.add_argument("--table", default=None, help="append one markdown table row to this file")
     args = parser.parse_args()
@@ -116,44 +124,60 @@ def main():
         config = tiny_config(512) if args.tiny else preset(args.preset)
         model = minirl.random_model(config, dtype=dtype, device=device, seed=args.seed)
         name = "tiny" if args.tiny else f"Qwen2.5-{args.preset} shape, random weights"
-    twin = transformers_twin(model)
     prompts = make_prompts(model, tokenizer, args.batch, args.seed)
     rows = args.batch * args.group
     produced = rows * args.new_tokens
+    if args.lora:
+        add_lora(model, r=args.lora, alpha=2 * args.lora)
+        g = torch.Generator().manual_seed(args.seed)
+        with torch.no_grad():
+            for layer in lora_layers(model).values():  # a trained adapter's size of change, not B = 0
+                layer.lora_B.weight.copy_(torch.randn(layer.lora_B.weight.shape, generator=g) * 0.01)
+
+        def run_merged(new_tokens):
+            with merged_adapters(model):
+                return run_minirl(model, prompts, new_tokens, args.group, args.compile)
+
+        runners = {"minirl merged": run_merged,
+                   "minirl unmerged": lambda n: run_minirl(model, prompts, n, args.group, args.compile)}
+    else:
+        twin = transformers_twin(model)
+        runners = {"minirl": lambda n: run_minirl(model, prompts, n, args.group, args.compile),
+                   "transformers": lambda n: run_transformers(twin, prompts, n, args.group)}
+    ours_label, peer_label = runners
 
     # warm-up: first-call allocations, kernel selection, and with --compile the compilation itself
     # (the same lengths as the timed runs, so the compiled step is reused, not recompiled)
-    run_minirl(model, prompts, args.new_tokens if args.compile else 2, args.group, args.compile)
-    run_transformers(twin, prompts, 2, args.group)
-    times = {"minirl": [], "transformers": []}
+    for label, run in runners.items():
+        run(args.new_tokens if args.compile and label.startswith("minirl") else 2)
+    times, outputs = {label: [] for label in runners}, {}
     for _ in range(args.repeats):
-        for label in times:
+        for label, run in runners.items():
             start = time.perf_counter()
-            if label == "minirl":
-                ours = run_minirl(model, prompts, args.new_tokens, args.group, args.compile)
-            else:
-                theirs = run_transformers(twin, prompts, args.new_tokens, args.group)
+            outputs[label] = run(args.new_tokens)
             times[label].append(time.perf_counter() - start)  # .tolist() inside waited for the device
     rate = {k: produced / statistics.median(v) for k, v in times.items()}
     where = (torch.cuda.get_device_name(device) if device.type == "cuda"
              else f"{torch.get_num_threads()} CPU threads")
     mode = f"{args.batch} prompts x {args.group} samples, temperature 1" if args.group > 1 else (
         f"batch {args.batch}, greedy")
+    if args.lora:
+        mode += f", LoRA r={args.lora}"
     print(f"model: {name}; {args.dtype} on {where}; {mode}; prompts {min(map(len, prompts))}-"
           f"{max(map(len, prompts))} tokens, {args.new_tokens} new tokens; compile {args.compile}; "
           f"median of {args.repeats}")
     for label in times:
-        print(f"  {label:13s} {rate[label]:7.1f} tok/s   runs: " + " ".join(f"{t:.2f}s" for t in times[label]))
-    ratio = rate["minirl"] / rate["transformers"]
-    same = sum(a == b for a, b in zip(ours, theirs))
+        print(f"  {label:15s} {rate[label]:7.1f} tok/s   runs: " + " ".join(f"{t:.2f}s" for t in times[label]))
+    ratio = rate[ours_label] / rate[peer_label]
+    same = sum(a == b for a, b in zip(outputs[ours_label], outputs[peer_label]))
     check = f"identical greedy outputs: {same}/{rows} rows" if args.group == 1 else "sampled: outputs differ"
-    print(f"  ratio minirl / transformers: {ratio:.2f}x   {check}")
+    print(f"  ratio {ours_label} / {peer_label}: {ratio:.2f}x   {check}")
     roofline = ""
     if device.type == "cuda" and args.batch * args.group == 1:
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         bandwidth = args.bandwidth_gbs or bandwidth_gbs(device)
         if bandwidth:
-            steps_per_s = rate["minirl"]  # batch 1: one token per step
+            steps_per_s = rate[ours_label]  # batch 1: one token per step
             fraction = steps_per_s * weight_bytes / (bandwidth * 1e9)
             roofline = f"{100 * fraction:.0f}% of the {bandwidth:.0f} GB/s roofline"
             print(f"  HBM roofline: {weight_bytes / 1e9:.2f} GB of weights per token -> "
@@ -161,8 +185,8 @@ def main():
     if args.table:
         with open(args.table, "a") as f:
             f.write(f"| sample.py | {name} | {args.dtype}, {where} | {mode}, {args.new_tokens} new"
-                    f"{', compile' if args.compile else ''} | {rate['minirl']:.1f} | {rate['transformers']:.1f} | "
-                    f"{ratio:.2f}x {roofline} |\n")
+                    f"{', compile' if args.compile else ''} | {ours_label}: {rate[ours_label]:.1f} | "
+                    f"{peer_label}: {rate[peer_label]:.1f} | {ratio:.2f}x {roofline} |\n")
     return ratio
 
 

@@ -132,6 +132,8 @@ def add_grpo_parser(sub, fmt):
     g.add_argument("--temperature", type=float, default=d.temperature)
     g.add_argument("--top-p", type=float, default=d.top_p)
     g.add_argument("--compile", action="store_true", help="compile the decode step (CUDA graphs on GPU)")
+    g.add_argument("--merge-lora", default=d.merge_lora, choices=["auto", "on", "off"],
+                   help="sample with the LoRA adapters folded into the weights (auto: on a GPU)")
     # --- objective ---
     g.add_argument("--beta", type=float, default=d.beta, help="KL weight (0: no reference pass)")
     g.add_argument("--clip-low", type=float, default=d.clip_low)
@@ -265,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--beta", type=float, default=0.04, help="0: no reference (saves the frozen copy in --full)")
     m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="weights; auto = what grpo picks on a GPU (bfloat16 with LoRA, float32 with --full)")
+    m.add_argument("--compile", action="store_true", help="grpo --compile: the KV cache is kept between steps")
     m.set_defaults(func=cmd_memory)
 
     v = sub.add_parser("view", help="write a self-contained HTML page of a GRPO run's rollouts and curves",
@@ -288,7 +291,8 @@ def cmd_memory(args):
     plan = estimate(config, full=args.full, lora_r=args.lora_r, group_size=args.group_size,
                     prompts_per_step=args.prompts_per_step, prompt_len=args.prompt_len,
                     max_new_tokens=args.max_new_tokens, dtype_bytes=DTYPES[dtype].itemsize,
-                    minibatch_size=args.minibatch_size, checkpointing=not args.no_checkpointing, beta=args.beta)
+                    minibatch_size=args.minibatch_size, checkpointing=not args.no_checkpointing, beta=args.beta,
+                    compile=args.compile)
     print(f"{args.model}: {dtype}")
     print(plan.table())
 

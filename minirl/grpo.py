@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from . import distributed
 from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
-from .lora import add_lora, disable_adapters, load_adapter, merge_and_unload, save_adapter
+from .lora import add_lora, disable_adapters, load_adapter, merge_and_unload, merged_adapters, save_adapter
 from .losses import group_advantages, policy_loss, token_logprobs_chunked
 from .rollout import sample_completions
 from .rollout_log import RolloutLog, rollout_records
@@ -59,6 +59,7 @@ class GRPOConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     compile: bool = False  # decode with a fixed-shape cache and a torch.compile'd step (CUDA graphs on GPU)
+    merge_lora: str = "auto"  # sample with the adapters folded into the weights: on, off, auto (= on a GPU)
     # --- objective ---
     beta: float = 0.04
     clip_low: float = 0.2
@@ -165,6 +166,16 @@ def evaluate(model, tokenizer, task, max_new_tokens, seed) -> dict:
     return {"eval_accuracy": counts["strict"] / counts["n"], "eval_accuracy_lenient": counts["lenient"] / counts["n"]}
 
 
+def sampling_weights(cfg, model, device):
+    """The weights to sample with. With LoRA and merge_lora on (auto: on a GPU) the adapters are folded
+    in for the block (lora.merged_adapters): decoding then runs one matmul per layer, not three. On
+    a GPU a decode step is bound by kernel launches and weight reads, and the adapters' small matmuls
+    are extra kernels; on a CPU the fold (a copy and a B·A product per layer, every step) costs more
+    than it saves (bench/sample.py --lora measures both)."""
+    on = cfg.merge_lora == "on" or (cfg.merge_lora == "auto" and device.type == "cuda")
+    return merged_adapters(model) if on and not cfg.full else nullcontext()
+
+
 def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, advantages, tokenizer, device,
           per_token: dict | None = None) -> dict:
     """μ optimizer steps on one batch of rollouts; returns the loss statistics of the last one.
@@ -233,6 +244,8 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
 def train(cfg: GRPOConfig) -> dict:
     if cfg.aggregation not in ("token", "sequence", "constant"):
         raise ValueError(f"--aggregation must be token, sequence or constant, got {cfg.aggregation!r}")
+    if cfg.merge_lora not in ("auto", "on", "off"):
+        raise ValueError(f"--merge-lora must be auto, on or off, got {cfg.merge_lora!r}")
     if cfg.log_rollouts_every < 0 or cfg.log_rollout_groups < 1:
         raise ValueError(f"--log-rollouts-every must be >= 0 (0: off) and --log-rollout-groups >= 1, got "
                          f"{cfg.log_rollouts_every} and {cfg.log_rollout_groups}")
@@ -279,9 +292,10 @@ def train(cfg: GRPOConfig) -> dict:
         items = task.sample(cfg.prompts_per_step, random.Random(cfg.seed * 1_000_003 + step))
         items = items[rank * share:(rank + 1) * share]  # this rank's prompts: its groups live here whole
         rollout = getattr(task, "rollout", None) or sample_completions
-        mine = rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
-                       top_p=cfg.top_p, seed=distributed.rank_seed(cfg.seed * 1_000_003 + step),
-                       **({"compile": True} if cfg.compile else {}))  # a task's own rollout may not take it
+        with sampling_weights(cfg, model, device):
+            mine = rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
+                           top_p=cfg.top_p, seed=distributed.rank_seed(cfg.seed * 1_000_003 + step),
+                           **({"compile": True} if cfg.compile else {}))  # a task's own rollout may not take it
         t1 = time.perf_counter()
         score(task, mine)
         local_rewards, _, _, keep = filter_groups(mine, G, cfg.dynamic_sampling)

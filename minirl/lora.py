@@ -6,7 +6,8 @@ unchanged and training moves only the low-rank product B A. `LoRALinear` keeps t
 (`...q_proj.weight`) next to `...q_proj.lora_A.weight` / `lora_B.weight` (PEFT's names).
 
 Turning the adapters off gives the base model back without a second copy of its weights: that is
-the reference policy pi_ref for the KL term of RL (`disable_adapters`).
+the reference policy pi_ref for the KL term of RL (`disable_adapters`). For sampling, the adapters
+can be folded into the weights for a while (`merged_adapters`): one matmul per layer instead of three.
 """
 
 import json
@@ -127,6 +128,34 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
     if hasattr(model, "lora_config"):
         del model.lora_config
     return model
+
+
+@contextmanager
+def merged_adapters(model: nn.Module):
+    """Inside the block every enabled adapter is folded into its base weight, W <- W + (alpha/r) B A
+    (rounded once to W's dtype), so a forward pass costs what the base model's does; on leaving, the
+    base weights come back bit for bit. merge/unmerge would not give them back in bfloat16: W + d - d
+    is not W after two roundings, and RL merges every step. So W waits in a copy on the CPU (pinned
+    for a GPU model: no GPU memory spent) and is copied back. The fold happens in place, so weights
+    keep their addresses, and a CUDA graph recorded on them (compiled decoding) stays valid."""
+    saved = []
+    try:
+        with torch.no_grad():
+            for layer in lora_layers(model).values():
+                if layer.merged or not layer.enabled:
+                    continue
+                w = layer.weight
+                base = torch.empty(w.shape, dtype=w.dtype, device="cpu", pin_memory=w.is_cuda)
+                base.copy_(w)
+                saved.append((layer, base))
+                w.copy_(w.float() + layer.delta_weight())
+                layer.merged = True
+        yield model
+    finally:
+        with torch.no_grad():
+            for layer, base in saved:
+                layer.weight.copy_(base)
+                layer.merged = False
 
 
 @contextmanager

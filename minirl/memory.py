@@ -8,8 +8,10 @@ A step has two phases and the peak is the larger one:
   learning  weights + trainable parameters, their gradients and AdamW state + the activations of one
             minibatch (with activation checkpointing: every layer's input, plus one layer recomputed
             during backward) + the chunked log-prob computation (chunk_size × V logits, never B·T·V).
-The KV cache is gone before learning starts (sampling returns token ids only), and the reference
-policy is the same weights with the adapters off (LoRA) or a frozen copy (full fine-tuning, β > 0).
+The KV cache is gone before learning starts (sampling returns token ids only), except with compiled
+decoding (`compile=True`, grpo's --compile): a CUDA graph is recorded against the cache's addresses, so
+the cache (its length rounded up to 256 slots) is kept from step to step and counted in both phases.
+The reference policy is the same weights with the adapters off (LoRA) or a frozen copy (full fine-tuning, β > 0).
 
 Counted in bytes. e is the model's bytes per value (2 for bfloat16); LoRA adapters train in float32.
 The activation count follows model.py's layer line by line (what autograd keeps for backward, per
@@ -105,7 +107,7 @@ class MemoryEstimate:
 def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group_size: int = 8,
              prompts_per_step: int = 2, prompt_len: int = 256, max_new_tokens: int = 768,
              dtype_bytes: int = 2, minibatch_size: int = 16, checkpointing: bool = True,
-             chunk_size: int = 512, beta: float = 0.04) -> MemoryEstimate:
+             chunk_size: int = 512, beta: float = 0.04, compile: bool = False) -> MemoryEstimate:
     """Itemized memory of one GRPO step (module docstring). Defaults are the chapter's 7B setting and
     GRPOConfig's; full=True trains every weight (AdamW state in the model dtype, as torch keeps it)."""
     for name, value in dict(lora_r=lora_r, group_size=group_size, prompts_per_step=prompts_per_step,
@@ -124,7 +126,8 @@ def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group
     lora = 0 if full else n_train * 4
     gradients = n_train * train_bytes
     adam = 2 * n_train * train_bytes
-    kv = L * 2 * N * config.num_key_value_heads * config.head_dim * T * e
+    slots = min(-(-T // 256) * 256, config.max_position_embeddings) if compile else T  # as sampling.py allocates
+    kv = L * 2 * N * config.num_key_value_heads * config.head_dim * slots * e
     sampling_logits = N * V * 4 * 3
     per_token_layer = activation_bytes_per_token_layer(config, e, lora=not full, r=lora_r)
     if checkpointing:  # each layer's input, and one layer recomputed during backward
@@ -141,16 +144,17 @@ def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group
         items[f"LoRA parameters ({n_train / 1e6:.1f} M, float32)"] = lora
     items["gradients"] = gradients
     items["AdamW state (2 per trainable parameter)"] = adam
-    items[f"KV cache ({N} sequences x {T} tokens)"] = kv
+    kept = " slots, kept" if compile else " tokens"  # compiled decoding keeps its cache between steps
+    items[f"KV cache ({N} sequences x {slots}{kept})"] = kv
     items["sampling logits (float32, 3 copies)"] = sampling_logits
     items[f"activations ({b} x {T} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"] = activations
     items[f"log-prob chunks ({chunk_size} x {V} logits)"] = chunks
 
     persistent = weights + reference + lora + adam  # alive for the whole run
     sampling = persistent + kv + sampling_logits
-    learning = persistent + gradients + activations + chunks
+    learning = persistent + gradients + activations + chunks + (kv if compile else 0)
     mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
     description = (f"GRPO step, {mode}, {e}-byte weights: {prompts_per_step} prompts x {group_size} samples, "
                    f"{prompt_len} + {max_new_tokens} tokens, minibatch {b}, checkpointing "
-                   f"{'on' if checkpointing else 'off'}")
+                   f"{'on' if checkpointing else 'off'}{', compiled decoding' if compile else ''}")
     return MemoryEstimate(items, sampling, learning, description)

@@ -11,9 +11,14 @@ are dropped from the batch once they are at least half of it, so they stop costi
 `static_cache=True` decodes with fixed shapes instead (a StaticKVCache, no compaction, the stop test
 every SYNC_EVERY tokens so the host rarely waits for the device), and `compile=True` also compiles
 that decode step with torch.compile (CUDA graphs on a GPU: one launch per token instead of hundreds).
+A CUDA graph replays reads and writes at the addresses it was recorded with, so compiled decoding
+keeps its StaticKVCache from call to call (per model and batch size, reused while it is long
+enough): a new cache every call would record a new graph every call. `release_decode_caches(model)`
+gives that memory back.
 """
 
 import functools
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -22,6 +27,8 @@ import torch
 from .kv_cache import KVCache, StaticKVCache
 
 SYNC_EVERY = 8  # static path: tokens between the host's checks whether every row has stopped
+KEPT_CACHES = 4  # compiled path: caches kept per model (one per batch size, the least recently used goes)
+_kept_caches = weakref.WeakKeyDictionary()  # model -> {(rows, dtype, device): StaticKVCache}
 
 
 @dataclass
@@ -145,7 +152,9 @@ def _static_decode_steps(model, prompts, max_new_tokens, temperature, top_p, top
     group_of_row = torch.arange(len(prompts), device=device).repeat_interleave(num_samples)
     # slots rounded up to a multiple of 256, so calls of similar lengths reuse one compiled step
     slots = min(-(-(prefill_cache.length + max_new_tokens) // 256) * 256, model.config.max_position_embeddings)
-    cache = StaticKVCache(model.config, len(rows), slots, model.dtype, device)
+    cache = _kept_cache(model, len(rows), slots) if compile else None
+    if cache is None:
+        cache = StaticKVCache(model.config, len(rows), slots, model.dtype, device)
     cache.load(prefill_cache, group_of_row)
     del prefill_cache
     logits = logits[group_of_row]
@@ -155,13 +164,42 @@ def _static_decode_steps(model, prompts, max_new_tokens, temperature, top_p, top
         step_fn = _decode_step
     stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device)
     done = torch.zeros(len(rows), dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
-        tokens, logprobs = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), (B,)
-        done |= torch.isin(tokens, stop_ids)
-        yield rows, tokens, logprobs, done
-        if step == max_new_tokens - 1 or ((step + 1) % SYNC_EVERY == 0 and bool(done.all())):
-            return
-        logits = step_fn(model, tokens, cache).clone()  # clone: a CUDA graph reuses its output buffer
+    cache.in_use = True
+    try:
+        for step in range(max_new_tokens):
+            tokens, logprobs = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), (B,)
+            done |= torch.isin(tokens, stop_ids)
+            yield rows, tokens, logprobs, done
+            if step == max_new_tokens - 1 or ((step + 1) % SYNC_EVERY == 0 and bool(done.all())):
+                return
+            logits = step_fn(model, tokens, cache).clone()  # clone: a CUDA graph reuses its output buffer
+    finally:
+        cache.in_use = False
+
+
+def _kept_cache(model, rows: int, slots: int) -> StaticKVCache | None:
+    """The model's kept cache for this batch size, or a new one kept in its place when none is long
+    enough. None while the kept one is in use (a stream() not yet finished): the caller then
+    decodes on a cache of its own."""
+    kept = _kept_caches.setdefault(model, {})
+    key = (rows, model.dtype, model.device)
+    cache = kept.pop(key, None)
+    if cache is not None and cache.in_use:
+        kept[key] = cache
+        return None
+    if cache is None or cache.max_len < slots:
+        del cache  # give its memory back before allocating the longer one
+        cache = StaticKVCache(model.config, rows, slots, model.dtype, model.device)
+    kept[key] = cache  # now the most recently used
+    idle = [k for k in kept if not kept[k].in_use]  # oldest first
+    for old in idle[:max(0, len(idle) - KEPT_CACHES)]:
+        del kept[old]
+    return cache
+
+
+def release_decode_caches(model):
+    """Free the KV caches that compiled decoding keeps for this model between calls."""
+    _kept_caches.pop(model, None)
 
 
 def _stop_ids(model, stop_token_ids):

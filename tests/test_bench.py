@@ -15,6 +15,14 @@ def test_bench_sample_tiny_runs_and_matches_transformers():
     assert "ratio minirl / transformers" in result.stdout
 
 
+def test_bench_sample_lora_folded_in_vs_unmerged():
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sample.py"), "--tiny", "--repeats", "1",
+                             "--lora", "4"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    # float32: folding B A into W changes the sums' rounding only, so greedy tokens agree
+    assert "ratio minirl merged / minirl unmerged" in result.stdout and "identical greedy outputs: 8/8" in result.stdout
+
+
 def test_bench_sft_step_tiny_runs_and_matches_peft():
     result = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sft_step.py"), "--tiny", "--repeats", "1"],
                             capture_output=True, text=True, timeout=300)
@@ -34,7 +42,8 @@ def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
                             capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line for line in table.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert [row.split("|")[1].strip() for row in rows] == ["sample.py", "sample.py", "grpo_step.py", "grpo_step.py",
-                                                           "memory.py"]
+    assert [row.split("|")[1].strip() for row in rows] == ["sample.py", "sample.py", "sample.py", "grpo_step.py",
+                                                           "grpo_step.py", "memory.py"]
     assert not any("FAILED" in row for row in rows)
-    assert "compile" in rows[1] and "full fine-tuning" in rows[3] and "estimate" in rows[4]
+    assert "compile" in rows[1] and "LoRA r=4" in rows[2] and "minirl merged" in rows[2]
+    assert "full fine-tuning" in rows[4] and "estimate" in rows[5]

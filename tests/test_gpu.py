@@ -33,6 +33,28 @@ def test_compiled_cuda_graph_decoding_equals_eager():
         torch.testing.assert_close(torch.tensor(c.logprobs[:4]), torch.tensor(e.logprobs[:4]), atol=0.1, rtol=0)
 
 
+def test_compiled_decoding_records_its_cuda_graph_once(monkeypatch):
+    """Calls after the first replay the recorded graph on the kept cache: no new recording per call
+    (a new cache per call would record one each time, and slow every later step down)."""
+    from torch._inductor import cudagraph_trees
+
+    from minirl.lora import add_lora, merged_adapters
+
+    recorded, original = [], cudagraph_trees.CUDAGraphTreeManager.record_function
+    monkeypatch.setattr(cudagraph_trees.CUDAGraphTreeManager, "record_function",
+                        lambda self, *args, **kwargs: recorded.append(1) or original(self, *args, **kwargs))
+    config = preset("0.5b", num_hidden_layers=2, vocab_size=4096)
+    model = add_lora(random_model(config, dtype=torch.bfloat16, device="cuda", seed=1), r=8, alpha=16)
+    for call in range(4):  # as GRPO samples: adapters folded in place, prompts of other lengths each time
+        with merged_adapters(model):
+            outs = generate(model, [[5 + call] * (3 + call), [7, 8]], max_new_tokens=20, temperature=1.0, seed=call,
+                            num_samples=4, stop_token_ids=[], compile=True)
+        assert [len(o.tokens) for o in outs] == [20] * 8
+        if call == 0:
+            first = len(recorded)
+    assert first >= 1 and len(recorded) == first, recorded
+
+
 def test_memory_estimate_within_15_percent_of_a_measured_grpo_step():
     from grpo_step import build, grpo_step, parser, prompts_for
 

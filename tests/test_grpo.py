@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from minirl import load_pretrained
 from minirl.grpo import GRPOConfig, learn, train
 from minirl.cli import main
-from minirl.lora import PEFT_PREFIX, add_lora, lora_state_dict, merge_and_unload, save_adapter
+from minirl.lora import PEFT_PREFIX, add_lora, lora_layers, lora_state_dict, merge_and_unload, save_adapter
 from minirl.losses import group_advantages
 from minirl.rollout import Trajectory, sample_completions
 from minirl.tasks import ArithmeticTask, lenient_answer, strict_answer
@@ -193,3 +193,27 @@ def test_compile_reaches_the_sampler(base, tmp_path, monkeypatch):
     monkeypatch.setattr(minirl.rollout, "generate", spy)
     train(config(base, tmp_path / "compiled", steps=1, compile=True))
     assert calls and calls[0] is True  # the step's rollouts (the final evaluation samples greedily, uncompiled)
+
+
+@pytest.mark.parametrize("merge_lora", ["on", "auto"])
+def test_merged_sampling_leaves_the_base_weights_bit_for_bit(base, tmp_path, monkeypatch, merge_lora):
+    """--merge-lora on folds the adapters in while sampling and restores the bfloat16 base weights
+    exactly, step after step; auto means on a GPU only, so not here."""
+    import minirl.rollout
+    seen, original = [], minirl.rollout.generate
+
+    def spy(model, *args, **kwargs):
+        seen.append((model, [layer.merged for layer in lora_layers(model).values()]))
+        return original(model, *args, **kwargs)
+
+    monkeypatch.setattr(minirl.rollout, "generate", spy)
+    train(config(base, tmp_path / merge_lora, steps=3, dtype="bfloat16", merge_lora=merge_lora))
+    model = seen[0][0]
+    assert all(all(merged) == (merge_lora == "on") and any(merged) == (merge_lora == "on")
+               for _, merged in seen[:3])  # the three steps' rollouts; then the evaluation, unmerged
+    assert not any(any(merged) for _, merged in seen[3:])
+    loaded, _ = load_pretrained(base, dtype=torch.bfloat16)
+    for name, weight in loaded.state_dict().items():
+        assert torch.equal(model.state_dict()[name], weight), name
+    with pytest.raises(ValueError, match="--merge-lora must be auto, on or off"):
+        train(config(base, tmp_path / "bad", merge_lora="yes"))

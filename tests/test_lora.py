@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from minirl import load_model, random_model
 from minirl.lora import (LoRALinear, add_lora, disable_adapters, load_adapter, lora_layers, lora_state_dict,
-                         merge_lora, save_adapter, unmerge_lora)
+                         merge_lora, merged_adapters, save_adapter, unmerge_lora)
 from minirl.toy import tiny_config
 
 V = 97
@@ -104,6 +104,54 @@ def test_merge_matches_unmerged_and_unmerge_restores_weights():
     assert {q_weight, "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.q_proj.lora_A.weight",
             "model.layers.0.self_attn.q_proj.lora_B.weight", "model.layers.3.mlp.down_proj.lora_A.weight"} <= keys
     assert set(lora_state_dict(model)) == {k for k in keys if "lora_" in k} and len(lora_state_dict(model)) == 4 * 7 * 2
+
+
+def test_merged_adapters_fold_in_place_and_give_the_base_weights_back_bit_for_bit():
+    model = randomize_lora_B(add_lora(base_model(torch.bfloat16), r=4, alpha=8), std=0.2)
+    ids = ids_batch()
+    layers = lora_layers(model)
+    base = {name: (layer.weight.clone(), layer.weight.data_ptr()) for name, layer in layers.items()}
+    with torch.no_grad():
+        unmerged = model(ids).float()
+        with merged_adapters(model):
+            for name, layer in layers.items():
+                W, A, Bm = base[name][0].double(), layer.lora_A.weight.double(), layer.lora_B.weight.double()
+                expected = (W + layer.scaling * Bm @ A).to(torch.bfloat16)  # rounded once
+                assert layer.merged and layer.weight.data_ptr() == base[name][1]
+                # within one bfloat16 step of the rounded sum (float32 vs float64 sums; near 0: absolute)
+                torch.testing.assert_close(layer.weight, expected, atol=1e-6, rtol=2 ** -7)
+            merged = model(ids).float()
+    # bfloat16 rounds differently with the adapters folded in, but it is the same function
+    assert (merged - unmerged).abs().max() < 0.05 * unmerged.abs().max()
+    for name, layer in layers.items():
+        assert torch.equal(layer.weight, base[name][0]) and not layer.merged, name
+        assert layer.weight.data_ptr() == base[name][1]
+    # what merged_adapters avoids: merge then unmerge drifts bfloat16 weights by rounding
+    merge_lora(model)
+    unmerge_lora(model)
+    assert any(not torch.equal(layer.weight, base[name][0]) for name, layer in layers.items())
+
+
+def test_merged_adapters_in_float32_equal_the_adapted_model_and_survive_an_exception():
+    model, ids = randomize_lora_B(add_lora(base_model(), r=4, alpha=8)), ids_batch()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        adapted = model(ids)
+        with pytest.raises(RuntimeError, match="boom"), merged_adapters(model):
+            torch.testing.assert_close(model(ids), adapted, atol=1e-5, rtol=0)
+            raise RuntimeError("boom")
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    assert not any(layer.merged for layer in lora_layers(model).values())
+    # adapters that are off stay out; a layer already merged is left to its owner
+    layer = model.model.layers[0].self_attn.q_proj
+    merge_lora(model)
+    with torch.no_grad(), disable_adapters(model):
+        with merged_adapters(model):
+            assert not any(layer.merged for layer in lora_layers(model).values())
+    assert all(layer.merged for layer in lora_layers(model).values())
+    with merged_adapters(model):
+        pass
+    assert layer.merged
 
 
 @pytest.mark.parametrize("merged", [False, True])

@@ -89,6 +89,12 @@ def test_estimate_against_a_hand_calculation():
     assert plan.sampling == weights + lora + adam + kv + logits == 471_488
     assert plan.learning == weights + lora + adam + lora + activations + chunks == 791_296
     assert plan.peak == plan.learning and "fits a 40 GB GPU: yes" in plan.table()
+    # compiled decoding keeps the cache (16 tokens round up to 256 slots), while learning too
+    compiled = estimate(small(), lora_r=4, group_size=2, prompts_per_step=3, prompt_len=10, max_new_tokens=6,
+                        dtype_bytes=2, minibatch_size=4, chunk_size=8, compile=True)
+    kept = 2 * 2 * 6 * 2 * 16 * 256 * 2
+    assert compiled.items["KV cache (6 sequences x 256 slots, kept)"] == kept
+    assert (compiled.sampling, compiled.learning) == (471_488 - kv + kept, 791_296 + kept)
 
 
 def test_full_fine_tuning_counts_the_reference_copy_and_full_optimizer_state():

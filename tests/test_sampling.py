@@ -8,7 +8,8 @@ import torch
 
 from minirl import generate, load_model, stream
 from minirl.kv_cache import KVCache, StaticKVCache
-from minirl.sampling import SYNC_EVERY, _static_decode_steps, sample_next
+from minirl import sampling
+from minirl.sampling import SYNC_EVERY, _static_decode_steps, release_decode_caches, sample_next
 
 PROMPTS = [[5, 17, 42, 9, 100, 3, 77, 12, 8], [200, 3], [11, 12, 13, 14, 15]]
 
@@ -233,6 +234,60 @@ def test_static_cache_decoding_equals_the_dynamic_one(tiny, kwargs):
         torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(d.logprobs), atol=1e-5, rtol=0)
 
 
+@pytest.fixture
+def eager_compile(monkeypatch):
+    """compile=True's code path (kept caches and all) with the eager step: the logic without the compiler."""
+    monkeypatch.setattr(sampling, "_compiled_decode_step", lambda mode: sampling._decode_step)
+
+
+def kept(model):
+    return dict(sampling._kept_caches.get(model, {}))
+
+
+def test_compiled_decoding_keeps_its_cache_between_calls(tiny, eager_compile):
+    """A CUDA graph is recorded against the cache's addresses: later calls must decode in the same
+    buffers (and the stale keys left by the last call must change nothing)."""
+    _, model = tiny
+    model.config.max_position_embeddings = 1024  # RoPE is computed per position: room for a longer cache
+    generate(model, PROMPTS, max_new_tokens=20, temperature=1.0, seed=0, stop_token_ids=[], compile=True)
+    (cache,) = kept(model).values()
+    address = cache.keys.data_ptr()
+    others = [[9, 8, 7], [1], [4, 4, 4, 4]]
+    fresh = generate(model, others, max_new_tokens=6, temperature=0.7, seed=4, static_cache=True)
+    again = generate(model, others, max_new_tokens=6, temperature=0.7, seed=4, compile=True)
+    assert [o.tokens for o in again] == [o.tokens for o in fresh]
+    torch.testing.assert_close(torch.tensor([o.logprobs for o in again]), torch.tensor([o.logprobs for o in fresh]),
+                               atol=0, rtol=0)
+    assert list(kept(model).values()) == [cache] and cache.keys.data_ptr() == address
+    # a call that needs more slots replaces it with a longer cache; another batch size gets its own
+    generate(model, PROMPTS, max_new_tokens=300, temperature=1.0, seed=0, stop_token_ids=[], compile=True)
+    (longer,) = kept(model).values()
+    assert longer is not cache and longer.max_len == 512
+    generate(model, PROMPTS, max_new_tokens=4, seed=0, num_samples=2, compile=True)
+    assert sorted(key[0] for key in kept(model)) == [3, 6]
+    release_decode_caches(model)
+    assert kept(model) == {}
+
+
+def test_kept_caches_are_bounded_and_never_shared_by_two_loops(tiny, eager_compile):
+    _, model = tiny
+    for rows in range(1, sampling.KEPT_CACHES + 3):
+        generate(model, [[5, 6]] * rows, max_new_tokens=2, seed=0, compile=True)
+    assert sorted(key[0] for key in kept(model)) == list(range(3, sampling.KEPT_CACHES + 3))  # the newest
+    # a stream still running holds its cache; a call of the same batch size meanwhile decodes on its own
+    expected = list(stream(model, PROMPTS[0], max_new_tokens=10, seed=1, stop_token_ids=[], compile=True))
+    tokens = stream(model, PROMPTS[0], max_new_tokens=10, seed=1, stop_token_ids=[], compile=True)
+    first = [next(tokens) for _ in range(5)]
+    held = kept(model)[(1, model.dtype, model.device)]
+    assert held.in_use
+    other = generate(model, [[3, 3, 3]], max_new_tokens=10, seed=2, stop_token_ids=[], compile=True)
+    assert kept(model)[(1, model.dtype, model.device)] is held
+    assert first + list(tokens) == expected
+    assert not held.in_use
+    assert other[0].tokens == generate(model, [[3, 3, 3]], max_new_tokens=10, seed=2, stop_token_ids=[])[0].tokens
+    release_decode_caches(model)
+
+
 def test_static_decoding_asks_the_device_only_every_few_tokens(tiny, monkeypatch):
     """No host synchronization per token: the only device-to-host reads are the stop checks."""
     _, model = tiny
@@ -255,8 +310,10 @@ def test_compiled_decoding_equals_eager(hf_checkpoint):
     for e, c in zip(eager, compiled):
         assert e.tokens == c.tokens
         torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(e.logprobs), atol=1e-4, rtol=0)
-    # a new call (a new cache, other prompt lengths, sampling) replays the same compiled step
+    # a new call (other prompt lengths, sampling) replays the same compiled step on the same cache
+    (cache,) = sampling._kept_caches[model].values()
     with torch._dynamo.config.patch(error_on_recompile=True):
         again = generate(model, [[3, 4, 5, 6, 7, 8, 9], [2], [6, 5]], max_new_tokens=12, temperature=1.0, seed=1,
                          stop_token_ids=[], compile=True)
     assert [len(o.tokens) for o in again] == [12, 12, 12]
+    assert list(sampling._kept_caches[model].values()) == [cache]
