@@ -7,7 +7,8 @@ memory of each phase.
     python bench/grpo_step.py --device cuda --preset 0.5b --full       # full fine-tuning (float32)
 
 A step is minirl's own code path: `generate` draws G completions for each prompt (one prefill per
-prompt, every row decoded to --new-tokens: no stop token, so the length is fixed), a verifiable toy
+prompt, every row decoded to --new-tokens: no stop token, so the length is fixed; with LoRA on a GPU
+the adapters are folded into the weights meanwhile, as grpo --merge-lora auto does), a verifiable toy
 reward scores them (the share of even token ids: cheap, and different within a group), then
 `grpo.learn` computes the reference log-probs with the adapters disabled, the policy's log-probs in
 chunks and the clipped loss, and steps AdamW. Weights are random with the published config (bfloat16
@@ -37,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import minirl  # noqa: E402
 from minirl.config import preset  # noqa: E402
-from minirl.grpo import GRPOConfig, learn  # noqa: E402
+from minirl.grpo import GRPOConfig, learn, sampling_weights  # noqa: E402
 from minirl.lora import add_lora  # noqa: E402
 from minirl.losses import group_advantages  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
@@ -78,7 +79,8 @@ def build(args):
     config = tiny_config(512) if args.tiny else preset(args.preset)
     model = minirl.random_model(config, dtype=dtype, device=device, seed=args.seed)
     cfg = GRPOConfig(model="", group_size=args.group, prompts_per_step=args.prompts, max_new_tokens=args.new_tokens,
-                     beta=args.beta, minibatch_size=args.minibatch, full=args.full, checkpointing=True)
+                     beta=args.beta, minibatch_size=args.minibatch, full=args.full, checkpointing=True,
+                     merge_lora=args.merge_lora)
     ref_model = None
     if args.full:
         model.requires_grad_(True)
@@ -104,8 +106,9 @@ def grpo_step(model, ref_model, cfg, optimizer, scheduler, params, device, promp
     G = cfg.group_size
     with PeakMemory(device) as sampling_memory:
         start = time.perf_counter()
-        outs = minirl.generate(model, prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                               stop_token_ids=[], seed=seed, num_samples=G, compile=compile)
+        with sampling_weights(cfg, model, device):  # as grpo.train: LoRA folded in on a GPU (--merge-lora)
+            outs = minirl.generate(model, prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                   stop_token_ids=[], seed=seed, num_samples=G, compile=compile)
         sync()
         t_sample = time.perf_counter() - start
     start = time.perf_counter()
@@ -139,6 +142,8 @@ def parser():
     p.add_argument("--minibatch", type=int, default=8, help="sequences per forward/backward")
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--compile", action="store_true", help="compiled decode step (CUDA graphs on a GPU)")
+    p.add_argument("--merge-lora", default="auto", choices=["auto", "on", "off"],
+                   help="LoRA folded into the weights while sampling, as grpo (auto: on a GPU)")
     p.add_argument("--cap-gb", type=float, default=None, help="cap the GPU to this many GB")
     p.add_argument("--repeats", type=int, default=2, help="timed steps after one warm-up step")
     p.add_argument("--seed", type=int, default=0)

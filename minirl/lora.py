@@ -54,7 +54,7 @@ class LoRALinear(Linear):
         return y + (self.lora_B(self.lora_A(x)) * self.scaling).to(y.dtype)
 
     def delta_weight(self) -> torch.Tensor:
-        return self.scaling * (self.lora_B.weight @ self.lora_A.weight)  # (C_out, C_in), float32
+        return (self.lora_B.weight @ self.lora_A.weight).mul_(self.scaling)  # (C_out, C_in), float32, one buffer
 
     @torch.no_grad()
     def merge(self):
@@ -148,7 +148,7 @@ def merged_adapters(model: nn.Module):
                 base = torch.empty(w.shape, dtype=w.dtype, device="cpu", pin_memory=w.is_cuda)
                 base.copy_(w)
                 saved.append((layer, base))
-                w.copy_(w.float() + layer.delta_weight())
+                w.add_(layer.delta_weight())  # summed in float32, rounded once; no float32 copy of W
                 layer.merged = True
         yield model
     finally:

@@ -16,7 +16,9 @@ The reference policy is the same weights with the adapters off (LoRA) or a froze
 Counted in bytes. e is the model's bytes per value (2 for bfloat16); LoRA adapters train in float32.
 The activation count follows model.py's layer line by line (what autograd keeps for backward, per
 token and layer, SDPA on a GPU: no T × T score matrix). Not counted: the CUDA context (~0.5 GB,
-outside torch's allocator), allocator fragmentation, and tensors too small to matter.
+outside torch's allocator), allocator fragmentation, tensors too small to matter, and the one
+layer's float32 B·A product alive while --merge-lora folds the adapters in (0.27 GB for 7B's
+down_proj; the base weights wait on the CPU meanwhile).
 bench/memory.py compares this estimate with the measured peak.
 """
 
