@@ -47,3 +47,13 @@ def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
     assert not any("FAILED" in row for row in rows)
     assert "compile" in rows[1] and "LoRA r=4" in rows[2] and "minirl merged" in rows[2]
     assert "full fine-tuning" in rows[4] and "estimate" in rows[5]
+
+
+def test_gpu_suite_skips_what_its_time_budget_cannot_fit(tmp_path):
+    table = tmp_path / "suite.md"
+    result = subprocess.run(["bash", os.path.join(ROOT, "bench", "gpu_suite.sh"), "--tiny", str(table)],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHON": sys.executable, "SUITE_BUDGET": "0"})
+    assert result.returncode == 1  # a suite that did not run every row is not a success
+    rows = [line for line in table.read_text().splitlines() if line.startswith("| bench/")]
+    assert len(rows) == 6 and all("SKIPPED (suite budget spent)" in row for row in rows)
