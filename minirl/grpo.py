@@ -169,9 +169,9 @@ def evaluate(model, tokenizer, task, max_new_tokens, seed) -> dict:
 def sampling_weights(cfg, model, device):
     """The weights to sample with. With LoRA and merge_lora on (auto: on a GPU) the adapters are folded
     in for the block (lora.merged_adapters): decoding then runs one matmul per layer, not three. On
-    a GPU a decode step is bound by kernel launches and weight reads, and the adapters' small matmuls
-    are extra kernels; on a CPU the fold (a copy and a B·A product per layer, every step) costs more
-    than it saves (bench/sample.py --lora measures both)."""
+    a GPU a decode step is bound by weight reads and by its number of kernels, and the adapters add
+    small ones to every linear layer; on a CPU the fold (a copy and a B·A product per layer, every
+    step) costs about what it saves (bench/sample.py --lora measures both)."""
     on = cfg.merge_lora == "on" or (cfg.merge_lora == "auto" and device.type == "cuda")
     return merged_adapters(model) if on and not cfg.full else nullcontext()
 
