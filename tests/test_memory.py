@@ -121,6 +121,9 @@ def test_memory_command(capsys):
           "--prompt-len", "256", "--max-new-tokens", "768"])
     out = capsys.readouterr().out
     assert "7b: bfloat16" in out and "KV cache (16 sequences x 1024 tokens)" in out and "fits a 40 GB GPU" in out
+    main(["memory", "--model", "7b", "--compile"])  # the cache compiled decoding keeps, counted while learning
+    out = capsys.readouterr().out
+    assert "KV cache (16 sequences x 1024 slots, kept)" in out and "peak while learning                            26.63" in out
     with pytest.raises(SystemExit):
         main(["memory", "--model", "9b"])
     assert "unknown preset '9b'" in capsys.readouterr().err
