@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import minirl  # noqa: E402
 from minirl.config import preset  # noqa: E402
-from minirl.grpo import GRPOConfig, learn, sampling_weights  # noqa: E402
-from minirl.lora import add_lora  # noqa: E402
+from minirl.grpo import GRPOConfig, learn  # noqa: E402
+from minirl.lora import add_lora, merged_for_sampling  # noqa: E402
 from minirl.losses import group_advantages  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
@@ -106,7 +106,7 @@ def grpo_step(model, ref_model, cfg, optimizer, scheduler, params, device, promp
     G = cfg.group_size
     with PeakMemory(device) as sampling_memory:
         start = time.perf_counter()
-        with sampling_weights(cfg, model, device):  # as grpo.train: LoRA folded in on a GPU (--merge-lora)
+        with merged_for_sampling(model, cfg.merge_lora):  # as grpo.train: LoRA folded in on a GPU
             outs = minirl.generate(model, prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                                    stop_token_ids=[], seed=seed, num_samples=G, compile=compile)
         sync()

@@ -185,7 +185,7 @@ def cmd_rollout(args):
     trajectories = rollout(model, tokenizer, items, 1, args.max_new_tokens, temperature=args.temperature,
                            seed=args.seed)
     if not hasattr(task, "rollout"):
-        from .grpo import score
+        from .tasks import score
         score(task, trajectories)
     for i, t in enumerate(trajectories):
         ids, mask = t.prompt_ids + t.completion_ids, [0] * len(t.prompt_ids) + t.action_mask

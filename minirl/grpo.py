@@ -38,11 +38,11 @@ from tqdm import tqdm
 
 from . import distributed
 from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
-from .lora import add_lora, disable_adapters, load_adapter, merge_and_unload, merged_adapters, save_adapter
+from .lora import add_lora, disable_adapters, load_adapter, merge_and_unload, merged_for_sampling, save_adapter
 from .losses import group_advantages, policy_loss, token_logprobs_chunked
 from .rollout import sample_completions
 from .rollout_log import RolloutLog, rollout_records
-from .tasks import make_task
+from .tasks import make_task, score
 from .weights import load_pretrained, save_pretrained
 
 
@@ -97,13 +97,6 @@ FIELDS = ["step", "reward_mean", "reward_std", "accuracy", "accuracy_lenient", "
           "clip_high_frac", "ratio", "loss", "grad_norm", "lr", "completion_len", "truncated_frac",
           "zero_spread_frac", "groups_dropped_nonfinite", "groups_dropped_zero_spread", "sampler_logprob_gap",
           "eval_accuracy", "eval_accuracy_lenient"] + TIMING
-
-
-def score(task, trajectories) -> None:
-    """reward = Σ weight·fn(τ) over the task's reward functions, each part kept for the logs."""
-    for traj in trajectories:
-        traj.reward_parts = {name: float(fn(traj)) for name, (fn, _) in task.reward_functions.items()}
-        traj.reward = sum(weight * traj.reward_parts[name] for name, (_, weight) in task.reward_functions.items())
 
 
 def filter_groups(trajectories, G: int, dynamic_sampling: bool):
@@ -164,16 +157,6 @@ def evaluate(model, tokenizer, task, max_new_tokens, seed) -> dict:
     counts = distributed.all_reduce_sums({"strict": sum(v["strict"] for v in verdicts),
                                           "lenient": sum(v["lenient"] for v in verdicts), "n": len(verdicts)})
     return {"eval_accuracy": counts["strict"] / counts["n"], "eval_accuracy_lenient": counts["lenient"] / counts["n"]}
-
-
-def sampling_weights(cfg, model, device):
-    """The weights to sample with. With LoRA and merge_lora on (auto: on a GPU) the adapters are folded
-    in for the block (lora.merged_adapters): decoding then runs one matmul per layer, not three. On
-    a GPU a decode step is bound by weight reads and by its number of kernels, and the adapters add
-    small ones to every linear layer; on a CPU the fold (a copy and a B·A product per layer, every
-    step) costs about what it saves (bench/sample.py --lora measures both)."""
-    on = cfg.merge_lora == "on" or (cfg.merge_lora == "auto" and device.type == "cuda")
-    return merged_adapters(model) if on and not cfg.full else nullcontext()
 
 
 def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, advantages, tokenizer, device,
@@ -292,7 +275,7 @@ def train(cfg: GRPOConfig) -> dict:
         items = task.sample(cfg.prompts_per_step, random.Random(cfg.seed * 1_000_003 + step))
         items = items[rank * share:(rank + 1) * share]  # this rank's prompts: its groups live here whole
         rollout = getattr(task, "rollout", None) or sample_completions
-        with sampling_weights(cfg, model, device):
+        with merged_for_sampling(model, cfg.merge_lora):  # LoRA folded into the weights (on a GPU)
             mine = rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
                            top_p=cfg.top_p, seed=distributed.rank_seed(cfg.seed * 1_000_003 + step),
                            **({"compile": True} if cfg.compile else {}))  # a task's own rollout may not take it

@@ -153,6 +153,13 @@ class CodeTask:
 TASKS = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask, "code": CodeTask}
 
 
+def score(task, trajectories) -> None:
+    """reward = Σ weight·fn(τ) over the task's reward functions, each part kept for the logs."""
+    for traj in trajectories:
+        traj.reward_parts = {name: float(fn(traj)) for name, (fn, _) in task.reward_functions.items()}
+        traj.reward = sum(weight * traj.reward_parts[name] for name, (_, weight) in task.reward_functions.items())
+
+
 def make_task(name: str, seed: int = 0):
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from minirl import load_model, random_model
 from minirl.lora import (LoRALinear, add_lora, disable_adapters, load_adapter, lora_layers, lora_state_dict,
-                         merge_lora, merged_adapters, save_adapter, unmerge_lora)
+                         merge_lora, merged_adapters, merged_for_sampling, save_adapter, unmerge_lora)
 from minirl.toy import tiny_config
 
 V = 97
@@ -327,3 +327,14 @@ def test_real_weights_sample_alike_with_the_adapters_folded_in(real_model_dir):
         folded = generate(model, [prompt], max_new_tokens=16, temperature=0)[0]
     assert folded.tokens[:8] == unmerged.tokens[:8], (tokenizer.decode(folded.tokens), tokenizer.decode(unmerged.tokens))
     assert all(torch.equal(layer.weight, base[name]) for name, layer in lora_layers(model).items())
+
+
+def test_merged_for_sampling_folds_where_asked():
+    model = randomize_lora_B(add_lora(base_model(), r=4, alpha=8))
+    with merged_for_sampling(model, "on"):
+        assert all(layer.merged for layer in lora_layers(model).values())
+    for mode in ("auto", "off"):  # auto folds on a GPU only; this model is on the CPU
+        with merged_for_sampling(model, mode):
+            assert not any(layer.merged for layer in lora_layers(model).values())
+    with pytest.raises(ValueError, match="merge mode must be auto, on or off, got 'yes'"):
+        merged_for_sampling(model, "yes")
