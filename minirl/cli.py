@@ -1,10 +1,11 @@
-"""python -m minirl {generate,sft,grpo,rollout,quickstart,view,memory}: the command-line entry points.
+"""python -m minirl {generate,sft,grpo,rollout,quickstart,recipe,view,memory}: the command-line entry points.
 
     python -m minirl generate --model DIR --prompt "What is 37 * 84?" --chat
     python -m minirl sft --model DIR --data train.jsonl --out runs/sft
     python -m minirl grpo --model DIR --adapter runs/sft/adapter --task arithmetic --out runs/grpo
     python -m minirl rollout --model DIR --task calculator -n 4
     python -m minirl quickstart
+    python -m minirl recipe calculator --model DIR
     python -m minirl view runs/quickstart
     python -m minirl memory --model 7b --lora-r 16 --group-size 8 --prompts-per-step 2
     torchrun --nproc_per_node 4 -m minirl grpo ...      # sft and grpo on several processes (README: Scale-out)
@@ -82,6 +83,8 @@ def add_sft_parser(sub, fmt):
     s.add_argument("--lora-r", type=int, default=d.lora_r)
     s.add_argument("--lora-alpha", type=float, default=d.lora_alpha)
     s.add_argument("--lora-dropout", type=float, default=d.lora_dropout)
+    s.add_argument("--train-tokens", default=d.train_tokens,
+                   help="embedding rows trained with LoRA: auto (untrained rows the data uses), none, or ids 1,2")
     # --- optimization ---
     s.add_argument("--epochs", type=int, default=d.epochs)
     s.add_argument("--lr", type=float, default=d.lr)
@@ -90,7 +93,9 @@ def add_sft_parser(sub, fmt):
     s.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
     s.add_argument("--weight-decay", type=float, default=d.weight_decay)
     s.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm)
-    s.add_argument("--checkpointing", action="store_true", help="activation checkpointing (less memory)")
+    s.add_argument("--checkpointing", action="store_true", help="activation checkpointing (on its own when needed)")
+    s.add_argument("--memory-limit", type=float, default=d.memory_limit,
+                   help="GB to plan within (0: 90%% of the device's available memory)")
     s.add_argument("--group-by-length", action="store_true", help="batch conversations of similar length")
     s.add_argument("--seed", type=int, default=d.seed)
     # --- graduation ---
@@ -122,6 +127,8 @@ def add_grpo_parser(sub, fmt):
     g.add_argument("--model", required=True, help="base checkpoint folder")
     g.add_argument("--adapter", default=d.adapter, help="SFT adapter to start from (becomes the KL reference)")
     g.add_argument("--task", default=d.task, choices=sorted(TASKS))
+    g.add_argument("--data", default=d.data, help="--task jsonl: JSONL of prompts and answers (README: your own data)")
+    g.add_argument("--eval-data", default=d.eval_data, help="--task jsonl: held-out JSONL (default: 10%% of --data)")
     g.add_argument("--out", default=d.out)
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])
     g.add_argument("--device", default=d.device)
@@ -152,7 +159,9 @@ def add_grpo_parser(sub, fmt):
     g.add_argument("--full", action="store_true", help="train all weights (a frozen copy is the reference)")
     g.add_argument("--lora-r", type=int, default=d.lora_r)
     g.add_argument("--lora-alpha", type=float, default=d.lora_alpha)
-    g.add_argument("--checkpointing", action="store_true")
+    g.add_argument("--checkpointing", action="store_true", help="activation checkpointing (on its own when needed)")
+    g.add_argument("--memory-limit", type=float, default=d.memory_limit,
+                   help="GB to plan within (0: 90%% of the device's available memory)")
     g.add_argument("--seed", type=int, default=d.seed)
     # --- evaluation and checkpoints ---
     g.add_argument("--eval-every", type=int, default=d.eval_every, help="steps (0: at the end)")
@@ -179,7 +188,7 @@ def cmd_rollout(args):
     model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype], device=args.device)
     if args.adapter:
         load_adapter(model, args.adapter)
-    task = make_task(args.task, seed=args.seed)
+    task = make_task(args.task, seed=args.seed, data=args.data)
     items = task.sample(args.n, random.Random(args.seed))
     rollout = getattr(task, "rollout", None) or sample_completions
     trajectories = rollout(model, tokenizer, items, 1, args.max_new_tokens, temperature=args.temperature,
@@ -199,6 +208,12 @@ def cmd_quickstart(args):
     figure = args.figure or (os.path.join(args.out, "quickstart.png") if args.fast else
                              os.path.join("figures", "quickstart.png"))  # --fast never overwrites the README's
     run(out_dir=args.out, seed=args.seed, fast=args.fast, figure=None if args.no_figure else figure)
+
+
+def cmd_recipe(args):
+    from .recipe import run
+    run(args.model, out_dir=args.out or os.path.join("runs", f"recipe-{args.task}"), seed=args.seed, fast=args.fast,
+        demonstrator_kind=args.demonstrator, tool_rate=args.tool_rate, memory_limit=args.memory_limit)
 
 
 def cmd_view(args):
@@ -237,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", required=True)
     r.add_argument("--adapter", default=None, help="a LoRA adapter folder to apply")
     r.add_argument("--task", default="calculator")
+    r.add_argument("--data", default=None, help="--task jsonl: JSONL of prompts and answers")
     r.add_argument("-n", type=int, default=4, help="episodes")
     r.add_argument("--max-new-tokens", type=int, default=128, help="per turn")
     r.add_argument("--temperature", type=float, default=1.0)
@@ -253,6 +269,20 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--figure", default=None, help="default: figures/quickstart.png (--fast: inside --out)")
     q.add_argument("--no-figure", action="store_true")
     q.set_defaults(func=cmd_quickstart)
+
+    c = sub.add_parser("recipe", help="SFT then GRPO on a real checkpoint, measured before and after each stage",
+                       formatter_class=fmt)
+    c.add_argument("task", choices=["calculator"], help="the recipe's task")
+    c.add_argument("--model", required=True, help="a Qwen2.5-Instruct checkpoint folder")
+    c.add_argument("--out", default=None, help="run folder (default: runs/recipe-TASK)")
+    c.add_argument("--demonstrator", default="imperfect", choices=["imperfect", "expert"],
+                   help="imperfect: calls the tool on --tool-rate of hard questions, estimates the rest")
+    c.add_argument("--tool-rate", type=float, default=0.3,
+                   help="the imperfect demonstrator's tool use on hard questions")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--memory-limit", type=float, default=0.0, help="GB (0: 90%% of the available memory)")
+    c.add_argument("--fast", action="store_true", help="every stage shrunk (plumbing only, e.g. on the toy model)")
+    c.set_defaults(func=cmd_recipe)
 
     m = sub.add_parser("memory", help="itemized GPU memory estimate of one GRPO step", formatter_class=fmt)
     m.add_argument("--model", required=True, help="a preset (0.5b, 1.5b, 3b, 7b) or a checkpoint folder")

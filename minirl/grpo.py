@@ -31,25 +31,32 @@ import os
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from tqdm import tqdm
 
 from . import distributed
 from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
+from .config import Qwen2Config
+from .kv_cache import SharedPrefix, common_prefix_length
 from .lora import add_lora, disable_adapters, load_adapter, merge_and_unload, merged_for_sampling, save_adapter
 from .losses import group_advantages, policy_loss, token_logprobs_chunked
-from .rollout import sample_completions
+from .memory import MemoryBudgetError, budget_bytes, describe_choice, estimate, fit_pass, what_fits
+from .rollout import prompt_ids, sample_completions
 from .rollout_log import RolloutLog, rollout_records
 from .tasks import make_task, score
-from .weights import load_pretrained, save_pretrained
+from .tokenizer import Tokenizer
+from .trainable_tokens import output_rows
+from .weights import load_pretrained, run_dtype, save_pretrained
 
 
 @dataclass
 class GRPOConfig:
     model: str
     task: str = "arithmetic"
+    data: str | None = None  # --task jsonl: the items (tasks.JsonlTask)
+    eval_data: str | None = None  # --task jsonl: the held-out items (default: 10 % of --data)
     adapter: str | None = None  # an SFT adapter to start from (merged: it becomes π_ref)
     out: str = os.path.join("runs", "grpo")
     # --- sampling ---
@@ -78,7 +85,8 @@ class GRPOConfig:
     full: bool = False
     lora_r: int = 16
     lora_alpha: float = 32
-    checkpointing: bool = False
+    checkpointing: bool = False  # on its own when a pass would not fit otherwise (memory guard)
+    memory_limit: float = 0.0  # GB to plan within; 0 = 90 % of what the device has available
     seed: int = 0
     dtype: str = "auto"
     device: str = "auto"
@@ -110,10 +118,14 @@ def filter_groups(trajectories, G: int, dynamic_sampling: bool):
 
 
 def learning_batch(trajectories, pad_id: int, device, completion_len: int = 1) -> dict:
-    """Left-pad the prompts and right-pad the completions so every completion starts at column Lp:
-    the hidden state at column Lp - 1 + t predicts completion token t. Completions are padded to
-    Lc = the longest of them, or completion_len if that is longer."""
-    Lp = max((len(t.prompt_ids) for t in trajectories), default=1)
+    """The rollouts as tensors for the learner. The prefix every prompt begins with (the system
+    prompt and tool list) is kept once, as `prefix` (P,), and run once per pass (kv_cache.SharedPrefix);
+    the rest of each prompt is left-padded and each completion right-padded so that every completion
+    starts at column Lp: the hidden state at column Lp - 1 + t predicts completion token t.
+    Completions are padded to Lc = the longest of them, or completion_len if that is longer."""
+    prompts = [t.prompt_ids for t in trajectories]
+    P = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1) if trajectories else 0
+    Lp = max((len(p) - P for p in prompts), default=1)
     Lc = max(completion_len, max((len(t.completion_ids) for t in trajectories), default=1))
     N = len(trajectories)
     ids = torch.full((N, Lp + Lc), pad_id, dtype=torch.long)
@@ -121,29 +133,61 @@ def learning_batch(trajectories, pad_id: int, device, completion_len: int = 1) -
     action_mask = torch.zeros(N, Lc, dtype=torch.long)
     sampler_logprobs = torch.zeros(N, Lc)
     for i, t in enumerate(trajectories):
-        n = len(t.completion_ids)
-        ids[i, Lp - len(t.prompt_ids):Lp + n] = torch.tensor(t.prompt_ids + t.completion_ids)
-        attention[i, Lp - len(t.prompt_ids):Lp + n] = 1
+        n, prompt = len(t.completion_ids), t.prompt_ids[P:]
+        ids[i, Lp - len(prompt):Lp + n] = torch.tensor(prompt + t.completion_ids)
+        attention[i, Lp - len(prompt):Lp + n] = 1
         action_mask[i, :n] = torch.tensor(t.action_mask, dtype=torch.long)
         sampler_logprobs[i, :n] = torch.tensor(t.logprobs)
     batch = {"ids": ids, "attention": attention, "completion": ids[:, Lp:], "action_mask": action_mask,
-             "sampler_logprobs": sampler_logprobs}
+             "sampler_logprobs": sampler_logprobs, "prefix": torch.tensor(prompts[0][:P] if P else [],
+                                                                          dtype=torch.long)}
     return {**{k: v.to(device) for k, v in batch.items()}, "prompt_len": Lp}
 
 
-def completion_logprobs(model, batch, rows, temperature):
-    """log πθ of each completion token of the selected rows: (len(rows), Lc)."""
-    hidden = model.model(batch["ids"][rows], batch["attention"][rows])  # (B, Lp + Lc, C)
+def shared_prefix(model, batch) -> SharedPrefix | None:
+    """The batch's common prompt prefix run through the model once, for one pass over all minibatches."""
+    return SharedPrefix(model, batch["prefix"]) if len(batch["prefix"]) else None
+
+
+def completion_logprobs(model, batch, rows, temperature, prefix: SharedPrefix | None = None):
+    """log πθ of each completion token of the selected rows: (len(rows), Lc). Only the columns these
+    rows fill are run (minibatches of similar lengths: little padding, see minibatches)."""
     Lp, Lc = batch["prompt_len"], batch["completion"].shape[1]
-    return token_logprobs_chunked(hidden[:, Lp - 1:Lp - 1 + Lc], model.lm_head.weight, batch["completion"][rows],
-                                  temperature, mask=batch["action_mask"][rows])
+    attention = batch["attention"][rows]
+    filled = attention.any(dim=0).nonzero()[:, 0]
+    start, end = int(filled[0]), max(int(filled[-1]) + 1, Lp)  # column Lp - 1 is always a prompt token
+    hidden = model.model(batch["ids"][rows, start:end], attention[:, start:end], kv_cache=prefix)  # (b, T, C)
+    n = end - Lp  # completion columns run
+    logp = token_logprobs_chunked(hidden[:, Lp - 1 - start:end - 1 - start], model.lm_head.weight,
+                                  batch["completion"][rows, :n], temperature, mask=batch["action_mask"][rows, :n],
+                                  rows=output_rows(model))
+    return torch.nn.functional.pad(logp, (0, Lc - n))  # (b, Lc)
+
+
+def minibatches(batch, size: int) -> list[torch.Tensor]:
+    """Row indices for the learner's passes: rows sorted by length, cut into groups of at most `size`
+    rows whose padded area (rows x the longest) stays within size x the mean length, so one long
+    completion does not make a whole group of short ones run at its length."""
+    lengths = batch["attention"].sum(dim=1).tolist()
+    budget = size * sum(lengths) / max(1, len(lengths))
+    groups, group = [], []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if group and (len(group) == size or (len(group) + 1) * lengths[i] > budget):
+            groups.append(group)
+            group = []
+        group.append(i)
+    groups.append(group)
+    return [torch.tensor(g, device=batch["ids"].device) for g in groups if g]
 
 
 @torch.no_grad()
 def frozen_logprobs(model, batch, minibatch_size, temperature, context=nullcontext):
     with context():
-        return torch.cat([completion_logprobs(model, batch, rows, temperature)
-                          for rows in torch.arange(len(batch["ids"])).split(minibatch_size)])
+        prefix = shared_prefix(model, batch)
+        out = torch.zeros(batch["completion"].shape, device=batch["ids"].device)  # (N, Lc)
+        for rows in minibatches(batch, minibatch_size):
+            out[rows] = completion_logprobs(model, batch, rows, temperature, prefix)
+        return out
 
 
 @torch.no_grad()
@@ -187,13 +231,12 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
     stats = {}
     for _ in range(cfg.inner_steps):
         totals = {"loss": 0.0, "clip_low_frac": 0.0, "clip_high_frac": 0.0, "kl": 0.0, "ratio": 0.0, "gap": 0.0}
-        seen = []  # this inner step's log-probs, for per_token
-        minibatches = torch.arange(len(trajectories)).split(cfg.minibatch_size) if trajectories else ()
-        for rows in minibatches:  # none on a rank whose groups were all dropped this step
-            rows = rows.to(device)
-            logp = completion_logprobs(model, batch, rows, cfg.temperature)  # (b, Lc)
+        seen = torch.zeros(mask.shape, device=device)  # this inner step's log-probs (N, Lc), for per_token
+        prefix = shared_prefix(model, batch) if trajectories else None
+        for rows in minibatches(batch, cfg.minibatch_size) if trajectories else ():  # none: all groups dropped
+            logp = completion_logprobs(model, batch, rows, cfg.temperature, prefix)  # (b, Lc)
             old = old_logp[rows] if old_logp is not None else logp.detach()
-            seen.append(logp.detach())
+            seen[rows] = logp.detach()
             loss, mb = policy_loss(logp, old, None if ref_logp is None else ref_logp[rows], advantages[rows], mask[rows],
                                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, beta=cfg.beta,
                                    aggregation=cfg.aggregation)
@@ -208,6 +251,8 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
                 totals[key] += mb[key] * share
             gap = ((logp.detach() - batch["sampler_logprobs"][rows]).abs() * mask[rows]).sum()
             totals["gap"] += (gap / n_tokens).item()
+        if prefix is not None:
+            prefix.backward()  # the minibatches' gradients on the shared prefix, through its layers once
         totals = distributed.all_reduce_sums(totals)
         distributed.all_reduce_grads(params)  # summed: each rank's loss was already divided by the global count
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
@@ -218,10 +263,64 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     stats["sampler_logprob_gap"] = stats.pop("gap")
-    if per_token is not None and seen:
-        logp = torch.cat(seen)  # (N, Lc)
-        per_token.update(logprob=logp, old_logprob=logp if old_logp is None else old_logp, ref_logprob=ref_logp)
+    if per_token is not None and trajectories:
+        per_token.update(logprob=seen, old_logprob=seen if old_logp is None else old_logp, ref_logprob=ref_logp)
     return stats
+
+
+def memory_estimator(cfg: GRPOConfig, config, dtype_bytes: int, prompts_per_rank: int, prompt_len: int,
+                     completion_len: int, shared: int):
+    """estimate_for(rows, checkpointing, **change) for memory.fit_pass: one step of this run, itemized."""
+    def estimate_for(rows, checkpointing, **change):
+        sizes = {"prompts_per_step": prompts_per_rank, "group_size": cfg.group_size, "max_new_tokens": completion_len,
+                 "lora_r": cfg.lora_r, "dtype_bytes": dtype_bytes, **change}
+        return estimate(config, full=cfg.full, prompt_len=prompt_len, minibatch_size=rows, checkpointing=checkpointing,
+                        beta=cfg.beta, compile=cfg.compile, shared_prefix=shared, **sizes)
+    return estimate_for
+
+
+def plan_memory(cfg: GRPOConfig, config, tokenizer, task, dtype, budget: int, prompts_per_rank: int):
+    """Before anything is allocated: the step's estimate for the task's longest held-out prompt and
+    one turn of --max-new-tokens, against the budget. Returns the (rows, checkpointing) the first
+    step starts with (learn re-plans each step for the batch it has); MemoryBudgetError, naming the
+    flags that would fit, when nothing does."""
+    prompts = [prompt_ids(tokenizer, item) for item in task.eval_items()[:64]]
+    prompt_len = max(map(len, prompts))
+    shared = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1)
+    estimate_for = memory_estimator(cfg, config, dtype.itemsize, prompts_per_rank, prompt_len, cfg.max_new_tokens,
+                                    shared)
+    try:
+        rows, checkpointing, plan = fit_pass(estimate_for, budget, cfg.minibatch_size, cfg.checkpointing)
+    except MemoryBudgetError as e:
+        changes = {f"--max-new-tokens {cfg.max_new_tokens // k}": {"max_new_tokens": cfg.max_new_tokens // k}
+                   for k in (2, 4) if cfg.max_new_tokens // k}
+        changes.update({f"--prompts-per-step {cfg.prompts_per_step // k}": {"prompts_per_step": prompts_per_rank // k}
+                        for k in (2, 4) if prompts_per_rank // k})
+        changes.update({f"--group-size {cfg.group_size // k}": {"group_size": cfg.group_size // k}
+                        for k in (2, 4) if cfg.group_size // k >= 2})
+        if dtype == torch.float32:
+            changes["--dtype bfloat16"] = {"dtype_bytes": 2}
+        fits = what_fits(estimate_for, budget, changes)
+        raise MemoryBudgetError(f"grpo does not fit: {e}\nwould fit: {'; '.join(fits) if fits else 'none of '}"
+                                f"{'' if fits else ', '.join(changes)}") from None
+    if (rows, checkpointing) != (cfg.minibatch_size, cfg.checkpointing):
+        distributed.print_main(describe_choice(rows, checkpointing, (cfg.minibatch_size, cfg.checkpointing), plan.peak,
+                                               budget, "learning"))
+    return rows, checkpointing, plan.peak
+
+
+def fit_learning(cfg: GRPOConfig, config, dtype_bytes: int, budget: int, trajectories) -> tuple[int, bool, float]:
+    """This step's rows per pass and checkpointing: the largest that keep the learning phase of the
+    batch actually sampled (its longest prompt and completion) within the budget; and that estimate."""
+    if not trajectories:
+        return cfg.minibatch_size, cfg.checkpointing, 0.0
+    prompts = [t.prompt_ids for t in trajectories]
+    shared = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1)
+    estimate_for = memory_estimator(cfg, config, dtype_bytes, 1, max(map(len, prompts)),
+                                    max(max(len(t.completion_ids) for t in trajectories), 1), shared)
+    rows, checkpointing, plan = fit_pass(lambda r, c: estimate_for(r, c, group_size=len(trajectories)), budget,
+                                         cfg.minibatch_size, cfg.checkpointing, phase="learning")
+    return rows, checkpointing, plan.learning
 
 
 def train(cfg: GRPOConfig) -> dict:
@@ -235,11 +334,15 @@ def train(cfg: GRPOConfig) -> dict:
     device = distributed.init(cfg.device)
     distributed.check_divisible(cfg.prompts_per_step, "--prompts-per-step")
     rank, share = distributed.rank(), cfg.prompts_per_step // distributed.world_size()
-    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else (
-        torch.bfloat16 if device.type == "cuda" and not cfg.full else torch.float32)
+    dtype = run_dtype(cfg.dtype, device, cfg.full)
     torch.manual_seed(cfg.seed + rank)  # the initial weights are rank 0's (broadcast below)
+    task = (make_task(cfg.task, seed=cfg.seed, data=cfg.data, eval_data=cfg.eval_data) if isinstance(cfg.task, str)
+            else cfg.task)
+    config, budget = Qwen2Config.from_json(cfg.model), budget_bytes(device, cfg.memory_limit)
+    *rows_per_pass, estimated_peak = plan_memory(cfg, config, Tokenizer.from_dir(cfg.model), task, dtype, budget,
+                                                 share)
+    rows_per_pass = tuple(rows_per_pass)  # (rows, checkpointing) of the next learning pass, re-planned every step
     os.makedirs(cfg.out, exist_ok=True)
-    task = make_task(cfg.task, seed=cfg.seed) if isinstance(cfg.task, str) else cfg.task
     model, tokenizer = load_pretrained(cfg.model, dtype=dtype, device=device)
     if cfg.adapter:
         merge_and_unload(load_adapter(model, cfg.adapter))
@@ -250,7 +353,6 @@ def train(cfg: GRPOConfig) -> dict:
             ref_model = copy.deepcopy(model).requires_grad_(False).eval()
     else:
         add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha)
-    model.set_gradient_checkpointing(cfg.checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
@@ -305,9 +407,23 @@ def train(cfg: GRPOConfig) -> dict:
                                             or step + 1 == cfg.steps)
         per_token = {} if logging_rollouts else None
         if distributed.all_reduce_sum(len(rows)):  # every rank learns (and communicates) if any rank has rows
+            kept = [mine[i] for i in rows]
+            try:  # the memory guard, for the batch this step sampled
+                *fitted, estimate_now = fit_learning(cfg, config, dtype.itemsize, budget, kept)
+            except MemoryBudgetError as e:
+                raise MemoryBudgetError(f"step {step + 1}'s batch does not fit ({e}); the checkpoints in {cfg.out} "
+                                        "are kept: --resume with a smaller --max-new-tokens") from None
+            estimated_peak, fitted = max(estimated_peak, estimate_now), tuple(fitted)
+            if fitted != rows_per_pass:
+                longest = max(len(t.prompt_ids) + len(t.completion_ids) for t in kept)
+                distributed.print_main(f"\nmemory: step {step + 1} learns {fitted[0]} sequences per pass, "
+                                       f"checkpointing {'on' if fitted[1] else 'off'} (its batch: {len(kept)} "
+                                       f"sequences, up to {longest} tokens), within {budget / 1e9:.1f} GB")
+                rows_per_pass = fitted
+            model.set_gradient_checkpointing(rows_per_pass[1])
             model.train()
-            row.update(learn(cfg, model, ref_model, optimizer, scheduler, params, [mine[i] for i in rows],
-                             advantages[rows], tokenizer, device, per_token))
+            row.update(learn(replace(cfg, minibatch_size=rows_per_pass[0]), model, ref_model, optimizer, scheduler,
+                             params, kept, advantages[rows], tokenizer, device, per_token))
         t3 = time.perf_counter()
         step += 1
         if logging_rollouts:
@@ -333,7 +449,8 @@ def train(cfg: GRPOConfig) -> dict:
         rollout_log.close()
     final_dir = os.path.join(cfg.out, "model" if cfg.full else "adapter")
     summary = {"steps": step, **(last_eval or evaluate(model, tokenizer, task, cfg.max_new_tokens, cfg.seed)),
-               "seconds": time.perf_counter() - start, "saved": final_dir}
+               "seconds": time.perf_counter() - start, "saved": final_dir,
+               "memory_estimate_gb": estimated_peak / 1e9, "memory_budget_gb": budget / 1e9}
     if distributed.is_main():
         if cfg.full:
             save_pretrained(model, final_dir, tokenizer)

@@ -8,6 +8,8 @@ unchanged and training moves only the low-rank product B A. `LoRALinear` keeps t
 Turning the adapters off gives the base model back without a second copy of its weights: that is
 the reference policy pi_ref for the KL term of RL (`disable_adapters`). For sampling, the adapters
 can be folded into the weights for a while (`merged_adapters`): one matmul per layer instead of three.
+An adapter may also train a few embedding rows (trainable_tokens.py); they are saved, loaded, merged
+and disabled with it.
 """
 
 import json
@@ -21,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .model import Linear
+from .trainable_tokens import add_trainable_tokens, remove_trainable_tokens, token_adapter
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -50,8 +53,13 @@ class LoRALinear(Linear):
         y = super().forward(x)  # W x + b
         if self.merged or not self.enabled:
             return y
-        x = self.lora_dropout(x.to(self.lora_A.weight.dtype))
-        return y + (self.lora_B(self.lora_A(x)) * self.scaling).to(y.dtype)
+        a = self.lora_A(self.lora_dropout(x.to(self.lora_A.weight.dtype)))  # (..., r)
+        if y.dtype != a.dtype:  # a bfloat16 base: the update is computed in float32, then cast
+            return y + (self.lora_B(a) * self.scaling).to(y.dtype)
+        # y += scaling * a B^T in one matrix product, in place: no separate scale and add over (..., C_out).
+        # y is the base product's fresh output, which its backward does not need, so autograd allows it.
+        flat = y.view(-1, y.shape[-1])  # (N, C_out)
+        return flat.addmm_(a.view(-1, self.r), self.lora_B.weight.T, alpha=self.scaling).view(y.shape)
 
     def delta_weight(self) -> torch.Tensor:
         return (self.lora_B.weight @ self.lora_A.weight).mul_(self.scaling)  # (C_out, C_in), float32, one buffer
@@ -118,7 +126,9 @@ def unmerge_lora(model: nn.Module) -> nn.Module:
 
 def merge_and_unload(model: nn.Module) -> nn.Module:
     """Fold every adapter into its base weight and put plain Linear layers back: the adapted policy
-    becomes the new base model (e.g. SFT's result becomes π_SFT, the reference for RL's KL term)."""
+    becomes the new base model (e.g. SFT's result becomes π_SFT, the reference for RL's KL term).
+    Trained token rows are written into the embedding."""
+    remove_trainable_tokens(model)
     for name, layer in lora_layers(model).items():
         layer.merge()
         parent_name, _, child = name.rpartition(".")
@@ -176,19 +186,21 @@ def disable_adapters(model: nn.Module):
     merged = [layer for layer in layers if layer.merged]
     for layer in merged:
         layer.unmerge()
-    for layer in layers:
+    tokens = token_adapter(model)  # trained token rows (trainable_tokens.py) are off too
+    for layer in [*layers, *([tokens] if tokens else [])]:
         layer.enabled = False
     try:
         yield model
     finally:
-        for layer in layers:
+        for layer in [*layers, *([tokens] if tokens else [])]:
             layer.enabled = True
         for layer in merged:
             layer.merge()
 
 
 def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: t for name, t in model.state_dict().items() if "lora_" in name}
+    """The adapter's tensors: every lora_A / lora_B, and the trained token rows if there are any."""
+    return {name: t for name, t in model.state_dict().items() if "lora_" in name or ".token_adapter." in name}
 
 
 def save_adapter(model: nn.Module, folder: str):
@@ -202,7 +214,8 @@ def save_adapter(model: nn.Module, folder: str):
                    "lora_dropout": cfg["dropout"], "target_modules": cfg["targets"], "use_rslora": cfg["rslora"],
                    "bias": "none", "fan_in_fan_out": False, "init_lora_weights": True, "use_dora": False,
                    "inference_mode": True, "modules_to_save": None, "layers_to_transform": None,
-                   "rank_pattern": {}, "alpha_pattern": {}, "base_model_name_or_path": None}
+                   "rank_pattern": {}, "alpha_pattern": {}, "base_model_name_or_path": None,
+                   "trainable_token_indices": token_adapter(model).token_ids if token_adapter(model) else None}
     for name, write in ((ADAPTER_WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})),
                         (ADAPTER_CONFIG, lambda tmp: _dump_json(peft_config, tmp))):
         tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
@@ -234,6 +247,17 @@ def load_adapter(model: nn.Module, folder: str) -> nn.Module:
     if not lora_layers(model):
         add_lora(model, r=cfg["r"], alpha=cfg["lora_alpha"], targets=cfg["target_modules"],
                  dropout=cfg.get("lora_dropout", 0.0), rslora=cfg.get("use_rslora", False))
+    token_ids = cfg.get("trainable_token_indices")
+    if isinstance(token_ids, dict):  # PEFT's per-layer form; minirl trains the (tied) embedding's rows
+        if set(token_ids) - {"embed_tokens"}:
+            raise ValueError(f"{config_path}: trainable_token_indices for {sorted(token_ids)}: minirl trains "
+                             "the rows of embed_tokens only (shared with lm_head when tied)")
+        token_ids = token_ids.get("embed_tokens")
+    if token_ids and token_adapter(model) is None:
+        add_trainable_tokens(model, list(token_ids))
+    elif token_ids and token_adapter(model).token_ids != sorted(token_ids):
+        raise ValueError(f"{config_path}: trainable_token_indices {sorted(token_ids)} but the model trains rows "
+                         f"{token_adapter(model).token_ids}")
     ours = model.lora_config
     if (ours["alpha"], ours["rslora"]) != (cfg["lora_alpha"], cfg.get("use_rslora", False)):
         # same shapes but another scaling: the weights would load and silently compute something else

@@ -7,7 +7,6 @@ learned; the one-position shift to "predict the next token" happens inside.
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 IGNORE_INDEX = -100
 
@@ -29,13 +28,73 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
-def _chunk_nll_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = (hidden @ weight.T).float()  # (N_chunk, V): the only V-wide tensor alive at a time
-    return F.cross_entropy(logits, targets, reduction="sum")
+class ChunkLogprobs(torch.autograd.Function):
+    """log p(y) = z_y − logsumexp(z) for each row of z = hidden · Wᵀ / temperature, with its gradient
+    written out and the (N, V) logits recomputed in backward instead of kept:
+
+        ∂ log p(y) / ∂z = (onehot(y) − softmax(z)) / temperature
+        ∂/∂hidden = (∂/∂z) · W,   ∂/∂W = (∂/∂z)ᵀ · hidden
+
+    hidden (N, C), weight (V, C), targets (N,) -> (N,) float32. One (N, V) float32 buffer is alive at
+    a time, in forward and in backward (the softmax is formed in place), where autograd through
+    log_softmax and gather would hold three: the logits, the log-softmax, the gather's zero-filled
+    gradient. Used one chunk of positions at a time (token_logprobs_chunked, sft_loss_chunked).
+    rows = (ids (k,), delta (k, C)): trained token rows (trainable_tokens.py), W[ids] + delta in
+    effect, added as k extra columns hidden · deltaᵀ; delta gets (∂/∂z[:, ids])ᵀ · hidden."""
+
+    @staticmethod
+    def _logits(hidden, weight, temperature, ids=None, delta=None):
+        logits = (hidden @ weight.T).float()  # (N, V)
+        if ids is not None:
+            logits.index_add_(1, ids, hidden.float() @ delta.T)  # (N, k) onto the trained ids' columns
+        return logits.div_(temperature) if temperature != 1.0 else logits
+
+    @staticmethod
+    def _logprobs(hidden, weight, targets, temperature, ids=None, delta=None):
+        """(log p(y), logsumexp(z)), both (N,); the logits buffer is reused in place for exp(z - max)."""
+        logits = ChunkLogprobs._logits(hidden, weight, temperature, ids, delta)
+        picked = logits.gather(-1, targets[:, None])[:, 0]  # z_y
+        top = logits.amax(dim=-1)  # (N,)
+        lse = logits.sub_(top[:, None]).exp_().sum(dim=-1).log_().add_(top)  # = torch.logsumexp, no copy
+        return picked - lse, lse
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, ids=None, delta=None):
+        logprobs, lse = ChunkLogprobs._logprobs(hidden, weight, targets, temperature, ids, delta)
+        ctx.save_for_backward(hidden, weight, targets, lse, ids, delta)
+        ctx.temperature = temperature
+        return logprobs
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, targets, lse, ids, delta = ctx.saved_tensors
+        logits = ChunkLogprobs._logits(hidden, weight, ctx.temperature, ids, delta)
+        grad_logits = logits.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # −g·softmax, in place
+        grad_logits.scatter_add_(-1, targets[:, None], grad[:, None])  # + g·onehot(y)
+        if ctx.temperature != 1.0:
+            grad_logits.div_(ctx.temperature)
+        grad_rows = grad_logits[:, ids] if ids is not None else None  # (N, k), float32
+        grad_logits = grad_logits.to(hidden.dtype)
+        grad_hidden = grad_logits @ weight if ctx.needs_input_grad[0] else None  # (N, C)
+        if grad_hidden is not None and ids is not None:
+            grad_hidden = grad_hidden + (grad_rows @ delta).to(hidden.dtype)
+        grad_weight = grad_logits.T @ hidden if ctx.needs_input_grad[1] else None  # (V, C)
+        grad_delta = grad_rows.T @ hidden.float() if ids is not None and ctx.needs_input_grad[5] else None  # (k, C)
+        return grad_hidden, grad_weight, None, None, None, grad_delta
+
+
+def chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                   rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """ChunkLogprobs where a gradient is needed; without one the same numbers, nothing saved."""
+    ids, delta = rows if rows is not None else (None, None)
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
+                                    or (delta is not None and delta.requires_grad)):
+        return ChunkLogprobs.apply(hidden, weight, targets, temperature, ids, delta)
+    return ChunkLogprobs._logprobs(hidden, weight, targets, temperature, ids, delta)[0]
 
 
 def sft_loss_chunked(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor,
-                     chunk_size: int = 512) -> torch.Tensor:
+                     chunk_size: int = 512, rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """sft_loss computed from the final hidden states (B, T, C) and the lm_head weight (V, C), never
     holding the (B, T, V) logits: only trained positions are projected, chunk_size rows at a time, and
     each chunk's logits are recomputed in the backward pass instead of being kept (activation
@@ -49,15 +108,9 @@ def sft_loss_chunked(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels:
     if not trained.any():
         raise ValueError("no trained token in the batch (every label is IGNORE_INDEX); the mean is undefined")
     hidden, targets = hidden[trained], targets[trained]  # (N, C), (N,)
-    total = hidden.new_zeros((), dtype=torch.float32)
-    for start in range(0, len(targets), chunk_size):
-        end = start + chunk_size
-        if torch.is_grad_enabled() and (hidden.requires_grad or lm_head_weight.requires_grad):
-            total = total + checkpoint(_chunk_nll_sum, hidden[start:end], lm_head_weight, targets[start:end],
-                                       use_reentrant=False)
-        else:
-            total = total + _chunk_nll_sum(hidden[start:end], lm_head_weight, targets[start:end])
-    return total / len(targets)
+    total = sum(chunk_logprobs(hidden[start:start + chunk_size], lm_head_weight, targets[start:start + chunk_size],
+                               rows=rows).sum() for start in range(0, len(targets), chunk_size))
+    return -total / len(targets)
 
 
 # ---- stage two: GRPO -------------------------------------------------------------------------------
@@ -69,26 +122,17 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return logprobs.gather(-1, targets[..., None])[..., 0]
 
 
-def _chunk_logprobs(hidden, weight, targets, temperature):
-    logits = (hidden @ weight.T).float()  # (N_chunk, V)
-    if temperature != 1.0:  # (skipped at 1: one chunk-sized copy less, forward and backward)
-        logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets[:, None])[:, 0]
-
-
 def token_logprobs_chunked(hidden: torch.Tensor, lm_head_weight: torch.Tensor, targets: torch.Tensor,
-                           temperature: float = 1.0, mask: torch.Tensor | None = None,
-                           chunk_size: int = 512) -> torch.Tensor:
+                           temperature: float = 1.0, mask: torch.Tensor | None = None, chunk_size: int = 512,
+                           rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """token_logprobs from hidden states (B, T, C) and the lm_head weight (V, C), chunk_size positions
     at a time, each chunk's logits recomputed in backward (as sft_loss_chunked): the (B, T, V) float32
     logits never exist. Positions where mask (B, T) is 0 are skipped and get 0. -> (B, T)."""
     keep = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
-    rows, row_targets = hidden[keep], targets[keep]  # (N, C), (N,)
-    grad = torch.is_grad_enabled() and (rows.requires_grad or lm_head_weight.requires_grad)
-    pieces = []
-    for start in range(0, len(row_targets), chunk_size):
-        args = (rows[start:start + chunk_size], lm_head_weight, row_targets[start:start + chunk_size], temperature)
-        pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args))
+    positions, row_targets = hidden[keep], targets[keep]  # (N, C), (N,)
+    pieces = [chunk_logprobs(positions[start:start + chunk_size], lm_head_weight,
+                             row_targets[start:start + chunk_size], temperature, rows)
+              for start in range(0, len(row_targets), chunk_size)]
     out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
     return out.masked_scatter(keep, torch.cat(pieces)) if pieces else out
 

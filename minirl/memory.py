@@ -96,63 +96,92 @@ class MemoryEstimate:
         return max(self.sampling, self.learning)
 
     def table(self) -> str:
-        lines = [self.description, f"{'item':<44}{'GB':>8}"]
-        lines += [f"{name:<44}{value / GB:>8.2f}" for name, value in self.items.items()]
+        width = max([44] + [len(name) for name in self.items])
+        lines = [self.description, f"{'item':<{width}}{'GB':>8}"]
+        lines += [f"{name:<{width}}{value / GB:>8.2f}" for name, value in self.items.items()]
         phase = "learning" if self.learning >= self.sampling else "sampling"
-        lines += [f"{'peak while sampling':<44}{self.sampling / GB:>8.2f}",
-                  f"{'peak while learning':<44}{self.learning / GB:>8.2f}",
-                  f"{'total (peak, ' + phase + ')':<44}{self.peak / GB:>8.2f}"]
+        lines += [f"{'peak while sampling':<{width}}{self.sampling / GB:>8.2f}",
+                  f"{'peak while learning':<{width}}{self.learning / GB:>8.2f}",
+                  f"{'total (peak, ' + phase + ')':<{width}}{self.peak / GB:>8.2f}"]
         lines += [f"fits a {cap} GB GPU: {'yes' if self.peak <= cap * GB else 'no'}" for cap in (40, 80)]
         return "\n".join(lines)
+
+
+def activation_bytes(config: Qwen2Config, e: int, *, lora: bool, r: int, rows: int, tokens: int, prefix: int = 0,
+                     checkpointing: bool = True) -> int:
+    """What one forward pass of `rows` sequences keeps for backward: `tokens` of each row's own (with
+    checkpointing every layer's input plus one layer recomputed during backward, else every layer's
+    activations), the final norm and the hidden states it returns, and a shared prefix of `prefix`
+    tokens run once (kv_cache.SharedPrefix, never checkpointed) whose keys and values every row's
+    attention reads in its own copy (one layer's worth when checkpointed)."""
+    L, C = config.num_hidden_layers, config.hidden_size
+    KD = config.num_key_value_heads * config.head_dim
+    per_token_layer = activation_bytes_per_token_layer(config, e, lora=lora, r=r)
+    n = rows * tokens
+    layers = L * n * e * C + n * per_token_layer if checkpointing else L * n * per_token_layer
+    shared = L * prefix * per_token_layer + (1 if checkpointing else L) * rows * prefix * 2 * KD * e
+    return layers + n * (4 + 2 * e) * C + shared
+
+
+def logprob_chunk_bytes(config: Qwen2Config, e: int, chunk_size: int) -> int:
+    """losses.ChunkLogprobs: one chunk's logits in float32, plus the model-dtype product they are cast
+    from (none in float32), alive at once in forward and again in backward."""
+    return chunk_size * config.vocab_size * (4 + (e if e != 4 else 0))
+
+
+def _persistent_items(config: Qwen2Config, e: int, full: bool, lora_r: int, beta: float) -> dict[str, int]:
+    """Weights, the frozen reference copy (full fine-tuning with a KL term), LoRA, gradients, AdamW."""
+    n_params = parameter_count(config)
+    n_train, train_bytes = (n_params, e) if full else (lora_parameter_count(config, lora_r), 4)
+    items = {f"weights ({n_params / 1e9:.2f} B params x {e} bytes)": n_params * e}
+    if full and beta:
+        items["reference policy (frozen copy, full fine-tuning)"] = n_params * e
+    if not full:
+        items[f"LoRA parameters ({n_train / 1e6:.1f} M, float32)"] = n_train * 4
+    items["gradients"] = n_train * train_bytes
+    items["AdamW state (2 per trainable parameter)"] = 2 * n_train * train_bytes
+    return items
+
+
+def _check_sizes(full: bool, **sizes):
+    for name, value in sizes.items():
+        if value < 1 and not (name == "lora_r" and full):
+            raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group_size: int = 8,
              prompts_per_step: int = 2, prompt_len: int = 256, max_new_tokens: int = 768,
              dtype_bytes: int = 2, minibatch_size: int = 16, checkpointing: bool = True,
-             chunk_size: int = 512, beta: float = 0.04, compile: bool = False) -> MemoryEstimate:
+             chunk_size: int = 512, beta: float = 0.04, compile: bool = False,
+             shared_prefix: int = 0) -> MemoryEstimate:
     """Itemized memory of one GRPO step (module docstring). Defaults are the chapter's 7B setting and
-    GRPOConfig's; full=True trains every weight (AdamW state in the model dtype, as torch keeps it)."""
-    for name, value in dict(lora_r=lora_r, group_size=group_size, prompts_per_step=prompts_per_step,
-                            prompt_len=prompt_len, max_new_tokens=max_new_tokens, dtype_bytes=dtype_bytes,
-                            minibatch_size=minibatch_size, chunk_size=chunk_size).items():
-        if value < 1 and not (name == "lora_r" and full):
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    e, L, C, V = dtype_bytes, config.num_hidden_layers, config.hidden_size, config.vocab_size
+    GRPOConfig's; full=True trains every weight (AdamW state in the model dtype, as torch keeps it).
+    shared_prefix: leading prompt tokens every sequence shares, which the learner runs once."""
+    _check_sizes(full, lora_r=lora_r, group_size=group_size, prompts_per_step=prompts_per_step, prompt_len=prompt_len,
+                 max_new_tokens=max_new_tokens, dtype_bytes=dtype_bytes, minibatch_size=minibatch_size,
+                 chunk_size=chunk_size)
+    if not 0 <= shared_prefix < prompt_len:
+        raise ValueError(f"shared_prefix must be within 0..prompt_len - 1, got {shared_prefix}")
+    e, L, V = dtype_bytes, config.num_hidden_layers, config.vocab_size
     N, T = prompts_per_step * group_size, prompt_len + max_new_tokens
     b = min(minibatch_size, N)  # sequences per forward/backward
-    n_params = parameter_count(config)
-    n_train, train_bytes = (n_params, e) if full else (lora_parameter_count(config, lora_r), 4)
-
-    weights = n_params * e
-    reference = n_params * e if full and beta else 0
-    lora = 0 if full else n_train * 4
-    gradients = n_train * train_bytes
-    adam = 2 * n_train * train_bytes
+    items = _persistent_items(config, e, full, lora_r, beta)
+    persistent = sum(v for k, v in items.items() if k != "gradients")  # alive for the whole run
+    gradients = items["gradients"]
     slots = min(-(-T // 256) * 256, config.max_position_embeddings) if compile else T  # as sampling.py allocates
     kv = L * 2 * N * config.num_key_value_heads * config.head_dim * slots * e
     sampling_logits = N * V * 4 * 3
-    per_token_layer = activation_bytes_per_token_layer(config, e, lora=not full, r=lora_r)
-    if checkpointing:  # each layer's input, and one layer recomputed during backward
-        layers = L * b * T * e * C + b * T * per_token_layer
-    else:
-        layers = L * b * T * per_token_layer
-    activations = layers + b * T * (4 + 2 * e) * C  # + the final norm and the hidden states it returns
-    chunks = chunk_size * V * (e + 8)
+    activations = activation_bytes(config, e, lora=not full, r=lora_r, rows=b, tokens=T - shared_prefix,
+                                   prefix=shared_prefix, checkpointing=checkpointing)
+    chunks = logprob_chunk_bytes(config, e, chunk_size)
 
-    items = {f"weights ({n_params / 1e9:.2f} B params x {e} bytes)": weights}
-    if reference:
-        items["reference policy (frozen copy, full fine-tuning)"] = reference
-    if lora:
-        items[f"LoRA parameters ({n_train / 1e6:.1f} M, float32)"] = lora
-    items["gradients"] = gradients
-    items["AdamW state (2 per trainable parameter)"] = adam
     kept = " slots, kept" if compile else " tokens"  # compiled decoding keeps its cache between steps
     items[f"KV cache ({N} sequences x {slots}{kept})"] = kv
     items["sampling logits (float32, 3 copies)"] = sampling_logits
-    items[f"activations ({b} x {T} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"] = activations
+    rows = f"{b} x {T - shared_prefix}" + (f" + {shared_prefix} shared" if shared_prefix else "")
+    items[f"activations ({rows} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"] = activations
     items[f"log-prob chunks ({chunk_size} x {V} logits)"] = chunks
 
-    persistent = weights + reference + lora + adam  # alive for the whole run
     sampling = persistent + kv + sampling_logits
     learning = persistent + gradients + activations + chunks + (kv if compile else 0)
     mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
@@ -160,3 +189,104 @@ def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group
                    f"{prompt_len} + {max_new_tokens} tokens, minibatch {b}, checkpointing "
                    f"{'on' if checkpointing else 'off'}{', compiled decoding' if compile else ''}")
     return MemoryEstimate(items, sampling, learning, description)
+
+
+def sft_estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, rows: int = 4, tokens: int = 1024,
+                 shared_prefix: int = 0, dtype_bytes: int = 4, checkpointing: bool = False, chunk_size: int = 512,
+                 eval_sequences: int = 128, eval_tokens: int = 1152) -> MemoryEstimate:
+    """Itemized memory of supervised fine-tuning: one forward/backward of `rows` conversations of
+    `tokens` (the longest in the data, `shared_prefix` of them common to all), and the graduation
+    test's sampling of `eval_sequences` completions of up to `eval_tokens` (prompt + new tokens)."""
+    _check_sizes(full, lora_r=lora_r, rows=rows, tokens=tokens, dtype_bytes=dtype_bytes, chunk_size=chunk_size,
+                 eval_sequences=eval_sequences, eval_tokens=eval_tokens)
+    e, L, V = dtype_bytes, config.num_hidden_layers, config.vocab_size
+    items = _persistent_items(config, e, full, lora_r, beta=0)
+    persistent = sum(v for k, v in items.items() if k != "gradients")
+    activations = activation_bytes(config, e, lora=not full, r=lora_r, rows=rows, tokens=tokens - shared_prefix,
+                                   prefix=shared_prefix, checkpointing=checkpointing)
+    chunks = logprob_chunk_bytes(config, e, chunk_size)
+    kv = L * 2 * eval_sequences * config.num_key_value_heads * config.head_dim * eval_tokens * e
+    sampling_logits = eval_sequences * V * 4 * 3
+    shape = f"{rows} x {tokens - shared_prefix}" + (f" + {shared_prefix} shared" if shared_prefix else "")
+    items[f"activations ({shape} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"] = activations
+    items[f"loss chunks ({chunk_size} x {V} logits)"] = chunks
+    items[f"graduation sampling: KV cache ({eval_sequences} x {eval_tokens} tokens)"] = kv
+    items["graduation sampling: logits (float32, 3 copies)"] = sampling_logits
+    mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
+    description = (f"SFT, {mode}, {e}-byte weights: {rows} conversations of up to {tokens} tokens per forward, "
+                   f"checkpointing {'on' if checkpointing else 'off'}")
+    return MemoryEstimate(items, persistent + kv + sampling_logits,
+                          persistent + items["gradients"] + activations + chunks, description)
+
+
+# ---- the guard: fit a run into the memory the device has ---------------------------------------------------
+HEADROOM = 0.9  # plan within 90 % of what is available: the estimate leaves out small tensors and slack
+
+
+class MemoryBudgetError(ValueError):
+    """No setting of the automatic knobs fits the run into the memory available; says what would."""
+
+
+def available_bytes(device) -> int:
+    """What this process can still allocate on `device`: a GPU's free memory, or on a CPU the kernel's
+    MemAvailable, lowered to the room left under the cgroup's limit when one is set (containers)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read())
+        if limit != "max":
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def budget_bytes(device, limit_gb: float = 0.0) -> int:
+    """The memory a run plans within: --memory-limit GB when given, else HEADROOM x what is available."""
+    return int(limit_gb * GB) if limit_gb > 0 else int(HEADROOM * available_bytes(device))
+
+
+def fit_pass(estimate_for, budget: float, rows: int, checkpointing: bool, phase: str = "peak"):
+    """The forward/backward setting that fits. estimate_for(rows, checkpointing) -> MemoryEstimate;
+    the estimate's `phase` ("peak", or "learning" once sampling is over) must stay within `budget`.
+    Tries the requested rows per pass, then halves them, without activation checkpointing first (it
+    recomputes every layer's forward), then with it; checkpointing asked for is kept on. Returns
+    (rows, checkpointing, estimate); MemoryBudgetError when even 1 row with checkpointing needs more."""
+    sizes = [rows]
+    while sizes[-1] > 1:
+        sizes.append(sizes[-1] // 2)
+    for c in (True,) if checkpointing else (False, True):
+        for r in sizes:
+            plan = estimate_for(r, c)
+            if getattr(plan, phase) <= budget:
+                return r, c, plan
+    raise MemoryBudgetError(f"even 1 sequence per pass with activation checkpointing needs "
+                            f"{getattr(plan, phase) / GB:.2f} GB, over the {budget / GB:.2f} GB planned within\n"
+                            f"{plan.table()}")
+
+
+def what_fits(estimate_for, budget: float, changes: dict[str, dict]) -> list[str]:
+    """The flags among `changes` ({"--max-new-tokens 64": {"max_new_tokens": 64}, ...}) under which
+    1 row per pass with checkpointing fits: estimate_for(rows, checkpointing, **change)."""
+    return [f"{flags} ({estimate_for(1, True, **change).peak / GB:.2f} GB)" for flags, change in changes.items()
+            if estimate_for(1, True, **change).peak <= budget]
+
+
+def describe_choice(rows: int, checkpointing: bool, requested: tuple[int, bool], peak: float, budget: float,
+                    what: str) -> str:
+    """One line: how the guard changed --minibatch-size / --checkpointing, and why."""
+    changes = []
+    if rows != requested[0]:
+        changes.append(f"{rows} sequences per {what} pass instead of {requested[0]}")
+    if checkpointing != requested[1]:
+        changes.append("activation checkpointing on")
+    return (f"memory: {' and '.join(changes)}, so the estimated peak ({peak / GB:.1f} GB) stays within "
+            f"{budget / GB:.1f} GB (python -m minirl memory itemizes it; --memory-limit GB sets the budget)")

@@ -48,3 +48,47 @@ def quickstart_figure(run_dir: str, out_path: str):
     fig.savefig(out_path, dpi=110)
     plt.close(fig)
     return out_path
+
+
+def recipe_figure(run_dir: str, out_path: str):
+    """Three panels from a `minirl recipe` run: accuracy and tool use of each policy on the held-out set
+    (greedy); GRPO's sample reward and held-out tool use per step; GRPO's KL to the SFT policy per step."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    rows = read_csv(os.path.join(run_dir, "grpo", "metrics.csv"))
+    policies = [("demonstrator", summary["demonstrator"]), ("untrained", summary["base"]["greedy"]),
+                ("SFT", summary["sft"]["greedy"]), ("GRPO", summary["grpo"]["greedy"])]
+    bars = [("accuracy", "accuracy", "C2"), ("accuracy_hard", "accuracy, hard", "C0"),
+            ("tool_use_hard", "tool use, hard", "C3"), ("tool_use_easy", "tool use, easy", "C9"),
+            ("format_failures", "format failures", "C7")]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.9), gridspec_kw={"width_ratios": [1.6, 1, 1]})
+    ax = axes[0]
+    width = 0.8 / len(bars)
+    for j, (key, label, color) in enumerate(bars):
+        values = [metrics.get(key, 0.0) for _, metrics in policies]  # a scripted demonstrator never fails the format
+        ax.bar([i + (j - (len(bars) - 1) / 2) * width for i in range(len(policies))], values, width, label=label,
+               color=color)
+    ax.set_xticks(range(len(policies)), [name for name, _ in policies])
+    ax.set(title=f"held-out set ({summary['eval_questions']} questions, greedy)", ylim=(0, 1.05))
+    ax.legend(loc="upper left", fontsize=8, ncol=3)
+    ax.set_ylim(0, 1.25)
+    ax = axes[1]
+    ax.plot(*_series(rows, "reward_mean"), "o-", color="C1", label="reward (sample mean)")
+    ax.plot(*_series(rows, "tool_use_hard"), "s--", color="C3", label="tool use, hard (samples)")
+    ax.set(title="GRPO", xlabel="step", ylim=(-0.05, 1.05))
+    ax.legend(loc="lower right", fontsize=8)
+    ax = axes[2]
+    ax.plot(*_series(rows, "kl"), "o-", color="C4")
+    ax.set(title="GRPO: KL(πθ ‖ π_SFT), k3 per token", xlabel="step")
+    base, sft, grpo = (summary[k]["greedy"]["accuracy"] for k in ("base", "sft", "grpo"))
+    fig.suptitle(f"{os.path.basename(os.path.normpath(summary['model']))}: untrained {base:.2f} → SFT {sft:.2f} → "
+                 f"GRPO {grpo:.2f} (demonstrator {summary['demonstrator']['accuracy']:.2f})")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    return out_path

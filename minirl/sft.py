@@ -33,9 +33,14 @@ from tqdm import tqdm
 
 from . import data, distributed, graduation
 from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
+from .config import Qwen2Config
+from .kv_cache import SharedPrefix
 from .lora import add_lora, save_adapter
 from .losses import IGNORE_INDEX, sft_loss_chunked
-from .weights import load_pretrained, save_pretrained
+from .memory import MemoryBudgetError, budget_bytes, describe_choice, fit_pass, sft_estimate, what_fits
+from .tokenizer import Tokenizer
+from .trainable_tokens import add_trainable_tokens, output_rows, spelled_rows, untrained_tokens
+from .weights import load_pretrained, run_dtype, save_pretrained
 
 METRIC_FIELDS = ["step", "epoch", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s",
                  "format_accuracy", "distinct_completions", "distinct_2", "loss_plateau", "graduated"]
@@ -51,6 +56,7 @@ class SFTConfig:
     lora_r: int = 16
     lora_alpha: float = 32
     lora_dropout: float = 0.0
+    train_tokens: str = "auto"  # embedding rows to train with LoRA: auto (untrained ones the data uses), none, ids
     # --- optimization ---
     epochs: int = 1
     lr: float = 2e-4
@@ -62,7 +68,8 @@ class SFTConfig:
     max_len: int = 1024
     overflow: str = "truncate"  # or "drop": what to do with conversations longer than max_len
     group_by_length: bool = False  # batches of similar lengths: less padding, faster steps
-    checkpointing: bool = False  # activation checkpointing
+    checkpointing: bool = False  # activation checkpointing (on its own when a pass would not fit otherwise)
+    memory_limit: float = 0.0  # GB to plan within; 0 = 90 % of what the device has available
     seed: int = 0
     dtype: str = "auto"  # bfloat16 weights + autocast on GPU, float32 on CPU
     device: str = "auto"
@@ -109,11 +116,9 @@ def train(cfg: SFTConfig) -> dict:
     device = distributed.init(cfg.device)
     distributed.check_divisible(cfg.batch_size, "--batch-size")
     rank, world = distributed.rank(), distributed.world_size()
-    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else (
-        torch.bfloat16 if device.type == "cuda" and not cfg.full else torch.float32)
+    dtype = run_dtype(cfg.dtype, device, cfg.full)
     torch.manual_seed(cfg.seed + rank)  # LoRA dropout differs between ranks; the initial weights are rank 0's
-    os.makedirs(cfg.out, exist_ok=True)
-    model, tokenizer = load_pretrained(cfg.model, dtype=dtype, device=device)
+    tokenizer = Tokenizer.from_dir(cfg.model)
     conversations, skipped = data.read_conversations(cfg.data, cfg.skip_bad)
     if cfg.eval_data:
         train_convs, eval_convs, eval_on = conversations, data.read_conversations(cfg.eval_data)[0], "eval_data"
@@ -122,6 +127,11 @@ def train(cfg: SFTConfig) -> dict:
     examples, stats = data.encode(tokenizer, train_convs, cfg.max_len, cfg.overflow)
     if not examples:
         raise data.DataError(f"{cfg.data}: every conversation was dropped (longer than --max-len {cfg.max_len}?)")
+    budget = budget_bytes(device, cfg.memory_limit)
+    rows_per_pass, checkpointing, estimated_peak = plan_memory(cfg, Qwen2Config.from_json(cfg.model), tokenizer,
+                                                               examples, eval_convs, dtype, budget)  # before allocating
+    os.makedirs(cfg.out, exist_ok=True)
+    model = load_pretrained(cfg.model, dtype=dtype, device=device)[0]
     distributed.print_main(f"data: {stats.kept} conversations for training ({stats.truncated} truncated, "
                            f"{stats.dropped} dropped at --max-len {cfg.max_len}, {skipped} bad lines skipped); "
                            f"graduation measured on {len(eval_convs)} "
@@ -131,7 +141,11 @@ def train(cfg: SFTConfig) -> dict:
         model.requires_grad_(True)
     else:
         add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout)
-    model.set_gradient_checkpointing(cfg.checkpointing)
+        rows = tokens_to_train(cfg.train_tokens, model, tokenizer, examples)
+        if rows:  # placeholder rows start at their spelled-out text's mean embedding (trainable_tokens.py)
+            start = spelled_rows(model, tokenizer, rows) if cfg.train_tokens == "auto" else None
+            add_trainable_tokens(model, rows, start)
+    model.set_gradient_checkpointing(checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(math.ceil(len(examples) / cfg.batch_size) / cfg.grad_accum)
@@ -163,19 +177,28 @@ def train(cfg: SFTConfig) -> dict:
         epoch, index = divmod(step, steps_per_epoch)
         batches = data.epoch_batches(len(examples), cfg.batch_size, cfg.seed, epoch,
                                      stats.lengths if cfg.group_by_length else None)
-        group = [collate_on(examples, b[rank::world], tokenizer.pad_token_id, device)  # this rank's share
-                 for b in batches[index * cfg.grad_accum:(index + 1) * cfg.grad_accum] if b[rank::world]]
+        # this rank's share of the step's micro-batches, each run rows_per_pass conversations at a time
+        parts = [mine[i:i + rows_per_pass] for b in batches[index * cfg.grad_accum:(index + 1) * cfg.grad_accum]
+                 for mine in [b[rank::world]] for i in range(0, len(mine), rows_per_pass)]
+        shared = data.shared_prefix_length([examples[i] for part in parts for i in part]) if parts else 0
+        group = [collate_on(examples, part, tokenizer.pad_token_id, device, skip=shared) for part in parts]
         # the mean is over the trained tokens of the whole step: all micro-batches, all ranks
         trained = distributed.all_reduce_sum(sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in group))
         tick, loss_value = time.perf_counter(), 0.0
+        with autocast:  # the system prompt and tools every conversation starts with: run once for the step
+            prefix = SharedPrefix(model, torch.tensor(examples[parts[0][0]]["input_ids"][:shared], device=device)
+                                  ) if shared else None
         for batch in group:
             with autocast:
-                hidden = model.model(batch["input_ids"], batch["attention_mask"])  # (B, T, C)
+                hidden = model.model(batch["input_ids"], batch["attention_mask"], kv_cache=prefix)  # (B, T, C)
                 n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
                 # mean over the accumulated batch's trained tokens: weight each micro-batch by its share
-                loss = sft_loss_chunked(hidden, model.lm_head.weight, batch["labels"]) * (n / trained)
+                loss = sft_loss_chunked(hidden, model.lm_head.weight, batch["labels"], rows=output_rows(model)
+                                        ) * (n / trained)
             loss.backward()
             loss_value += loss.item()
+        if prefix is not None:
+            prefix.backward()  # every part's gradient on the prefix, through its layers once
         distributed.all_reduce_grads(params)  # summed: each rank's loss was already divided by the global count
         loss_value = distributed.all_reduce_sum(loss_value)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
@@ -185,7 +208,8 @@ def train(cfg: SFTConfig) -> dict:
         optimizer.zero_grad(set_to_none=True)
         step += 1
         losses.append(loss_value)
-        tokens = int(distributed.all_reduce_sum(sum(int(b["attention_mask"].sum()) for b in group)))
+        tokens = int(distributed.all_reduce_sum(sum(int(b["attention_mask"].sum()) + shared * len(b["attention_mask"])
+                                                    for b in group)))  # the conversations' tokens, prefix included
         row = {"step": step, "epoch": epoch, "loss": f"{loss_value:.6f}", "lr": f"{lr:.6e}",
                "grad_norm": f"{grad_norm:.6f}", "tokens": tokens,
                "tokens_per_s": f"{tokens / (time.perf_counter() - tick):.1f}",
@@ -224,7 +248,8 @@ def train(cfg: SFTConfig) -> dict:
                "format_accuracy": metrics["format_accuracy"], "distinct_completions": metrics["distinct_completions"],
                "distinct_2": metrics["distinct_2"], **grad, "graduation_measured_on": eval_on,
                "examples": stats.kept, "truncated": stats.truncated, "dropped": stats.dropped,
-               "skipped_bad_lines": skipped, "seconds": time.perf_counter() - start, "saved": final_dir}
+               "skipped_bad_lines": skipped, "seconds": time.perf_counter() - start, "saved": final_dir,
+               "memory_estimate_gb": estimated_peak / 1e9, "memory_budget_gb": budget / 1e9}
     if distributed.is_main():
         with open(os.path.join(cfg.out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
@@ -249,6 +274,63 @@ def evaluate(model, tokenizer, conversations, samples_per_prompt, max_new_tokens
     return {k: sums[k] / sums["prompts"] for k in keys}
 
 
-def collate_on(examples, indices, pad_id, device):
-    batch = data.collate([examples[i] for i in indices], pad_id)
+def tokens_to_train(choice: str, model, tokenizer, examples) -> list[int]:
+    """The embedding rows LoRA SFT also trains (trainable_tokens.py). "auto": the tokens the data trains
+    on whose rows are unused placeholders (a tag the model never wrote, e.g. <tool_call> in
+    Qwen2.5-Coder), said in one line; "none": those are only warned about; or comma-separated ids."""
+    if choice not in ("auto", "none"):
+        try:
+            return sorted({int(t) for t in choice.split(",")})
+        except ValueError:
+            raise ValueError(f"--train-tokens must be auto, none or comma-separated token ids, "
+                             f"got {choice!r}") from None
+    trained = {t for e in examples for t in e["labels"] if t != IGNORE_INDEX}
+    found = untrained_tokens(model, trained)
+    if found:
+        names = ", ".join(f"{tokenizer.decode([t])!r} ({n} rows alike)" for t, n in found.items())
+        what = "training their rows with the adapter" if choice == "auto" else "--train-tokens none: left frozen"
+        distributed.print_main(f"tokens: the data trains on {len(found)} token(s) whose embedding rows are unused "
+                               f"placeholders, {names}; {what}")
+    return sorted(found) if choice == "auto" else []
+
+
+def collate_on(examples, indices, pad_id, device, skip: int = 0):
+    """The examples' batch on the device, without their first `skip` (shared prefix) tokens."""
+    batch = data.collate([{k: v[skip:] for k, v in examples[i].items()} for i in indices], pad_id)
     return {k: v.to(device) for k, v in batch.items()}
+
+
+def plan_memory(cfg: SFTConfig, config, tokenizer, examples, eval_convs, dtype, budget: int) -> tuple[int, bool, float]:
+    """Before the model is allocated: the estimate for a pass over this rank's share of the micro-batch
+    at the data's longest conversation (and the graduation test's sampling), against the budget.
+    Returns (conversations per pass, checkpointing, the estimated peak in bytes); MemoryBudgetError
+    naming flags that fit."""
+    rows = cfg.batch_size // distributed.world_size()
+    longest = max(len(e["input_ids"]) for e in examples)
+    shared = min(data.shared_prefix_length(examples), longest - 1)
+    eval_prompt = max((len(tokenizer.encode(tokenizer.apply_chat_template(
+        c["messages"][:next(i for i, m in enumerate(c["messages"]) if m["role"] == "assistant")], c.get("tools"),
+        add_generation_prompt=True))) for c in eval_convs), default=1)
+    eval_rows = max(1, -(-len(eval_convs) // distributed.world_size())) * cfg.samples_per_prompt
+
+    def estimate_for(r, checkpointing, **change):
+        sizes = {"tokens": longest, "lora_r": cfg.lora_r, "dtype_bytes": dtype.itemsize,
+                 "eval_sequences": eval_rows, "eval_tokens": eval_prompt + cfg.eval_max_new_tokens, **change}
+        return sft_estimate(config, full=cfg.full, rows=r, shared_prefix=min(shared, sizes["tokens"] - 1),
+                            checkpointing=checkpointing, **sizes)
+
+    try:
+        r, checkpointing, plan = fit_pass(estimate_for, budget, rows, cfg.checkpointing)
+    except MemoryBudgetError as e:
+        changes = {f"--max-len {longest // k}": {"tokens": longest // k} for k in (2, 4) if longest // k > 1}
+        if cfg.samples_per_prompt > 1:
+            changes["--samples-per-prompt 1"] = {"eval_sequences": eval_rows // cfg.samples_per_prompt}
+        if dtype == torch.float32:
+            changes["--dtype bfloat16"] = {"dtype_bytes": 2}
+        fits = what_fits(estimate_for, budget, changes)
+        raise MemoryBudgetError(f"sft does not fit: {e}\nwould fit: {'; '.join(fits) if fits else 'none of '}"
+                                f"{'' if fits else ', '.join(changes)}") from None
+    if (r, checkpointing) != (rows, cfg.checkpointing):
+        distributed.print_main(describe_choice(r, checkpointing, (rows, cfg.checkpointing), plan.peak, budget,
+                                               "training"))
+    return r, checkpointing, plan.peak

@@ -6,39 +6,19 @@ A task gives the GRPO loop
   reward_functions                     {name: (fn(trajectory) -> float, weight)}; reward = Σ weight·fn
   accuracy(trajectory) -> {"strict": bool, "lenient": bool}
 and, for multi-turn agent tasks, a rollout(...) of its own that the loop uses instead of sampling
-one completion per prompt.
+one completion per prompt. Answers are read by answers.py; JsonlTask brings your own data.
 """
 
+import json
 import random
-import re
 
+from .answers import CONVENTIONS, lenient_answer, reference_answer, strict_answer
+from .envs.answer import AnswerEnv
 from .envs.calculator import CalculatorEnv, agent_metrics, make_questions
 from .envs.code import CodeEnv, load_templates
 from .envs.code import make_task as make_code_task
+from .envs.tools import TOOLS
 from .rollout import run_episodes
-
-ANSWER_PATTERN = re.compile(r"Answer:\s*(-?\d[\d,]*)")
-NUMBER_PATTERN = re.compile(r"-?\d[\d,]*")
-
-
-def _as_int(text: str) -> int | None:
-    try:
-        return int(text.replace(",", ""))
-    except ValueError:
-        return None
-
-
-def strict_answer(text: str) -> int | None:
-    """The number after the last "Answer:" (the required format), else None."""
-    found = ANSWER_PATTERN.findall(text)
-    return _as_int(found[-1]) if found else None
-
-
-def lenient_answer(text: str) -> int | None:
-    """The last number anywhere in the text."""
-    found = NUMBER_PATTERN.findall(text)
-    return _as_int(found[-1]) if found else None
-
 
 class ArithmeticTask:
     """Single-turn arithmetic, the chapter's "What is 37 × 84?". The reward is 1 for the exact answer
@@ -67,24 +47,26 @@ class ArithmeticTask:
         return self._eval
 
     def correct(self, trajectory) -> float:
-        return float(strict_answer(trajectory.text) == trajectory.prompt["answer"])
+        return float(strict_answer(trajectory.text, ("answer",)) == trajectory.prompt["answer"])
 
     def accuracy(self, trajectory) -> dict:
-        return {"strict": strict_answer(trajectory.text) == trajectory.prompt["answer"],
+        return {"strict": strict_answer(trajectory.text, ("answer",)) == trajectory.prompt["answer"],
                 "lenient": lenient_answer(trajectory.text) == trajectory.prompt["answer"]}
 
 
 class CalculatorTask:
     """The calculator agent as an RL task: multi-turn episodes in CalculatorEnv (envs/calculator.py).
-    Reward parts: "correct" (exact final answer) and "penalty" (tool calls after the answer was known);
+    Reward parts: "correct" (exact final answer), "penalty" (tool calls after the answer was known) and
+    "cost" (tool_cost per call, 0 unless asked for);
     the agent metrics (tool use on easy vs hard questions, recovery, calls) are logged every step."""
 
     name = "calculator"
     metric_names = ["tool_use_easy", "tool_use_hard", "recovery_rate", "calls_per_episode"]
 
     def __init__(self, seed: int = 0, hard_fraction: float = 0.5, flaky: float = 0.0, word_problems: bool = False,
-                 max_turns: int = 4, eval_size: int = 64, level: str = "full"):
-        self.hard_fraction, self.flaky, self.word_problems, self.max_turns = hard_fraction, flaky, word_problems, max_turns
+                 max_turns: int = 4, eval_size: int = 64, level: str = "full", tool_cost: float = 0.0):
+        self.hard_fraction, self.flaky, self.word_problems = hard_fraction, flaky, word_problems
+        self.max_turns, self.tool_cost = max_turns, tool_cost
         self.level = level
         self.reward_functions = {part: (lambda t, part=part: t.info[part], 1.0) for part in CalculatorEnv.reward_parts}
         self._eval = make_questions(eval_size, random.Random(f"{self.name}-eval-{seed}"), hard_fraction, word_problems,
@@ -99,8 +81,8 @@ class CalculatorTask:
     def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
                 compile=False):
         env_seeds = random.Random(seed)  # the flaky tool's failures are part of the replayable run
-        return run_episodes(model, tokenizer, lambda: CalculatorEnv(self.flaky, seed=env_seeds.random()), items,
-                            group_size, self.max_turns, max_new_tokens, temperature=temperature, top_p=top_p,
+        return run_episodes(model, tokenizer, lambda: CalculatorEnv(self.flaky, env_seeds.random(), self.tool_cost),
+                            items, group_size, self.max_turns, max_new_tokens, temperature=temperature, top_p=top_p,
                             seed=seed, compile=compile)
 
     def accuracy(self, trajectory) -> dict:
@@ -150,7 +132,115 @@ class CodeTask:
                 "turns": sum(t.turns for t in trajectories) / n}
 
 
-TASKS = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask, "code": CodeTask}
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+
+class JsonlTask:
+    """A task read from a JSONL file: bring your own questions (GSM8K's layout works as it is).
+
+    Each line is one item:
+      the prompt    "messages": [...] (chat messages; trailing assistant turns are dropped), or
+                    "prompt": "..." (one user message), or GSM8K's "question": "..." (one user
+                    message, `instruction` appended: by default verl's GSM8K prompt, "Let's think
+                    step by step and output the final answer after "####".")
+      "answer"      required: a number, a GSM8K solution ending in "#### 42", or text
+      "tools"       optional: tool specs (as in SFT data) of tools envs/tools.py has (calculator,
+                    get_weather); the episode may call them for up to `max_turns` turns
+    A bad line stops with `file:line: what is wrong`. The reward is 1 for the right answer read
+    strictly (answers.py: "#### 42", "Answer: 42", "\\boxed{42}", the conventions allowed), accuracy is
+    reported strict and lenient (the last number) side by side. The held-out set is --eval-data, or
+    else a fixed 10 % of the file (at most eval_size items), which `sample` then never draws."""
+
+    name = "jsonl"
+    metric_names = ["answered", "tool_use"]
+
+    def __init__(self, path: str, seed: int = 0, eval_path: str | None = None, eval_size: int = 200,
+                 conventions=CONVENTIONS, instruction: str = GSM8K_INSTRUCTION, max_turns: int = 4):
+        self.conventions, self.instruction = tuple(conventions), instruction
+        strict_answer("", self.conventions)  # an unknown convention fails here, not in the first reward
+        items = self.read(path)
+        if eval_path:
+            self._train, self._eval = items, self.read(eval_path)
+        elif len(items) < 10:
+            self._train, self._eval = items, items  # too few to hold any out
+        else:
+            order = list(range(len(items)))
+            random.Random(f"jsonl-eval-{seed}").shuffle(order)
+            held = set(order[:min(eval_size, len(items) // 10)])
+            self._train = [item for i, item in enumerate(items) if i not in held]
+            self._eval = [item for i, item in enumerate(items) if i in held]
+        self.max_turns = max_turns if any(item["tools"] for item in items + self._eval) else 1
+        self.reward_functions = {"correct": (lambda t: t.info["correct"], 1.0)}
+
+    def read(self, path: str) -> list[dict]:
+        items = []
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    items.append(self.item(json.loads(line)))
+                except (json.JSONDecodeError, ValueError, TypeError, KeyError) as e:
+                    reason = f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
+                    raise ValueError(f"{path}:{lineno}: {reason}") from None
+        if not items:
+            raise ValueError(f"{path}: no items")
+        return items
+
+    def item(self, record) -> dict:
+        """One JSONL record as a task item: {"messages", "tools", "answer", "reference"}."""
+        if not isinstance(record, dict):
+            raise ValueError("expected a JSON object with a prompt and an answer")
+        if "answer" not in record or record["answer"] is None:
+            raise ValueError('missing "answer"')
+        if "messages" in record:
+            messages = record["messages"]
+            if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                         and m.get("role") in ("system", "user", "assistant", "tool")
+                                                         for m in messages):
+                raise ValueError('"messages" must be a list of {"role", "content"} messages')
+            while messages and messages[-1]["role"] == "assistant":
+                messages = messages[:-1]  # a reference solution: not part of the prompt
+            if not messages or messages[-1]["role"] != "user":
+                raise ValueError('"messages" must end with a user message (after any trailing assistant turns)')
+        elif isinstance(record.get("prompt"), str):
+            messages = [{"role": "user", "content": record["prompt"]}]
+        elif isinstance(record.get("question"), str):
+            messages = [{"role": "user", "content": f"{record['question']} {self.instruction}".strip()}]
+        else:
+            raise ValueError('no prompt: give "messages", "prompt" or "question"')
+        tools = record.get("tools")
+        if tools is not None:
+            if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+                raise ValueError('"tools" must be a list of tool specs')
+            names = [(t.get("function", t) or {}).get("name") for t in tools]
+            unknown = [n for n in names if n not in TOOLS]
+            if unknown:
+                raise ValueError(f"tool {unknown[0]!r} is not one minirl can run (known: {', '.join(TOOLS)})")
+        return {"messages": messages, "tools": tools or None, "answer": record["answer"],
+                "reference": reference_answer(record["answer"])}
+
+    def sample(self, n: int, rng: random.Random) -> list[dict]:
+        return [rng.choice(self._train) for _ in range(n)]
+
+    def eval_items(self) -> list[dict]:
+        return self._eval
+
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
+                compile=False):
+        return run_episodes(model, tokenizer, lambda: AnswerEnv(self.conventions), items, group_size, self.max_turns,
+                            max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, compile=compile)
+
+    def accuracy(self, trajectory) -> dict:
+        return {"strict": bool(trajectory.info["correct"]), "lenient": bool(trajectory.info["lenient"])}
+
+    def metrics(self, trajectories) -> dict:
+        n = len(trajectories)
+        return {"answered": sum(t.info["answered"] for t in trajectories) / n,
+                "tool_use": sum(t.info["used_tool"] for t in trajectories) / n}
+
+
+TASKS = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask, "code": CodeTask, "jsonl": JsonlTask}
 
 
 def score(task, trajectories) -> None:
@@ -160,7 +250,13 @@ def score(task, trajectories) -> None:
         traj.reward = sum(weight * traj.reward_parts[name] for name, (_, weight) in task.reward_functions.items())
 
 
-def make_task(name: str, seed: int = 0):
+def make_task(name: str, seed: int = 0, data: str | None = None, eval_data: str | None = None):
+    """A task by name; "jsonl" reads its items from `data` (and its held-out set from `eval_data`)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
-    return TASKS[name](seed=seed)
+    if (name == "jsonl") != bool(data):
+        raise ValueError("--task jsonl needs --data FILE" if name == "jsonl" else
+                         f"--data is for --task jsonl, not {name!r}")
+    if eval_data and name != "jsonl":
+        raise ValueError(f"--eval-data is for --task jsonl, not {name!r}")
+    return JsonlTask(data, seed=seed, eval_path=eval_data) if name == "jsonl" else TASKS[name](seed=seed)

@@ -162,6 +162,11 @@ class Tokenizer:
         """Token ids of `text`; special tokens written in the text (e.g. "<|im_end|>") become their ids."""
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
+    def spell(self, text: str) -> list[int]:
+        """`text` in ordinary tokens only: an added token's text (e.g. "<tool_call>") split after its first
+        character, so the added token itself cannot match. For initializing that token's embedding row."""
+        return self.encode(text[:1]) + self.encode(text[1:])
+
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and, for each, the (start, end) character span of `text` it came from."""
         encoding = self._tokenizer.encode(text, add_special_tokens=False)

@@ -16,7 +16,8 @@ from minirl.cli import main
 from minirl.lora import PEFT_PREFIX, add_lora, lora_layers, lora_state_dict, merge_and_unload, save_adapter
 from minirl.losses import group_advantages
 from minirl.rollout import Trajectory, sample_completions
-from minirl.tasks import ArithmeticTask, lenient_answer, strict_answer
+from minirl.answers import lenient_answer, strict_answer
+from minirl.tasks import ArithmeticTask
 from minirl.toy import build_checkpoint
 
 TIMING = {"t_sample", "t_score", "t_learn", "tokens_per_s"}

@@ -9,7 +9,7 @@ import torch
 from minirl import generate, load_model, stream
 from minirl.kv_cache import KVCache, StaticKVCache
 from minirl import sampling
-from minirl.sampling import SYNC_EVERY, _static_decode_steps, release_decode_caches, sample_next
+from minirl.sampling import SYNC_EVERY, _static_decode_steps, inverse_cdf_draw, release_decode_caches, sample_next
 
 PROMPTS = [[5, 17, 42, 9, 100, 3, 77, 12, 8], [200, 3], [11, 12, 13, 14, 15]]
 
@@ -176,6 +176,24 @@ def test_top_k_and_temperature():
     t, lp = sample_next(PROBS.log(), temperature=0.5, generator=g)
     tempered = torch.log_softmax(PROBS.log() / 0.5, -1)[0]
     assert lp.item() == pytest.approx(tempered[t].item(), abs=1e-6)
+
+
+def test_inverse_cdf_draw_follows_the_softmax_across_block_edges():
+    """Block edges at 256 and 512 of a 600-token vocabulary, masked tokens, a dominant one: the draws'
+    frequencies are the softmax's within 5 standard errors, a masked token is never drawn, and the
+    log-prob is log_softmax's."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(600, generator=g) * 2
+    logits[[0, 255, 256, 300, 599]] = float("-inf")
+    logits[511] = 6.0
+    n = 200_000
+    tokens, logprobs = inverse_cdf_draw(logits.repeat(n, 1), g)
+    probs = torch.softmax(logits, -1)
+    counts = torch.bincount(tokens, minlength=600).double()
+    assert counts[probs == 0].sum() == 0
+    stderr = (n * probs * (1 - probs)).sqrt().clamp(min=1)
+    assert ((counts - n * probs).abs() / stderr).max() < 5
+    torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1)[tokens], atol=1e-5, rtol=0)
 
 
 # ---- bad input ---------------------------------------------------------------------------------------

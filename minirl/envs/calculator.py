@@ -8,6 +8,7 @@ probability p, and only an agent that retries can still earn the reward.
 
 import random
 
+from ..answers import lenient_answer
 from .tools import CALCULATOR_SPEC, calculator, execute
 
 REDUNDANT_CALL_PENALTY = 0.1
@@ -53,18 +54,18 @@ def make_questions(n: int, rng: random.Random, hard_fraction: float = 0.5, word_
     return [make_question(rng, rng.random() < hard_fraction, word_problems, level) for _ in range(n)]
 
 
-def final_number(text: str) -> int | None:
-    from ..tasks import lenient_answer  # the last number in the text
+def final_number(text: str):
+    """The last number in the text (answers.lenient_answer): the calculator agent's final answer."""
     return lenient_answer(text)
 
 
 class CalculatorEnv:
     """One episode of the calculator agent (see envs/__init__.py for the protocol)."""
 
-    reward_parts = ("correct", "penalty")
+    reward_parts = ("correct", "penalty", "cost")
 
-    def __init__(self, flaky: float = 0.0, seed: int | None = None):
-        self.flaky = flaky
+    def __init__(self, flaky: float = 0.0, seed: int | None = None, tool_cost: float = 0.0):
+        self.flaky, self.tool_cost = flaky, tool_cost
         self.rng = random.Random(seed)
 
     def reset(self, task: dict) -> tuple[list[dict], list[dict]]:
@@ -83,7 +84,11 @@ class CalculatorEnv:
 
     def reward(self, trajectory) -> tuple[float, dict]:
         """correct: 1 if the episode ended with a final answer whose last number is the answer;
-        penalty: −0.1 for each tool call made after a tool result already equalled the answer.
+        penalty: −0.1 for each tool call made after a tool result already equalled the answer;
+        cost: −tool_cost for every call (0 by default): what a call costs in time or money. Without
+        it a call is free, and GRPO on a real Qwen2.5 learned to call the calculator for "7 + 5" too
+        (tool use on easy questions 0.96 after five steps, README); with it a direct right answer
+        beats a right answer through the tool by tool_cost, which is all a group needs.
         How it can be gamed: answering with several numbers ("3108 or 3018") — only the last counts,
         so listing candidates does not help; calling the tool is never rewarded by itself."""
         answer = self.task["answer"]
@@ -92,9 +97,10 @@ class CalculatorEnv:
         known_at = next((i for i, r in enumerate(self.results) if r.strip() == str(answer)), None)
         redundant = 0 if known_at is None else len(self.calls) - known_at - 1
         info = {"correct": float(correct), "penalty": -REDUNDANT_CALL_PENALTY * redundant,
+                "cost": -self.tool_cost * len(self.calls),
                 "calls": len(self.calls), "redundant_calls": redundant, "flaky_errors": self.flaky_errors,
                 "difficulty": self.task["difficulty"], "used_tool": bool(self.calls)}
-        return info["correct"] + info["penalty"], info
+        return info["correct"] + info["penalty"] + info["cost"], info
 
 
 def agent_metrics(trajectories) -> dict:

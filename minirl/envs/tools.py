@@ -72,6 +72,16 @@ def parse_assistant(text: str) -> AssistantTurn:
     return AssistantTurn(content.strip(), calls, errors)
 
 
+FOREIGN_CALL = re.compile(r'\{\s*"name"\s*:\s*"[^"]*"\s*,\s*"(arguments|parameters)"\s*:')
+
+
+def foreign_tool_call(text: str) -> bool:
+    """A tool call written outside <tool_call> tags (as a Markdown JSON block, say): JSON that starts
+    like {"name": ..., "arguments": ...}. parse_assistant reads it as a final answer, so it is
+    never run; evaluations count it as a format failure."""
+    return FOREIGN_CALL.search(CALL_PATTERN.sub("", text)) is not None
+
+
 # ---- calculator: exact arithmetic on a whitelisted AST, bounded in time and size --------------------------
 MAX_EXPRESSION_CHARS = 200
 MAX_DEPTH = 100  # operators nested inside one another; 200 characters allow ~200, so this is a second guard
