@@ -10,8 +10,8 @@ phase, the estimate, the measured peak and their ratio. On a GPU the measurement
 torch.cuda.max_memory_allocated (what torch's allocator handed out; the CUDA context and the
 allocator's cached blocks are not in it, nor in the estimate); --cap-gb 40 makes a larger card
 behave as a 40 GB one. On a CPU it is the resident high-water mark above the process's size before
-the model was built (interpreter and libraries excluded, allocator slack included), so it is only a
-rough check there.
+the model was built (interpreter and libraries excluded, allocator slack included), and the estimate
+counts that slack too (cpu=True: minirl.memory.CPU_SLACK, measured on SFT steps).
 """
 
 import os
@@ -44,7 +44,7 @@ def main():
     plan = estimate(model.config, full=args.full, lora_r=args.lora_r, group_size=args.group,
                     prompts_per_step=args.prompts, prompt_len=args.prompt_len, max_new_tokens=args.new_tokens,
                     dtype_bytes=model.dtype.itemsize, minibatch_size=args.minibatch, checkpointing=True,
-                    beta=args.beta, compile=args.compile)
+                    beta=args.beta, compile=args.compile, cpu=device.type == "cpu")
     print(plan.table())
     what = "allocated by torch" if device.type == "cuda" else "resident above the process's start"
     print(f"measured ({what}):")

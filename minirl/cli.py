@@ -298,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="weights; auto = what grpo picks on a GPU (bfloat16 with LoRA, float32 with --full)")
     m.add_argument("--compile", action="store_true", help="grpo --compile: the KV cache is kept between steps")
+    m.add_argument("--cpu", action="store_true", help="a CPU run: count the allocator's slack over live tensors")
     m.set_defaults(func=cmd_memory)
 
     v = sub.add_parser("view", help="write a self-contained HTML page of a GRPO run's rollouts and curves",
@@ -322,8 +323,8 @@ def cmd_memory(args):
                     prompts_per_step=args.prompts_per_step, prompt_len=args.prompt_len,
                     max_new_tokens=args.max_new_tokens, dtype_bytes=DTYPES[dtype].itemsize,
                     minibatch_size=args.minibatch_size, checkpointing=not args.no_checkpointing, beta=args.beta,
-                    compile=args.compile)
-    print(f"{args.model}: {dtype}")
+                    compile=args.compile, cpu=args.cpu)
+    print(f"{args.model}: {dtype}{' on a CPU' if args.cpu else ''}")
     print(plan.table())
 
 

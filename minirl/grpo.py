@@ -269,17 +269,18 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
 
 
 def memory_estimator(cfg: GRPOConfig, config, dtype_bytes: int, prompts_per_rank: int, prompt_len: int,
-                     completion_len: int, shared: int):
+                     completion_len: int, shared: int, cpu: bool = False):
     """estimate_for(rows, checkpointing, **change) for memory.fit_pass: one step of this run, itemized."""
     def estimate_for(rows, checkpointing, **change):
         sizes = {"prompts_per_step": prompts_per_rank, "group_size": cfg.group_size, "max_new_tokens": completion_len,
                  "lora_r": cfg.lora_r, "dtype_bytes": dtype_bytes, **change}
         return estimate(config, full=cfg.full, prompt_len=prompt_len, minibatch_size=rows, checkpointing=checkpointing,
-                        beta=cfg.beta, compile=cfg.compile, shared_prefix=shared, **sizes)
+                        beta=cfg.beta, compile=cfg.compile, shared_prefix=shared, cpu=cpu, **sizes)
     return estimate_for
 
 
-def plan_memory(cfg: GRPOConfig, config, tokenizer, task, dtype, budget: int, prompts_per_rank: int):
+def plan_memory(cfg: GRPOConfig, config, tokenizer, task, dtype, budget: int, prompts_per_rank: int,
+                cpu: bool = False):
     """Before anything is allocated: the step's estimate for the task's longest held-out prompt and
     one turn of --max-new-tokens, against the budget. Returns the (rows, checkpointing) the first
     step starts with (learn re-plans each step for the batch it has); MemoryBudgetError, naming the
@@ -288,7 +289,7 @@ def plan_memory(cfg: GRPOConfig, config, tokenizer, task, dtype, budget: int, pr
     prompt_len = max(map(len, prompts))
     shared = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1)
     estimate_for = memory_estimator(cfg, config, dtype.itemsize, prompts_per_rank, prompt_len, cfg.max_new_tokens,
-                                    shared)
+                                    shared, cpu)
     try:
         rows, checkpointing, plan = fit_pass(estimate_for, budget, cfg.minibatch_size, cfg.checkpointing)
     except MemoryBudgetError as e:
@@ -309,7 +310,8 @@ def plan_memory(cfg: GRPOConfig, config, tokenizer, task, dtype, budget: int, pr
     return rows, checkpointing, plan.peak
 
 
-def fit_learning(cfg: GRPOConfig, config, dtype_bytes: int, budget: int, trajectories) -> tuple[int, bool, float]:
+def fit_learning(cfg: GRPOConfig, config, dtype_bytes: int, budget: int, trajectories,
+                 cpu: bool = False) -> tuple[int, bool, float]:
     """This step's rows per pass and checkpointing: the largest that keep the learning phase of the
     batch actually sampled (its longest prompt and completion) within the budget; and that estimate."""
     if not trajectories:
@@ -317,7 +319,7 @@ def fit_learning(cfg: GRPOConfig, config, dtype_bytes: int, budget: int, traject
     prompts = [t.prompt_ids for t in trajectories]
     shared = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1)
     estimate_for = memory_estimator(cfg, config, dtype_bytes, 1, max(map(len, prompts)),
-                                    max(max(len(t.completion_ids) for t in trajectories), 1), shared)
+                                    max(max(len(t.completion_ids) for t in trajectories), 1), shared, cpu)
     rows, checkpointing, plan = fit_pass(lambda r, c: estimate_for(r, c, group_size=len(trajectories)), budget,
                                          cfg.minibatch_size, cfg.checkpointing, phase="learning")
     return rows, checkpointing, plan.learning
@@ -340,7 +342,7 @@ def train(cfg: GRPOConfig) -> dict:
             else cfg.task)
     config, budget = Qwen2Config.from_json(cfg.model), budget_bytes(device, cfg.memory_limit)
     *rows_per_pass, estimated_peak = plan_memory(cfg, config, Tokenizer.from_dir(cfg.model), task, dtype, budget,
-                                                 share)
+                                                 share, cpu=device.type == "cpu")
     rows_per_pass = tuple(rows_per_pass)  # (rows, checkpointing) of the next learning pass, re-planned every step
     os.makedirs(cfg.out, exist_ok=True)
     model, tokenizer = load_pretrained(cfg.model, dtype=dtype, device=device)
@@ -409,7 +411,7 @@ def train(cfg: GRPOConfig) -> dict:
         if distributed.all_reduce_sum(len(rows)):  # every rank learns (and communicates) if any rank has rows
             kept = [mine[i] for i in rows]
             try:  # the memory guard, for the batch this step sampled
-                *fitted, estimate_now = fit_learning(cfg, config, dtype.itemsize, budget, kept)
+                *fitted, estimate_now = fit_learning(cfg, config, dtype.itemsize, budget, kept, device.type == "cpu")
             except MemoryBudgetError as e:
                 raise MemoryBudgetError(f"step {step + 1}'s batch does not fit ({e}); the checkpoints in {cfg.out} "
                                         "are kept: --resume with a smaller --max-new-tokens") from None

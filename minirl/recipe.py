@@ -35,6 +35,7 @@ from .envs.tools import foreign_tool_call, parse_assistant
 from .grpo import GRPOConfig
 from .grpo import train as grpo_train
 from .lora import load_adapter, merge_and_unload
+from .memory import trim_heap
 from .plots import recipe_figure
 from .sft import SFTConfig
 from .sft import train as sft_train
@@ -137,6 +138,7 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     policy, tokenizer = load_pretrained(model)
     summary["base"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed)
     del policy
+    trim_heap()  # what this stage freed, back to the kernel before the next is measured
     seconds["base_eval"] = time.perf_counter() - tick
     print("   " + _line(summary["base"]))
 
@@ -166,6 +168,7 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     policy, tokenizer = load_policy(model, [os.path.join(sft_dir, "adapter")])
     summary["sft"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed)
     del policy
+    trim_heap()
     seconds["sft_eval"] = time.perf_counter() - tick
     print("   " + _line(summary["sft"]))
 

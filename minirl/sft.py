@@ -129,7 +129,8 @@ def train(cfg: SFTConfig) -> dict:
         raise data.DataError(f"{cfg.data}: every conversation was dropped (longer than --max-len {cfg.max_len}?)")
     budget = budget_bytes(device, cfg.memory_limit)
     rows_per_pass, checkpointing, estimated_peak = plan_memory(cfg, Qwen2Config.from_json(cfg.model), tokenizer,
-                                                               examples, eval_convs, dtype, budget)  # before allocating
+                                                               examples, eval_convs, dtype, budget,
+                                                               cpu=device.type == "cpu")  # before allocating
     os.makedirs(cfg.out, exist_ok=True)
     model = load_pretrained(cfg.model, dtype=dtype, device=device)[0]
     distributed.print_main(f"data: {stats.kept} conversations for training ({stats.truncated} truncated, "
@@ -300,7 +301,8 @@ def collate_on(examples, indices, pad_id, device, skip: int = 0):
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def plan_memory(cfg: SFTConfig, config, tokenizer, examples, eval_convs, dtype, budget: int) -> tuple[int, bool, float]:
+def plan_memory(cfg: SFTConfig, config, tokenizer, examples, eval_convs, dtype, budget: int,
+                cpu: bool = False) -> tuple[int, bool, float]:
     """Before the model is allocated: the estimate for a pass over this rank's share of the micro-batch
     at the data's longest conversation (and the graduation test's sampling), against the budget.
     Returns (conversations per pass, checkpointing, the estimated peak in bytes); MemoryBudgetError
@@ -317,7 +319,7 @@ def plan_memory(cfg: SFTConfig, config, tokenizer, examples, eval_convs, dtype, 
         sizes = {"tokens": longest, "lora_r": cfg.lora_r, "dtype_bytes": dtype.itemsize,
                  "eval_sequences": eval_rows, "eval_tokens": eval_prompt + cfg.eval_max_new_tokens, **change}
         return sft_estimate(config, full=cfg.full, rows=r, shared_prefix=min(shared, sizes["tokens"] - 1),
-                            checkpointing=checkpointing, **sizes)
+                            checkpointing=checkpointing, cpu=cpu, **sizes)
 
     try:
         r, checkpointing, plan = fit_pass(estimate_for, budget, rows, cfg.checkpointing)

@@ -11,7 +11,8 @@ import torch
 
 from minirl.config import preset
 from minirl.lora import add_lora
-from minirl.memory import activation_bytes_per_token_layer, estimate, lora_parameter_count, parameter_count
+from minirl.memory import (CPU_SLACK, activation_bytes, activation_bytes_per_token_layer, estimate,
+                           lora_parameter_count, parameter_count, sft_estimate)
 from minirl.model import random_model, rope_cos_sin
 
 
@@ -97,6 +98,24 @@ def test_estimate_against_a_hand_calculation():
     assert (compiled.sampling, compiled.learning) == (471_488 - kv + kept, 759_296 + kept)
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_cpu_run_counts_the_allocators_slack_while_learning(checkpointing):
+    """cpu=True adds CPU_SLACK x the activations the pass would keep without checkpointing, to the
+    learning phase only; the GPU estimate is unchanged."""
+    sizes = dict(lora_r=4, group_size=2, prompts_per_step=3, prompt_len=10, max_new_tokens=6, dtype_bytes=4,
+                 minibatch_size=4, chunk_size=8, checkpointing=checkpointing)
+    gpu, cpu = estimate(small(), **sizes), estimate(small(), cpu=True, **sizes)
+    full_pass = activation_bytes(small(), 4, lora=True, r=4, rows=4, tokens=16, checkpointing=False)
+    slack = cpu.items.pop("CPU allocator slack (freed blocks kept resident)")
+    assert slack == int(CPU_SLACK[checkpointing] * full_pass) > 0 and cpu.items == gpu.items
+    assert (cpu.sampling, cpu.learning) == (gpu.sampling, gpu.learning + slack)
+    sft_gpu = sft_estimate(small(), rows=2, tokens=40, shared_prefix=8, checkpointing=checkpointing)
+    sft_cpu = sft_estimate(small(), rows=2, tokens=40, shared_prefix=8, checkpointing=checkpointing, cpu=True)
+    expected = int(CPU_SLACK[checkpointing] * activation_bytes(small(), 4, lora=True, r=16, rows=2, tokens=32,
+                                                              prefix=8, checkpointing=False))
+    assert sft_cpu.learning - sft_gpu.learning == expected and sft_cpu.sampling == sft_gpu.sampling
+
+
 def test_full_fine_tuning_counts_the_reference_copy_and_full_optimizer_state():
     config = small()
     n = parameter_count(config)
@@ -124,6 +143,9 @@ def test_memory_command(capsys):
     main(["memory", "--model", "7b", "--compile"])  # the cache compiled decoding keeps, counted while learning
     out = capsys.readouterr().out
     assert "KV cache (16 sequences x 1024 slots, kept)" in out and "peak while learning                            26.32" in out
+    main(["memory", "--model", "0.5b", "--cpu", "--dtype", "float32"])
+    out = capsys.readouterr().out
+    assert "0.5b: float32 on a CPU" in out and "CPU allocator slack" in out
     with pytest.raises(SystemExit):
         main(["memory", "--model", "9b"])
     assert "unknown preset '9b'" in capsys.readouterr().err
@@ -166,3 +188,28 @@ def test_chunked_logprobs_peak_stays_small_on_a_real_vocabulary():
     assert extra_peak_gb("chunked", 8, 1024) < 1.5
     # the measurement sees a big tensor when there is one: 1 x 1024 unchunked logits are 0.62 GB
     assert extra_peak_gb("full", 1, 1024) > 0.6
+
+
+TRIM_SCRIPT = textwrap.dedent("""
+    import torch
+    from minirl.memory import trim_heap
+
+    def rss():
+        return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) * 1024
+
+    big = torch.ones(4 * 2**20)
+    del big  # a 16 MB block freed: glibc raises its mmap threshold past 8 MB
+    blocks = [torch.ones(2**21) for _ in range(40)]  # 40 x 8 MB, now served from the heap
+    last = blocks.pop()
+    del blocks  # freed, but below the last block: the heap's top cannot shrink by itself
+    before = rss()
+    trim_heap()
+    print((before - rss()) / 1e6)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap and /proc")
+def test_trim_heap_hands_freed_heap_pages_back():
+    """What the recipe does between stages: 39 freed 8 MB tensors stay resident until trim_heap."""
+    out = subprocess.run([sys.executable, "-c", TRIM_SCRIPT], capture_output=True, text=True, timeout=120, check=True)
+    assert float(out.stdout.strip()) > 250  # MB returned of the 312 freed

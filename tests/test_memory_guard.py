@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from minirl.config import Qwen2Config
 from minirl.data import encode, read_conversations, shared_prefix_length
@@ -57,6 +58,9 @@ def test_budget_is_what_the_device_has_or_the_limit():
     assert 0 < budget_bytes("cpu") < available_bytes("cpu") * 0.95
 
 
+ON_CPU = not torch.cuda.is_available()  # where sft and grpo run here (device auto), and so estimate for
+
+
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("guard") / "toy")
@@ -80,7 +84,7 @@ def sft_plan(toy, data, rows, checkpointing):
                  for c in read_conversations(data)[0])
     return sft_estimate(Qwen2Config.from_json(toy), rows=rows, checkpointing=checkpointing, tokens=longest,
                         shared_prefix=min(shared_prefix_length(examples), longest - 1), eval_sequences=16,
-                        eval_tokens=prompt + 16)
+                        eval_tokens=prompt + 16, cpu=ON_CPU)
 
 
 def losses(folder):
@@ -122,7 +126,7 @@ def grpo_estimator(toy, cfg):
     tokenizer = Tokenizer.from_dir(toy)
     prompts = [prompt_ids(tokenizer, item) for item in make_task(cfg.task).eval_items()[:64]]
     return memory_estimator(cfg, Qwen2Config.from_json(toy), 4, cfg.prompts_per_step, max(map(len, prompts)),
-                            cfg.max_new_tokens, common_prefix_length(prompts, min(map(len, prompts)) - 1))
+                            cfg.max_new_tokens, common_prefix_length(prompts, min(map(len, prompts)) - 1), ON_CPU)
 
 
 def test_grpo_that_cannot_fit_names_what_would(toy, tmp_path):

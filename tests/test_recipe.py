@@ -69,6 +69,6 @@ def test_real_recipe_fast_teaches_the_tool_call_tag(real_model_dir, tmp_path, ca
         assert summary["base"]["greedy"]["format_failures"] > 0.5
         assert "'<tool_call>'" in out and "training their rows with the adapter" in out
     for stage in ("sft", "grpo"):
-        assert summary["memory"][stage]["measured_gb"] < 1.5 * summary["memory"][stage]["estimate_gb"]
+        assert summary["memory"][stage]["measured_gb"] <= summary["memory"][stage]["estimate_gb"]
     assert summary["sft"]["greedy"]["format_failures"] <= summary["base"]["greedy"]["format_failures"]
 
