@@ -187,6 +187,10 @@ class SharedPrefix:
     def advance(self, attention_mask: torch.Tensor):
         pass  # every row's pass starts right after the prefix
 
+    def rows(self, groups: torch.Tensor) -> "SharedPrefix":
+        """The cache a pass of some rows reads (GroupPrefixes' interface): here the same for all."""
+        return self
+
     def backward(self):
         """Backpropagate the gradients the rows left on the prefix's keys and values through the
         layers that computed them (once, after the last minibatch's backward). A no-op without grads."""
@@ -201,3 +205,98 @@ class SharedPrefix:
         if outputs:
             torch.autograd.backward(outputs, grads)
         self._graph = None
+
+
+class GroupPrefixes:
+    """Each group's own prompt, after the SharedPrefix every group begins with, run once per group.
+
+    A GRPO batch is n prompts x G samples. Past the system prompt and tools (the SharedPrefix), the G
+    rows of a group still begin alike, with their question: ~30 of the ~65 tokens each calculator row
+    would run itself. Here every group's part runs once, the n of them in one pass (right-padded to
+    the longest, Q tokens, padding masked), attending to the shared prefix; a row's pass then reads
+    [shared prefix | its group's part | its own tokens], with the positions it would have had whole.
+    Backward as SharedPrefix: the rows leave their gradients on detached keys and values here, and
+    `backward()` sends them through the groups' pass once, then through the shared prefix's.
+    Shapes: n groups, Q their longest part, b rows of a pass, K kv heads, D head dim.
+    """
+
+    def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor, shared: SharedPrefix | None):
+        """ids, mask (n, Q): each group's tokens after the shared prefix, right-padded (mask 0)."""
+        self.shared, self.mask = shared, mask.bool()  # (n, Q)
+        self.length = shared.length if shared is not None else 0  # P, the shared prefix's tokens
+        self.keys, self.values = {}, {}  # layer -> (n, K, Q, D)
+        self._recording = True
+        self.next_pos = torch.full((1,), self.length, dtype=torch.long, device=ids.device)
+        checkpointing, model.model.gradient_checkpointing = model.model.gradient_checkpointing, False
+        try:  # not checkpointed, for SharedPrefix's reason
+            model.model(ids, mask, kv_cache=self)
+        finally:
+            model.model.gradient_checkpointing = checkpointing
+        self._recording = False
+        self._graph = None
+        if torch.is_grad_enabled() and any(k.requires_grad for k in self.keys.values()):
+            self._graph = (self.keys, self.values)
+            self.keys = {i: k.detach().requires_grad_() for i, k in self.keys.items()}
+            self.values = {i: v.detach().requires_grad_() for i, v in self.values.items()}
+
+    # while the groups' own pass runs: read the shared prefix, record each layer's keys and values
+    def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.shared is None:
+            return real, torch.arange(real.shape[1], device=real.device)
+        return self.shared.append_mask(real)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys[layer], self.values[layer] = k, v
+        return self.shared.write(layer, k, v) if self.shared is not None else (k, v)
+
+    def advance(self, attention_mask: torch.Tensor):
+        pass
+
+    def rows(self, groups: torch.Tensor) -> "GroupRows":
+        """The cache a pass of rows reads: groups (b,) is each row's group."""
+        return GroupRows(self, groups)
+
+    def backward(self):
+        """The rows' gradients through the groups' pass, then through the shared prefix (once)."""
+        if self._graph is not None:
+            outputs, grads = [], []
+            for graph, leaves in zip(self._graph, (self.keys, self.values)):
+                for layer, leaf in leaves.items():
+                    if leaf.grad is not None:
+                        outputs.append(graph[layer])
+                        grads.append(leaf.grad)
+            if outputs:
+                torch.autograd.backward(outputs, grads)
+            self._graph = None
+        if self.shared is not None:
+            self.shared.backward()
+
+
+class GroupRows:
+    """What one pass of rows reads: the shared prefix, then each row's group part, then its own tokens."""
+
+    def __init__(self, groups_prefix: GroupPrefixes, groups: torch.Tensor):
+        self.prefix, self.groups = groups_prefix, groups  # (b,)
+        mask = groups_prefix.mask[groups]  # (b, Q)
+        self.key_mask = mask
+        self.next_pos = groups_prefix.length + mask.sum(dim=1)  # (b,): P + the row's group part
+
+    def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """real (b, T) -> the mask over [P | Q | T] (b, P + Q + T), the new tokens' slots (T,)."""
+        b, T = real.shape
+        start = self.prefix.length + self.key_mask.shape[1]
+        return (torch.cat([real.new_ones(b, self.prefix.length), self.key_mask, real], dim=1),
+                torch.arange(start, start + T, device=real.device))
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (b, K, T, D) -> (b, K, P + Q + T, D)."""
+        b, shared = k.shape[0], self.prefix.shared
+        keys = [self.prefix.keys[layer][self.groups], k]
+        values = [self.prefix.values[layer][self.groups], v]
+        if shared is not None:
+            keys.insert(0, shared.keys[layer].expand(b, -1, -1, -1))
+            values.insert(0, shared.values[layer].expand(b, -1, -1, -1))
+        return torch.cat(keys, dim=2), torch.cat(values, dim=2)
+
+    def advance(self, attention_mask: torch.Tensor):
+        pass

@@ -134,11 +134,10 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
                "settings": s}
 
     print(f"1. the untrained policy on {len(task.eval_items())} held-out questions (greedy, then T=1)")
-    tick, start_rss, peaks = time.perf_counter(), _resident("VmRSS"), {}
+    tick, peaks = time.perf_counter(), {}
     policy, tokenizer = load_pretrained(model)
     summary["base"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed)
     del policy
-    trim_heap()  # what this stage freed, back to the kernel before the next is measured
     seconds["base_eval"] = time.perf_counter() - tick
     print("   " + _line(summary["base"]))
 
@@ -157,31 +156,30 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     print("3. stage 1: LoRA SFT until the graduation test passes")
     tick = time.perf_counter()
     sft_dir = os.path.join(out_dir, "sft")
-    _reset_peak()
+    stage_rss = _reset_peak()
     summary["sft_run"] = sft_train(SFTConfig(
         model=model, data=data, out=sft_dir, epochs=s["sft_epochs"], lr=s["sft_lr"], batch_size=s["sft_batch"],
         max_len=1024, seed=seed, eval_every=s["sft_eval_every"], until_graduated=True, samples_per_prompt=4,
         eval_max_new_tokens=s["eval_max_new_tokens"], save_every=10**9, memory_limit=memory_limit,
         eval_data=_graduation_data(out_dir, task, policy_fn, s["sft_eval_prompts"], seed)))
-    seconds["sft"], peaks["sft"] = time.perf_counter() - tick, _resident("VmHWM") - start_rss
+    seconds["sft"], peaks["sft"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
     tick = time.perf_counter()
     policy, tokenizer = load_policy(model, [os.path.join(sft_dir, "adapter")])
     summary["sft"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed)
     del policy
-    trim_heap()
     seconds["sft_eval"] = time.perf_counter() - tick
     print("   " + _line(summary["sft"]))
 
     print("4. stage 2: GRPO from the SFT adapter, the environment's reward, KL to the SFT policy")
     tick = time.perf_counter()
     grpo_dir = os.path.join(out_dir, "grpo")
-    _reset_peak()
+    stage_rss = _reset_peak()
     summary["grpo_run"] = grpo_train(GRPOConfig(
         model=model, adapter=os.path.join(sft_dir, "adapter"), task=task, out=grpo_dir, steps=s["grpo_steps"],
         prompts_per_step=s["prompts_per_step"], group_size=s["group_size"], lr=s["grpo_lr"],
         max_new_tokens=s["grpo_max_new_tokens"], beta=s["beta"], eval_every=s["grpo_eval_every"], seed=seed,
         save_every=10**9, log_rollouts_every=5, memory_limit=memory_limit))
-    seconds["grpo"], peaks["grpo"] = time.perf_counter() - tick, _resident("VmHWM") - start_rss
+    seconds["grpo"], peaks["grpo"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
     tick = time.perf_counter()
     policy, tokenizer = load_policy(model, [os.path.join(sft_dir, "adapter"), os.path.join(grpo_dir, "adapter")])
     summary["grpo"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed)
@@ -192,7 +190,7 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     summary["seconds"] = {**seconds, "total": time.perf_counter() - start}
     summary["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # kB on Linux
     summary["memory"] = {stage: {"estimate_gb": summary[f"{stage}_run"]["memory_estimate_gb"],
-                                 "measured_gb": peaks[stage] / 1e9} for stage in peaks}  # above the start
+                                 "measured_gb": peaks[stage] / 1e9} for stage in peaks}  # above the stage's start
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     results = table(summary)
@@ -203,7 +201,7 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     print(results)
     for stage, m in summary["memory"].items():
         print(f"   {stage}: estimated peak {m['estimate_gb']:.2f} GB, measured {m['measured_gb']:.2f} GB resident "
-              "above the start")
+              "above the stage's start")
     print(f"5. {summary['seconds']['total'] / 60:.1f} min, peak resident memory {summary['peak_rss_gb']:.1f} GB; "
           f"{os.path.join(out_dir, 'summary.json')}, {figure}")
     return summary
@@ -233,13 +231,16 @@ def _resident(field: str) -> int:
         return 0
 
 
-def _reset_peak():
-    """Start a new high-water mark at the current size (Linux: /proc/self/clear_refs)."""
+def _reset_peak() -> int:
+    """Start a new high-water mark at the current size (Linux: /proc/self/clear_refs), after handing
+    the heap's free pages back; returns that size, in bytes (what a stage's peak is measured above)."""
+    trim_heap()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
         pass
+    return _resident("VmRSS")
 
 
 def _graduation_data(out_dir: str, task: CalculatorTask, policy, n: int, seed: int) -> str:

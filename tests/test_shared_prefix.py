@@ -81,7 +81,11 @@ def test_grpo_learning_batch_keeps_the_prefix_once_and_scores_the_same():
                                action_mask=[1] * (i + 1), logprobs=[0.0] * (i + 1), finish_reason="stop")
                     for i, s in enumerate(SUFFIXES[:3])]
     batch = learning_batch(trajectories, pad_id=0, device="cpu")
-    assert batch["prefix"].tolist() == PREFIX and batch["prompt_len"] == 6
+    assert batch["prefix"].tolist() == PREFIX and batch["prompt_len"] == 1
+    # each prompt's part after the prefix, but its last token, right-padded; a row starts with that token
+    assert batch["group_ids"].tolist() == [[11, 12, 0, 0, 0], [0] * 5, [15, 16, 17, 18, 19]]
+    assert batch["group_mask"].sum(1).tolist() == [2, 0, 5] and batch["row_group"].tolist() == [0, 1, 2]
+    assert batch["ids"][:, 0].tolist() == [13, 14, 20]
     with torch.no_grad():
         ours = completion_logprobs(model, batch, torch.arange(3), 1.0, shared_prefix(model, batch))
         for i, t in enumerate(trajectories):  # each row alone, whole, through the full logits
@@ -90,6 +94,43 @@ def test_grpo_learning_batch_keeps_the_prefix_once_and_scores_the_same():
             expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(t.completion_ids)[:, None])[:, 0]
             torch.testing.assert_close(ours[i, :len(t.completion_ids)], expected, atol=1e-5, rtol=1e-5)
             assert (ours[i, len(t.completion_ids):] == 0).all()
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_groups_of_samples_share_their_prompt_once_with_the_same_logprobs_and_gradients(checkpointing):
+    """2 prompts x 3 samples: the prompts' shared prefix once, each prompt's own part once per group,
+    the rows in two minibatches that mix the groups; log-probs and gradients as every row whole."""
+    model = tiny_lora_model(seed=3).train()
+    model.set_gradient_checkpointing(checkpointing)
+    params = [p for p in model.parameters() if p.requires_grad]
+    completions = [[30], [31, 32, 33], [34, 35], [36, 37, 38, 39], [40], [41, 42]]
+    trajectories = [Trajectory(prompt={}, prompt_ids=PREFIX + SUFFIXES[2 * (i // 3)], completion_ids=c,
+                               action_mask=[1] * len(c), logprobs=[0.0] * len(c), finish_reason="stop")
+                    for i, c in enumerate(completions)]
+    weights = torch.randn(6, 4)
+
+    expected = []  # every row whole: log-probs through the full logits, one backward
+    for i, t in enumerate(trajectories):
+        logits = model(torch.tensor([t.prompt_ids + t.completion_ids]))[0, len(t.prompt_ids) - 1:-1]
+        expected.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(t.completion_ids)[:, None])[:, 0])
+    sum((e * weights[i, :len(e)]).sum() for i, e in enumerate(expected)).backward()
+    expected_grads = [p.grad.clone() for p in params]
+    model.zero_grad()
+
+    batch = learning_batch(trajectories, pad_id=0, device="cpu")
+    assert batch["group_ids"].shape[0] == 2 and batch["row_group"].tolist() == [0, 0, 0, 1, 1, 1]
+    prefix = shared_prefix(model, batch)
+    for rows in (torch.tensor([0, 3, 4]), torch.tensor([1, 2, 5])):
+        logp = completion_logprobs(model, batch, rows, 1.0, prefix)
+        for j, i in enumerate(rows.tolist()):
+            n = len(completions[i])
+            torch.testing.assert_close(logp[j, :n], expected[i].detach(), atol=1e-5, rtol=1e-5)
+            assert (logp[j, n:] == 0).all()
+        (logp * weights[rows]).sum().backward()
+    prefix.backward()
+    for p, g in zip(params, expected_grads):
+        torch.testing.assert_close(p.grad, g, atol=3e-5 * g.abs().max().item(), rtol=1e-4)
+    assert all(g.abs().sum() > 0 for g in expected_grads)
 
 
 def test_a_prompt_that_is_all_prefix_keeps_its_last_token_in_the_rows():
