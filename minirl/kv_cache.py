@@ -133,7 +133,40 @@ def common_prefix_length(sequences: list[list[int]], limit: int | None = None) -
     return n
 
 
-class SharedPrefix:
+class _Recorded:
+    """What SharedPrefix and GroupPrefixes share: a pass that records each layer's keys and values
+    (write() while _recording), and the detached leaves the rows read, whose gradients go back once."""
+
+    def _record(self, model, ids: torch.Tensor, mask: torch.Tensor | None):
+        self.keys, self.values, self._recording, self._graph = {}, {}, True, None  # layer -> (n, K, T, D)
+        # Not checkpointed: a layer recomputed in backward would record its keys again, in the wrong mode.
+        checkpointing, model.model.gradient_checkpointing = model.model.gradient_checkpointing, False
+        try:
+            model.model(ids, mask, kv_cache=self)  # fills keys and values through write()
+        finally:
+            model.model.gradient_checkpointing = checkpointing
+        self._recording = False
+        if torch.is_grad_enabled() and any(k.requires_grad for k in self.keys.values()):
+            self._graph = (self.keys, self.values)  # the pass's outputs, holding its autograd graph
+            self.keys = {i: k.detach().requires_grad_() for i, k in self.keys.items()}
+            self.values = {i: v.detach().requires_grad_() for i, v in self.values.items()}
+
+    def _send_back(self):
+        """The gradients the rows left on the detached keys and values, through the recorded pass."""
+        if self._graph is None:
+            return
+        outputs, grads = [], []
+        for graph, leaves in zip(self._graph, (self.keys, self.values)):
+            for layer, leaf in leaves.items():
+                if leaf.grad is not None:
+                    outputs.append(graph[layer])
+                    grads.append(leaf.grad)
+        if outputs:
+            torch.autograd.backward(outputs, grads)
+        self._graph = None
+
+
+class SharedPrefix(_Recorded):
     """The keys and values of a prefix that every row of a batch begins with, computed once: for
     training passes (with gradients) as well as frozen ones.
 
@@ -152,22 +185,9 @@ class SharedPrefix:
     def __init__(self, model, ids: torch.Tensor):
         """ids (P,): the shared tokens, run through `model` (a Qwen2) here, once."""
         self.length = ids.shape[0]
-        self.keys, self.values = {}, {}  # layer -> (1, K, P, D)
-        self._recording = True
         self.next_pos = torch.zeros(1, dtype=torch.long, device=ids.device)  # (1,): broadcast to every row
-        # Not checkpointed: a layer recomputed in backward would record its keys again, in the wrong mode.
-        checkpointing, model.model.gradient_checkpointing = model.model.gradient_checkpointing, False
-        try:
-            model.model(ids[None], kv_cache=self)  # fills keys and values through write()
-        finally:
-            model.model.gradient_checkpointing = checkpointing
-        self._recording = False
+        self._record(model, ids[None], None)  # keys and values (1, K, P, D)
         self.next_pos = torch.full((1,), self.length, dtype=torch.long, device=ids.device)
-        self._graph = None
-        if torch.is_grad_enabled() and any(k.requires_grad for k in self.keys.values()):
-            self._graph = (self.keys, self.values)  # the prefix's outputs, holding its autograd graph
-            self.keys = {i: k.detach().requires_grad_() for i, k in self.keys.items()}
-            self.values = {i: v.detach().requires_grad_() for i, v in self.values.items()}
 
     def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """real (B, T) -> the mask over the prefix and the T new tokens (B, P + T), their slots (T,)."""
@@ -194,20 +214,10 @@ class SharedPrefix:
     def backward(self):
         """Backpropagate the gradients the rows left on the prefix's keys and values through the
         layers that computed them (once, after the last minibatch's backward). A no-op without grads."""
-        if self._graph is None:
-            return
-        outputs, grads = [], []
-        for graph, leaves in zip(self._graph, (self.keys, self.values)):
-            for layer, leaf in leaves.items():
-                if leaf.grad is not None:
-                    outputs.append(graph[layer])
-                    grads.append(leaf.grad)
-        if outputs:
-            torch.autograd.backward(outputs, grads)
-        self._graph = None
+        self._send_back()
 
 
-class GroupPrefixes:
+class GroupPrefixes(_Recorded):
     """Each group's own prompt, after the SharedPrefix every group begins with, run once per group.
 
     A GRPO batch is n prompts x G samples. Past the system prompt and tools (the SharedPrefix), the G
@@ -224,20 +234,8 @@ class GroupPrefixes:
         """ids, mask (n, Q): each group's tokens after the shared prefix, right-padded (mask 0)."""
         self.shared, self.mask = shared, mask.bool()  # (n, Q)
         self.length = shared.length if shared is not None else 0  # P, the shared prefix's tokens
-        self.keys, self.values = {}, {}  # layer -> (n, K, Q, D)
-        self._recording = True
         self.next_pos = torch.full((1,), self.length, dtype=torch.long, device=ids.device)
-        checkpointing, model.model.gradient_checkpointing = model.model.gradient_checkpointing, False
-        try:  # not checkpointed, for SharedPrefix's reason
-            model.model(ids, mask, kv_cache=self)
-        finally:
-            model.model.gradient_checkpointing = checkpointing
-        self._recording = False
-        self._graph = None
-        if torch.is_grad_enabled() and any(k.requires_grad for k in self.keys.values()):
-            self._graph = (self.keys, self.values)
-            self.keys = {i: k.detach().requires_grad_() for i, k in self.keys.items()}
-            self.values = {i: v.detach().requires_grad_() for i, v in self.values.items()}
+        self._record(model, ids, mask)  # keys and values (n, K, Q, D)
 
     # while the groups' own pass runs: read the shared prefix, record each layer's keys and values
     def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -258,16 +256,7 @@ class GroupPrefixes:
 
     def backward(self):
         """The rows' gradients through the groups' pass, then through the shared prefix (once)."""
-        if self._graph is not None:
-            outputs, grads = [], []
-            for graph, leaves in zip(self._graph, (self.keys, self.values)):
-                for layer, leaf in leaves.items():
-                    if leaf.grad is not None:
-                        outputs.append(graph[layer])
-                        grads.append(leaf.grad)
-            if outputs:
-                torch.autograd.backward(outputs, grads)
-            self._graph = None
+        self._send_back()
         if self.shared is not None:
             self.shared.backward()
 
@@ -277,9 +266,8 @@ class GroupRows:
 
     def __init__(self, groups_prefix: GroupPrefixes, groups: torch.Tensor):
         self.prefix, self.groups = groups_prefix, groups  # (b,)
-        mask = groups_prefix.mask[groups]  # (b, Q)
-        self.key_mask = mask
-        self.next_pos = groups_prefix.length + mask.sum(dim=1)  # (b,): P + the row's group part
+        self.key_mask = groups_prefix.mask[groups]  # (b, Q)
+        self.next_pos = groups_prefix.length + self.key_mask.sum(dim=1)  # (b,): P + the row's group part
 
     def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """real (b, T) -> the mask over [P | Q | T] (b, P + Q + T), the new tokens' slots (T,)."""

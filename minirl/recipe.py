@@ -26,7 +26,6 @@ at best copy that habit and only RL can climb past it. Times and memory of a mea
 import json
 import os
 import random
-import resource
 import shutil
 import time
 
@@ -134,7 +133,7 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
                "settings": s}
 
     print(f"1. the untrained policy on {len(task.eval_items())} held-out questions (greedy, then T=1)")
-    tick, peaks = time.perf_counter(), {}
+    tick, peaks, highest = time.perf_counter(), {}, []  # highest: each stretch's high-water mark
     policy, tokenizer = load_pretrained(model)
     summary["base"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed)
     del policy
@@ -156,7 +155,7 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     print("3. stage 1: LoRA SFT until the graduation test passes")
     tick = time.perf_counter()
     sft_dir = os.path.join(out_dir, "sft")
-    stage_rss = _reset_peak()
+    stage_rss = _reset_peak(highest)
     summary["sft_run"] = sft_train(SFTConfig(
         model=model, data=data, out=sft_dir, epochs=s["sft_epochs"], lr=s["sft_lr"], batch_size=s["sft_batch"],
         max_len=1024, seed=seed, eval_every=s["sft_eval_every"], until_graduated=True, samples_per_prompt=4,
@@ -173,7 +172,7 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     print("4. stage 2: GRPO from the SFT adapter, the environment's reward, KL to the SFT policy")
     tick = time.perf_counter()
     grpo_dir = os.path.join(out_dir, "grpo")
-    stage_rss = _reset_peak()
+    stage_rss = _reset_peak(highest)
     summary["grpo_run"] = grpo_train(GRPOConfig(
         model=model, adapter=os.path.join(sft_dir, "adapter"), task=task, out=grpo_dir, steps=s["grpo_steps"],
         prompts_per_step=s["prompts_per_step"], group_size=s["group_size"], lr=s["grpo_lr"],
@@ -188,7 +187,8 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     print("   " + _line(summary["grpo"]))
 
     summary["seconds"] = {**seconds, "total": time.perf_counter() - start}
-    summary["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # kB on Linux
+    # not getrusage's ru_maxrss: resetting the high-water mark resets it too (and GNU time's figure)
+    summary["peak_rss_gb"] = max(highest + [_resident("VmHWM")]) / 1e9
     summary["memory"] = {stage: {"estimate_gb": summary[f"{stage}_run"]["memory_estimate_gb"],
                                  "measured_gb": peaks[stage] / 1e9} for stage in peaks}  # above the stage's start
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
@@ -231,9 +231,11 @@ def _resident(field: str) -> int:
         return 0
 
 
-def _reset_peak() -> int:
+def _reset_peak(highest: list[int]) -> int:
     """Start a new high-water mark at the current size (Linux: /proc/self/clear_refs), after handing
-    the heap's free pages back; returns that size, in bytes (what a stage's peak is measured above)."""
+    the heap's free pages back; returns that size, in bytes (what a stage's peak is measured above).
+    The mark it ends is appended to `highest` (the run's peak is the largest of them)."""
+    highest.append(_resident("VmHWM"))
     trim_heap()
     try:
         with open("/proc/self/clear_refs", "w") as f:
