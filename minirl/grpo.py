@@ -30,7 +30,6 @@ import math
 import os
 import random
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -39,15 +38,15 @@ from tqdm import tqdm
 from . import distributed
 from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
 from .config import Qwen2Config
-from .kv_cache import GroupPrefixes, SharedPrefix, common_prefix_length
+from .grpo_memory import fit_learning, plan_memory
+from .learner import completion_logprobs, frozen_logprobs, learning_batch, minibatches, shared_prefix
 from .lora import add_lora, disable_adapters, load_adapter, merge_and_unload, merged_for_sampling, save_adapter
-from .losses import group_advantages, policy_loss, token_logprobs_chunked
-from .memory import MemoryBudgetError, budget_bytes, describe_choice, estimate, fit_pass, what_fits
-from .rollout import prompt_ids, sample_completions
+from .losses import group_advantages, policy_loss
+from .memory import MemoryBudgetError, budget_bytes
+from .rollout import sample_completions
 from .rollout_log import RolloutLog, rollout_records
 from .tasks import make_task, score
 from .tokenizer import Tokenizer
-from .trainable_tokens import output_rows
 from .weights import load_pretrained, run_dtype, save_pretrained
 
 
@@ -115,93 +114,6 @@ def filter_groups(trajectories, G: int, dynamic_sampling: bool):
     grouped = rewards.view(-1, G).nan_to_num()
     spread = grouped.amax(dim=1) > grouped.amin(dim=1)  # not std > 0: [0.7] * G has a rounding-error std
     return rewards, finite, spread, finite & (spread | (not dynamic_sampling))
-
-
-def learning_batch(trajectories, pad_id: int, device, completion_len: int = 1) -> dict:
-    """The rollouts as tensors for the learner, each prompt token run once per pass, not once per row.
-    The prefix every prompt begins with (the system prompt and tool list) is kept once, as `prefix`
-    (P,) (kv_cache.SharedPrefix); the rest of each distinct prompt but its last token, the part a
-    group's G samples share (their question), once per group, as `group_ids` (n, Q) right-padded with
-    `group_mask`, and `row_group` (N,) says whose it is (kv_cache.GroupPrefixes). A row itself is its
-    prompt's last token and its completion, right-padded: `ids` (N, 1 + Lc), so the hidden state at
-    column t predicts completion token t (`prompt_len` 1). Completions are padded to Lc = the longest
-    of them, or completion_len if that is longer."""
-    prompts = [t.prompt_ids for t in trajectories]
-    P = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1) if trajectories else 0
-    groups = {}  # each distinct prompt -> its group's index, in order of appearance
-    row_group = [groups.setdefault(tuple(p), len(groups)) for p in prompts]
-    parts = [list(p[P:-1]) for p in groups]
-    Q = max(map(len, parts), default=0)
-    group_ids = torch.full((len(parts), Q), pad_id, dtype=torch.long)
-    group_mask = torch.zeros(len(parts), Q, dtype=torch.long)
-    for g, part in enumerate(parts):
-        group_ids[g, :len(part)], group_mask[g, :len(part)] = torch.tensor(part, dtype=torch.long), 1
-    Lc = max(completion_len, max((len(t.completion_ids) for t in trajectories), default=1))
-    N = len(trajectories)
-    ids = torch.full((N, 1 + Lc), pad_id, dtype=torch.long)
-    attention = torch.zeros(N, 1 + Lc, dtype=torch.long)
-    action_mask = torch.zeros(N, Lc, dtype=torch.long)
-    sampler_logprobs = torch.zeros(N, Lc)
-    for i, t in enumerate(trajectories):
-        n = len(t.completion_ids)
-        ids[i, :1 + n] = torch.tensor(t.prompt_ids[-1:] + t.completion_ids)
-        attention[i, :1 + n] = 1
-        action_mask[i, :n] = torch.tensor(t.action_mask, dtype=torch.long)
-        sampler_logprobs[i, :n] = torch.tensor(t.logprobs)
-    batch = {"ids": ids, "attention": attention, "completion": ids[:, 1:], "action_mask": action_mask,
-             "sampler_logprobs": sampler_logprobs, "group_ids": group_ids, "group_mask": group_mask,
-             "row_group": torch.tensor(row_group, dtype=torch.long),
-             "prefix": torch.tensor(prompts[0][:P] if P else [], dtype=torch.long)}
-    return {**{k: v.to(device) for k, v in batch.items()}, "prompt_len": 1}
-
-
-def shared_prefix(model, batch) -> GroupPrefixes | SharedPrefix | None:
-    """The batch's prompts run through the model once, for one pass over all minibatches: the prefix
-    all share, then each group's part (none when every group's part is empty)."""
-    shared = SharedPrefix(model, batch["prefix"]) if len(batch["prefix"]) else None
-    if batch["group_ids"].shape[1] == 0:
-        return shared
-    return GroupPrefixes(model, batch["group_ids"], batch["group_mask"], shared)
-
-
-def completion_logprobs(model, batch, rows, temperature, prefix: GroupPrefixes | SharedPrefix | None = None):
-    """log πθ of each completion token of the selected rows: (len(rows), Lc). Only the columns these
-    rows fill are run (minibatches of similar lengths: little padding, see minibatches)."""
-    Lc = batch["completion"].shape[1]
-    attention = batch["attention"][rows]
-    end = int(attention.any(dim=0).nonzero()[-1]) + 1  # column 0, the prompt's last token, is always real
-    cache = prefix.rows(batch["row_group"][rows]) if prefix is not None else None
-    hidden = model.model(batch["ids"][rows, :end], attention[:, :end], kv_cache=cache)  # (b, T, C)
-    n = end - 1  # completion columns run
-    logp = token_logprobs_chunked(hidden[:, :n], model.lm_head.weight, batch["completion"][rows, :n], temperature,
-                                  mask=batch["action_mask"][rows, :n], rows=output_rows(model))
-    return torch.nn.functional.pad(logp, (0, Lc - n))  # (b, Lc)
-
-
-def minibatches(batch, size: int) -> list[torch.Tensor]:
-    """Row indices for the learner's passes: rows sorted by length, cut into groups of at most `size`
-    rows whose padded area (rows x the longest) stays within size x the mean length, so one long
-    completion does not make a whole group of short ones run at its length."""
-    lengths = batch["attention"].sum(dim=1).tolist()
-    budget = size * sum(lengths) / max(1, len(lengths))
-    groups, group = [], []
-    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
-        if group and (len(group) == size or (len(group) + 1) * lengths[i] > budget):
-            groups.append(group)
-            group = []
-        group.append(i)
-    groups.append(group)
-    return [torch.tensor(g, device=batch["ids"].device) for g in groups if g]
-
-
-@torch.no_grad()
-def frozen_logprobs(model, batch, minibatch_size, temperature, context=nullcontext):
-    with context():
-        prefix = shared_prefix(model, batch)
-        out = torch.zeros(batch["completion"].shape, device=batch["ids"].device)  # (N, Lc)
-        for rows in minibatches(batch, minibatch_size):
-            out[rows] = completion_logprobs(model, batch, rows, temperature, prefix)
-        return out
 
 
 @torch.no_grad()
@@ -280,63 +192,6 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
     if per_token is not None and trajectories:
         per_token.update(logprob=seen, old_logprob=seen if old_logp is None else old_logp, ref_logprob=ref_logp)
     return stats
-
-
-def memory_estimator(cfg: GRPOConfig, config, dtype_bytes: int, prompts_per_rank: int, prompt_len: int,
-                     completion_len: int, shared: int, cpu: bool = False):
-    """estimate_for(rows, checkpointing, **change) for memory.fit_pass: one step of this run, itemized."""
-    def estimate_for(rows, checkpointing, **change):
-        sizes = {"prompts_per_step": prompts_per_rank, "group_size": cfg.group_size, "max_new_tokens": completion_len,
-                 "lora_r": cfg.lora_r, "dtype_bytes": dtype_bytes, **change}
-        return estimate(config, full=cfg.full, prompt_len=prompt_len, minibatch_size=rows, checkpointing=checkpointing,
-                        beta=cfg.beta, compile=cfg.compile, shared_prefix=shared, cpu=cpu, **sizes)
-    return estimate_for
-
-
-def plan_memory(cfg: GRPOConfig, config, tokenizer, task, dtype, budget: int, prompts_per_rank: int,
-                cpu: bool = False):
-    """Before anything is allocated: the step's estimate for the task's longest held-out prompt and
-    one turn of --max-new-tokens, against the budget. Returns the (rows, checkpointing) the first
-    step starts with (learn re-plans each step for the batch it has); MemoryBudgetError, naming the
-    flags that would fit, when nothing does."""
-    prompts = [prompt_ids(tokenizer, item) for item in task.eval_items()[:64]]
-    prompt_len = max(map(len, prompts))
-    shared = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1)
-    estimate_for = memory_estimator(cfg, config, dtype.itemsize, prompts_per_rank, prompt_len, cfg.max_new_tokens,
-                                    shared, cpu)
-    try:
-        rows, checkpointing, plan = fit_pass(estimate_for, budget, cfg.minibatch_size, cfg.checkpointing)
-    except MemoryBudgetError as e:
-        changes = {f"--max-new-tokens {cfg.max_new_tokens // k}": {"max_new_tokens": cfg.max_new_tokens // k}
-                   for k in (2, 4) if cfg.max_new_tokens // k}
-        changes.update({f"--prompts-per-step {cfg.prompts_per_step // k}": {"prompts_per_step": prompts_per_rank // k}
-                        for k in (2, 4) if prompts_per_rank // k})
-        changes.update({f"--group-size {cfg.group_size // k}": {"group_size": cfg.group_size // k}
-                        for k in (2, 4) if cfg.group_size // k >= 2})
-        if dtype == torch.float32:
-            changes["--dtype bfloat16"] = {"dtype_bytes": 2}
-        fits = what_fits(estimate_for, budget, changes)
-        raise MemoryBudgetError(f"grpo does not fit: {e}\nwould fit: {'; '.join(fits) if fits else 'none of '}"
-                                f"{'' if fits else ', '.join(changes)}") from None
-    if (rows, checkpointing) != (cfg.minibatch_size, cfg.checkpointing):
-        distributed.print_main(describe_choice(rows, checkpointing, (cfg.minibatch_size, cfg.checkpointing), plan.peak,
-                                               budget, "learning"))
-    return rows, checkpointing, plan.peak
-
-
-def fit_learning(cfg: GRPOConfig, config, dtype_bytes: int, budget: int, trajectories,
-                 cpu: bool = False) -> tuple[int, bool, float]:
-    """This step's rows per pass and checkpointing: the largest that keep the learning phase of the
-    batch actually sampled (its longest prompt and completion) within the budget; and that estimate."""
-    if not trajectories:
-        return cfg.minibatch_size, cfg.checkpointing, 0.0
-    prompts = [t.prompt_ids for t in trajectories]
-    shared = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1)
-    estimate_for = memory_estimator(cfg, config, dtype_bytes, 1, max(map(len, prompts)),
-                                    max(max(len(t.completion_ids) for t in trajectories), 1), shared, cpu)
-    rows, checkpointing, plan = fit_pass(lambda r, c: estimate_for(r, c, group_size=len(trajectories)), budget,
-                                         cfg.minibatch_size, cfg.checkpointing, phase="learning")
-    return rows, checkpointing, plan.learning
 
 
 def train(cfg: GRPOConfig) -> dict:
@@ -425,7 +280,8 @@ def train(cfg: GRPOConfig) -> dict:
         if distributed.all_reduce_sum(len(rows)):  # every rank learns (and communicates) if any rank has rows
             kept = [mine[i] for i in rows]
             try:  # the memory guard, for the batch this step sampled
-                *fitted, estimate_now = fit_learning(cfg, config, dtype.itemsize, budget, kept, device.type == "cpu")
+                *fitted, estimate_now = fit_learning(cfg, config, dtype.itemsize, budget, kept,
+                                                     cpu=device.type == "cpu")
             except MemoryBudgetError as e:
                 raise MemoryBudgetError(f"step {step + 1}'s batch does not fit ({e}); the checkpoints in {cfg.out} "
                                         "are kept: --resume with a smaller --max-new-tokens") from None

@@ -43,11 +43,7 @@ def quickstart_figure(run_dir: str, out_path: str):
     ax.legend(loc="center right")
     fig.suptitle(f"demonstrator {summary['demonstrator_accuracy']:.2f} → SFT {summary['sft_accuracy']:.2f} → "
                  f"GRPO {summary['grpo_accuracy']:.2f}  ({summary['eval_questions']} held-out questions)")
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
-    return out_path
+    return _save(fig, out_path)
 
 
 def recipe_figure(run_dir: str, out_path: str):
@@ -87,6 +83,12 @@ def recipe_figure(run_dir: str, out_path: str):
     base, sft, grpo = (summary[k]["greedy"]["accuracy"] for k in ("base", "sft", "grpo"))
     fig.suptitle(f"{os.path.basename(os.path.normpath(summary['model']))}: untrained {base:.2f} → SFT {sft:.2f} → "
                  f"GRPO {grpo:.2f} (demonstrator {summary['demonstrator']['accuracy']:.2f})")
+    return _save(fig, out_path)
+
+
+def _save(fig, out_path: str) -> str:
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
     fig.savefig(out_path, dpi=110)

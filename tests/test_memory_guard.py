@@ -1,4 +1,4 @@
-"""The memory guard (memory.fit_pass, budget_bytes; sft.plan_memory, grpo.plan_memory / fit_learning): a run
+"""The memory guard (memory.fit_pass, budget_bytes; sft.plan_memory, grpo_memory.plan_memory / fit_learning): a run
 that would not fit first shrinks its passes or turns on activation checkpointing and says so in one line,
 training exactly as it would have; a run that cannot fit stops before allocating, naming flags that would."""
 
@@ -117,7 +117,7 @@ def test_sft_that_cannot_fit_stops_before_anything_is_written(toy, tmp_path):
 
 def grpo_estimator(toy, cfg):
     """grpo's own estimate of a step of `cfg` on the toy model (as plan_memory computes it)."""
-    from minirl.grpo import memory_estimator
+    from minirl.grpo_memory import memory_estimator
     from minirl.kv_cache import common_prefix_length
     from minirl.rollout import prompt_ids
     from minirl.tasks import make_task

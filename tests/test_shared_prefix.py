@@ -4,7 +4,7 @@ states, log-probs, gradients and samples as running every row whole."""
 import pytest
 import torch
 
-from minirl.grpo import completion_logprobs, learning_batch, shared_prefix
+from minirl.learner import completion_logprobs, learning_batch, shared_prefix
 from minirl.kv_cache import SharedPrefix, common_prefix_length
 from minirl.lora import add_lora
 from minirl.model import random_model
