@@ -11,6 +11,7 @@ import torch
 
 from . import distributed
 from .kv_cache import common_prefix_length
+from .learner import passes
 from .memory import MemoryBudgetError, describe_choice, estimate, fit_pass, what_fits
 from .rollout import prompt_ids
 
@@ -63,13 +64,26 @@ def plan_memory(cfg: "GRPOConfig", config, tokenizer, task, dtype, budget: int, 
 def fit_learning(cfg: "GRPOConfig", config, dtype_bytes: int, budget: int, trajectories,
                  cpu: bool = False) -> tuple[int, bool, float]:
     """This step's rows per pass and checkpointing: the largest that keep the learning phase of the
-    batch actually sampled (its longest prompt and completion) within the budget; and that estimate."""
+    batch actually sampled within the budget; and that estimate. The estimate follows the learner's
+    own layout (learner.learning_batch): the shared prefix and each group's part of its prompt, run
+    once, and the largest of the passes learner.passes cuts the rows into."""
     if not trajectories:
         return cfg.minibatch_size, cfg.checkpointing, 0.0
     prompts = [t.prompt_ids for t in trajectories]
     shared = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1)
-    estimate_for = memory_estimator(cfg, config, dtype_bytes, 1, max(map(len, prompts)),
-                                    max(max(len(t.completion_ids) for t in trajectories), 1), shared, cpu)
-    rows, checkpointing, plan = fit_pass(lambda r, c: estimate_for(r, c, group_size=len(trajectories)), budget,
-                                         cfg.minibatch_size, cfg.checkpointing, phase="learning")
+    distinct = {tuple(p) for p in prompts}
+    group_part = max(len(p) - shared - 1 for p in distinct)  # Q: the groups' parts, padded to the longest
+    lengths = [1 + len(t.completion_ids) for t in trajectories]  # a row: its prompt's last token and completion
+    n = len(distinct)
+
+    def estimate_for(rows, checkpointing):  # the largest of this cut's passes
+        sizes = {(len(p), max(lengths[i] for i in p)) for p in passes(lengths, rows)}
+        return max((estimate(config, full=cfg.full, lora_r=cfg.lora_r, prompts_per_step=n,
+                             group_size=-(-len(trajectories) // n), prompt_len=shared + group_part + 1,
+                             max_new_tokens=longest - 1 or 1, minibatch_size=b, checkpointing=checkpointing,
+                             beta=cfg.beta, compile=cfg.compile, shared_prefix=shared, dtype_bytes=dtype_bytes,
+                             cpu=cpu) for b, longest in sizes), key=lambda plan: plan.learning)
+
+    rows, checkpointing, plan = fit_pass(estimate_for, budget, cfg.minibatch_size, cfg.checkpointing,
+                                         phase="learning")
     return rows, checkpointing, plan.learning

@@ -78,11 +78,10 @@ def completion_logprobs(model, batch, rows, temperature, prefix: GroupPrefixes |
     return torch.nn.functional.pad(logp, (0, Lc - n))  # (b, Lc)
 
 
-def minibatches(batch, size: int) -> list[torch.Tensor]:
+def passes(lengths: list[int], size: int) -> list[list[int]]:
     """Row indices for the learner's passes: rows sorted by length, cut into groups of at most `size`
     rows whose padded area (rows x the longest) stays within size x the mean length, so one long
     completion does not make a whole group of short ones run at its length."""
-    lengths = batch["attention"].sum(dim=1).tolist()
     budget = size * sum(lengths) / max(1, len(lengths))
     groups, group = [], []
     for i in sorted(range(len(lengths)), key=lengths.__getitem__):
@@ -91,7 +90,12 @@ def minibatches(batch, size: int) -> list[torch.Tensor]:
             group = []
         group.append(i)
     groups.append(group)
-    return [torch.tensor(g, device=batch["ids"].device) for g in groups if g]
+    return [g for g in groups if g]
+
+
+def minibatches(batch, size: int) -> list[torch.Tensor]:
+    """passes() of the batch's rows (their lengths: the prompt's last token and the completion)."""
+    return [torch.tensor(g, device=batch["ids"].device) for g in passes(batch["attention"].sum(dim=1).tolist(), size)]
 
 
 @torch.no_grad()

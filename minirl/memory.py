@@ -7,7 +7,8 @@ A step has two phases and the peak is the larger one:
   sampling  weights + trainable parameters and AdamW state + the KV cache of all P·G sequences;
   learning  weights + trainable parameters, their gradients and AdamW state + the activations of one
             minibatch (with activation checkpointing: every layer's input, plus one layer recomputed
-            during backward) + the chunked log-prob computation (chunk_size × V logits, never B·T·V).
+            during backward) and of the prompt tokens run once for all minibatches (the shared prefix,
+            each group's question) + the chunked log-prob computation (chunk_size × V logits, never B·T·V).
 The KV cache is gone before learning starts (sampling returns token ids only), except with compiled
 decoding (`compile=True`, grpo's --compile): a CUDA graph is recorded against the cache's addresses, so
 the cache (its length rounded up to 256 slots) is kept from step to step and counted in both phases.
@@ -110,19 +111,22 @@ class MemoryEstimate:
 
 
 def activation_bytes(config: Qwen2Config, e: int, *, lora: bool, r: int, rows: int, tokens: int, prefix: int = 0,
-                     checkpointing: bool = True) -> int:
+                     groups: int = 0, group_tokens: int = 0, checkpointing: bool = True) -> int:
     """What one forward pass of `rows` sequences keeps for backward: `tokens` of each row's own (with
     checkpointing every layer's input plus one layer recomputed during backward, else every layer's
-    activations), the final norm and the hidden states it returns, and a shared prefix of `prefix`
-    tokens run once (kv_cache.SharedPrefix, never checkpointed) whose keys and values every row's
-    attention reads in its own copy (one layer's worth when checkpointed)."""
+    activations), the final norm and the hidden states it returns; a shared prefix of `prefix`
+    tokens run once (kv_cache.SharedPrefix) and `groups` group parts of `group_tokens` each, run once
+    per group (kv_cache.GroupPrefixes), both never checkpointed and kept for all of a learning pass's
+    minibatches; and every row's own copy of the keys and values its attention reads from them (one
+    layer's worth when checkpointed)."""
     L, C = config.num_hidden_layers, config.hidden_size
     KD = config.num_key_value_heads * config.head_dim
     per_token_layer = activation_bytes_per_token_layer(config, e, lora=lora, r=r)
     n = rows * tokens
     layers = L * n * e * C + n * per_token_layer if checkpointing else L * n * per_token_layer
-    shared = L * prefix * per_token_layer + (1 if checkpointing else L) * rows * prefix * 2 * KD * e
-    return layers + n * (4 + 2 * e) * C + shared
+    run_once = L * (prefix + groups * group_tokens) * per_token_layer
+    copies = (1 if checkpointing else L) * rows * (prefix + group_tokens) * 2 * KD * e
+    return layers + n * (4 + 2 * e) * C + run_once + copies
 
 
 # On a CPU, glibc's malloc serves every tensor under its mmap threshold (which rises to each large
@@ -137,10 +141,10 @@ CPU_SLACK = {False: 0.6, True: 0.7}  # x the activations one pass keeps without 
 
 
 def cpu_allocator_slack(config: Qwen2Config, e: int, *, lora: bool, r: int, rows: int, tokens: int, prefix: int = 0,
-                        checkpointing: bool = True) -> int:
+                        groups: int = 0, group_tokens: int = 0, checkpointing: bool = True) -> int:
     """The CPU heap's excess over the live tensors during a learning pass (CPU_SLACK, measured)."""
-    full_pass = activation_bytes(config, e, lora=lora, r=r, rows=rows, tokens=tokens, prefix=prefix,
-                                 checkpointing=False)
+    full_pass = activation_bytes(config, e, lora=lora, r=r, rows=rows, tokens=tokens, prefix=prefix, groups=groups,
+                                 group_tokens=group_tokens, checkpointing=False)
     return int(CPU_SLACK[checkpointing] * full_pass)
 
 
@@ -177,7 +181,9 @@ def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group
              shared_prefix: int = 0, cpu: bool = False) -> MemoryEstimate:
     """Itemized memory of one GRPO step (module docstring). Defaults are the chapter's 7B setting and
     GRPOConfig's; full=True trains every weight (AdamW state in the model dtype, as torch keeps it).
-    shared_prefix: leading prompt tokens every sequence shares, which the learner runs once.
+    The learning pass is laid out as learner.learning_batch lays it out: the `shared_prefix` tokens
+    every prompt begins with run once, the rest of each prompt but its last token once per group (its
+    G rows share it), and a row runs its prompt's last token and its completion (1 + max_new_tokens).
     cpu: the run's memory is a CPU's, whose allocator keeps freed blocks resident (cpu_allocator_slack)."""
     _check_sizes(full, lora_r=lora_r, group_size=group_size, prompts_per_step=prompts_per_step, prompt_len=prompt_len,
                  max_new_tokens=max_new_tokens, dtype_bytes=dtype_bytes, minibatch_size=minibatch_size,
@@ -193,17 +199,19 @@ def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group
     slots = min(-(-T // 256) * 256, config.max_position_embeddings) if compile else T  # as sampling.py allocates
     kv = L * 2 * N * config.num_key_value_heads * config.head_dim * slots * e
     sampling_logits = N * V * 4 * 3
-    activations = activation_bytes(config, e, lora=not full, r=lora_r, rows=b, tokens=T - shared_prefix,
-                                   prefix=shared_prefix, checkpointing=checkpointing)
+    Q, row = prompt_len - shared_prefix - 1, 1 + max_new_tokens  # a group's part, a row's own tokens
+    layout = dict(lora=not full, r=lora_r, rows=b, tokens=row, prefix=shared_prefix, groups=prompts_per_step,
+                  group_tokens=Q, checkpointing=checkpointing)
+    activations = activation_bytes(config, e, **layout)
     chunks = logprob_chunk_bytes(config, e, chunk_size)
-    slack = cpu_allocator_slack(config, e, lora=not full, r=lora_r, rows=b, tokens=T - shared_prefix,
-                                prefix=shared_prefix, checkpointing=checkpointing) if cpu else 0
+    slack = cpu_allocator_slack(config, e, **layout) if cpu else 0
 
     kept = " slots, kept" if compile else " tokens"  # compiled decoding keeps its cache between steps
     items[f"KV cache ({N} sequences x {slots}{kept})"] = kv
     items["sampling logits (float32, 3 copies)"] = sampling_logits
-    rows = f"{b} x {T - shared_prefix}" + (f" + {shared_prefix} shared" if shared_prefix else "")
-    items[f"activations ({rows} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"] = activations
+    shape = (f"{b} x {row}" + (f" + {prompts_per_step} x {Q} group" if Q else "")
+             + (f" + {shared_prefix} shared" if shared_prefix else ""))
+    items[f"activations ({shape} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"] = activations
     items[f"log-prob chunks ({chunk_size} x {V} logits)"] = chunks
     if cpu:
         items["CPU allocator slack (freed blocks kept resident)"] = slack

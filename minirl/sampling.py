@@ -7,7 +7,10 @@ Prompts of different lengths are left-padded into one batch; positions count rea
 each row is computed exactly as if it were alone. A prefix every prompt shares (an agent task's
 system prompt and tools) is prefilled once and copied into every row. `num_samples=G` draws G completions per prompt
 (GRPO's group) from one prefill: the prompt's cache is copied into G rows. Rows that have stopped
-are dropped from the batch once they are at least half of it, so they stop costing work.
+are dropped from the batch once they are an eighth of it (COMPACT_AT), so they stop costing work: on
+a CPU a decode step costs about what its rows do, and dropping them costs a copy of the cache. On
+64 real calculator episodes (Qwen2.5-0.5B, float32, 2 cores) this decoded 1582 row-steps instead
+of the 1971 it took when waiting for half, and sampled in 32 s instead of 40 s.
 
 `static_cache=True` decodes with fixed shapes instead (a StaticKVCache, no compaction, the stop test
 every SYNC_EVERY tokens so the host rarely waits for the device), and `compile=True` also compiles
@@ -28,6 +31,7 @@ import torch
 from .kv_cache import KVCache, StaticKVCache, common_prefix_length
 
 SYNC_EVERY = 8  # static path: tokens between the host's checks whether every row has stopped
+COMPACT_AT = 0.125  # compacting path: drop the stopped rows once they are this share of the batch
 MIN_SHARED_PREFIX = 16  # tokens every prompt must share before their prefill is shared
 KEPT_CACHES = 4  # compiled path: caches kept per model (one per batch size, the least recently used goes)
 _kept_caches = weakref.WeakKeyDictionary()  # model -> {(rows, dtype, device): StaticKVCache}
@@ -167,7 +171,7 @@ def _decode_steps(model, prompts, max_new_tokens, temperature, top_p, top_k, sto
         if step == max_new_tokens - 1 or bool(done.all()):
             return
         finished_in_batch = done[rows]
-        if 2 * int(finished_in_batch.sum()) >= len(rows):  # compact: finished rows cost a full step each
+        if int(finished_in_batch.sum()) >= COMPACT_AT * len(rows):  # compact: finished rows cost a full step each
             keep = (~finished_in_batch).nonzero()[:, 0]
             cache.select_rows(keep)
             rows, tokens = rows[keep], tokens[keep]
