@@ -137,10 +137,12 @@ class _Recorded:
     """What SharedPrefix and GroupPrefixes share: a pass that records each layer's keys and values
     (write() while _recording), and the detached leaves the rows read, whose gradients go back once."""
 
-    def _record(self, model, ids: torch.Tensor, mask: torch.Tensor | None):
+    def _record(self, model, ids: torch.Tensor, mask: torch.Tensor | None, checkpointable: bool):
+        """checkpointable: write() returns what it returned while recording also when a checkpointed
+        layer is recomputed in backward (GroupPrefixes); SharedPrefix's would not, so it never is."""
         self.keys, self.values, self._recording, self._graph = {}, {}, True, None  # layer -> (n, K, T, D)
-        # Not checkpointed: a layer recomputed in backward would record its keys again, in the wrong mode.
-        checkpointing, model.model.gradient_checkpointing = model.model.gradient_checkpointing, False
+        checkpointing = model.model.gradient_checkpointing
+        model.model.gradient_checkpointing = checkpointing and checkpointable
         try:
             model.model(ids, mask, kv_cache=self)  # fills keys and values through write()
         finally:
@@ -186,7 +188,7 @@ class SharedPrefix(_Recorded):
         """ids (P,): the shared tokens, run through `model` (a Qwen2) here, once."""
         self.length = ids.shape[0]
         self.next_pos = torch.zeros(1, dtype=torch.long, device=ids.device)  # (1,): broadcast to every row
-        self._record(model, ids[None], None)  # keys and values (1, K, P, D)
+        self._record(model, ids[None], None, checkpointable=False)  # keys and values (1, K, P, D)
         self.next_pos = torch.full((1,), self.length, dtype=torch.long, device=ids.device)
 
     def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,8 +228,10 @@ class GroupPrefixes(_Recorded):
     the longest, Q tokens, padding masked), attending to the shared prefix; a row's pass then reads
     [shared prefix | its group's part | its own tokens], with the positions it would have had whole.
     Backward as SharedPrefix: the rows leave their gradients on detached keys and values here, and
-    `backward()` sends them through the groups' pass once, then through the shared prefix's.
-    Shapes: n groups, Q their longest part, b rows of a pass, K kv heads, D head dim.
+    `backward()` sends them through the groups' pass once, then through the shared prefix's. With
+    activation checkpointing the groups' pass is checkpointed too (it can be long: 32 GSM8K questions
+    of ~250 tokens are 8,000 tokens, kept for all of a step's minibatches); the shared prefix, one
+    sequence, never is. Shapes: n groups, Q their longest part, b rows of a pass, K kv heads, D head dim.
     """
 
     def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor, shared: SharedPrefix | None):
@@ -235,9 +239,10 @@ class GroupPrefixes(_Recorded):
         self.shared, self.mask = shared, mask.bool()  # (n, Q)
         self.length = shared.length if shared is not None else 0  # P, the shared prefix's tokens
         self.next_pos = torch.full((1,), self.length, dtype=torch.long, device=ids.device)
-        self._record(model, ids, mask)  # keys and values (n, K, Q, D)
+        self._record(model, ids, mask, checkpointable=True)  # keys and values (n, K, Q, D)
 
-    # while the groups' own pass runs: read the shared prefix, record each layer's keys and values
+    # while the groups' own pass runs: read the shared prefix, record each layer's keys and values (and
+    # the same again when activation checkpointing recomputes a layer in backward: the same result)
     def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.shared is None:
             return real, torch.arange(real.shape[1], device=real.device)

@@ -115,18 +115,20 @@ def activation_bytes(config: Qwen2Config, e: int, *, lora: bool, r: int, rows: i
     """What one forward pass of `rows` sequences keeps for backward: `tokens` of each row's own (with
     checkpointing every layer's input plus one layer recomputed during backward, else every layer's
     activations), the final norm and the hidden states it returns; a shared prefix of `prefix`
-    tokens run once (kv_cache.SharedPrefix) and `groups` group parts of `group_tokens` each, run once
-    per group (kv_cache.GroupPrefixes), both never checkpointed and kept for all of a learning pass's
-    minibatches; and every row's own copy of the keys and values its attention reads from them (one
-    layer's worth when checkpointed)."""
+    tokens run once (kv_cache.SharedPrefix, never checkpointed) and `groups` group parts of
+    `group_tokens` each, run once per group (kv_cache.GroupPrefixes, checkpointed with the rows), both
+    kept for all of a learning pass's minibatches; and every row's own copy of the keys and values its
+    attention reads from them (one layer's worth when checkpointed)."""
     L, C = config.num_hidden_layers, config.hidden_size
     KD = config.num_key_value_heads * config.head_dim
     per_token_layer = activation_bytes_per_token_layer(config, e, lora=lora, r=r)
+
+    def kept(n):  # what a pass of n tokens keeps: with checkpointing each layer's input and one layer
+        return L * n * e * C + n * per_token_layer if checkpointing else L * n * per_token_layer
+
     n = rows * tokens
-    layers = L * n * e * C + n * per_token_layer if checkpointing else L * n * per_token_layer
-    run_once = L * (prefix + groups * group_tokens) * per_token_layer
     copies = (1 if checkpointing else L) * rows * (prefix + group_tokens) * 2 * KD * e
-    return layers + n * (4 + 2 * e) * C + run_once + copies
+    return kept(n) + n * (4 + 2 * e) * C + L * prefix * per_token_layer + kept(groups * group_tokens) + copies
 
 
 # On a CPU, glibc's malloc serves every tensor under its mmap threshold (which rises to each large
@@ -183,7 +185,8 @@ def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group
     GRPOConfig's; full=True trains every weight (AdamW state in the model dtype, as torch keeps it).
     The learning pass is laid out as learner.learning_batch lays it out: the `shared_prefix` tokens
     every prompt begins with run once, the rest of each prompt but its last token once per group (its
-    G rows share it), and a row runs its prompt's last token and its completion (1 + max_new_tokens).
+    G rows share it; with one prompt, all of it is the shared prefix), and a row runs its prompt's last
+    token and its completion (1 + max_new_tokens).
     cpu: the run's memory is a CPU's, whose allocator keeps freed blocks resident (cpu_allocator_slack)."""
     _check_sizes(full, lora_r=lora_r, group_size=group_size, prompts_per_step=prompts_per_step, prompt_len=prompt_len,
                  max_new_tokens=max_new_tokens, dtype_bytes=dtype_bytes, minibatch_size=minibatch_size,
@@ -199,6 +202,8 @@ def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group
     slots = min(-(-T // 256) * 256, config.max_position_embeddings) if compile else T  # as sampling.py allocates
     kv = L * 2 * N * config.num_key_value_heads * config.head_dim * slots * e
     sampling_logits = N * V * 4 * 3
+    if prompts_per_step == 1:  # one prompt: all of it but its last token is the prefix every row shares
+        shared_prefix = prompt_len - 1
     Q, row = prompt_len - shared_prefix - 1, 1 + max_new_tokens  # a group's part, a row's own tokens
     layout = dict(lora=not full, r=lora_r, rows=b, tokens=row, prefix=shared_prefix, groups=prompts_per_step,
                   group_tokens=Q, checkpointing=checkpointing)

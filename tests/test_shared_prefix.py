@@ -133,6 +133,28 @@ def test_groups_of_samples_share_their_prompt_once_with_the_same_logprobs_and_gr
     assert all(g.abs().sum() > 0 for g in expected_grads)
 
 
+def test_with_checkpointing_the_groups_pass_keeps_only_layer_inputs():
+    """The groups' pass (kv_cache.GroupPrefixes) is kept for all of a step's minibatches; with activation
+    checkpointing it keeps each layer's input, not every activation (memory.activation_bytes counts that)."""
+    from minirl.kv_cache import GroupPrefixes
+
+    model = tiny_lora_model(seed=4).train()
+    ids = torch.tensor([SUFFIXES[2], SUFFIXES[2][::-1]])
+
+    def saved_bytes(checkpointing):
+        model.set_gradient_checkpointing(checkpointing)
+        saved = {}
+
+        def pack(t):
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            GroupPrefixes(model, ids, torch.ones_like(ids), None)
+        return sum(saved.values())
+
+    assert saved_bytes(True) < saved_bytes(False) / 3
+
+
 def test_a_prompt_that_is_all_prefix_keeps_its_last_token_in_the_rows():
     trajectories = [Trajectory(prompt={}, prompt_ids=PREFIX + extra, completion_ids=[40], action_mask=[1],
                                logprobs=[0.0], finish_reason="stop") for extra in ([], [11])]

@@ -101,6 +101,9 @@ def load_templates(path: str | os.PathLike | None = None) -> list[dict]:
     return templates
 
 
+REFERENCE_CALLS = ["read_file", "edit_file", "run_test"]  # trajectory A, the chapter's good fix (evaluation.py)
+
+
 def make_task(template: dict | str, seed: int = 0) -> dict:
     """One episode's task: the opening messages, the tool specs and the files of the buggy repository.
     The seed picks the wording of the request."""
@@ -114,7 +117,8 @@ def make_task(template: dict | str, seed: int = 0) -> dict:
     return {"messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": request}],
             "tools": TOOL_SPECS, "template": template["name"], "kind": template["kind"], "seed": seed,
             "file": template["file"], "test_file": test_file,
-            "files": {template["file"]: buggy_source(template), test_file: template["tests"]}}
+            "files": {template["file"]: buggy_source(template), test_file: template["tests"]},
+            "reference_calls": REFERENCE_CALLS}
 
 
 def format_summary(summary: dict) -> str:

