@@ -356,6 +356,10 @@ def write_run(out: str, episodes: list[dict], meta: dict) -> dict:
     return rescore(out)
 
 
+RECORD_FIELDS = ("item", "sample", "seed", "success", "reward", "finish_reason", "turns", "prompt_tokens",
+                 "completion_tokens", "seconds", "tool_calls", "malformed_calls")
+
+
 def read_episodes(folder: str) -> list[dict]:
     path = os.path.join(folder, "episodes.jsonl")
     if not os.path.exists(path):
@@ -366,9 +370,13 @@ def read_episodes(folder: str) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                episodes.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: invalid JSON ({e})") from None
+            missing = [k for k in RECORD_FIELDS if not isinstance(record, dict) or k not in record]
+            if missing:
+                raise ValueError(f"{path}:{lineno}: not an episode record (missing {', '.join(missing)})")
+            episodes.append(record)
     if not episodes:
         raise ValueError(f"{path}: no episodes")
     return episodes

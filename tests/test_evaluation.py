@@ -267,10 +267,14 @@ def test_eval_command_bad_input(toy_dir, tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
-    (tmp_path / "episodes.jsonl").write_text('{"item": 0}\nnot json\n')
+    (tmp_path / "episodes.jsonl").write_text(json.dumps(episode(0, 0, True)) + '\nnot json\n')
     with pytest.raises(SystemExit):
         main(["eval", "--rescore", str(tmp_path)])
     assert "episodes.jsonl:2: invalid JSON" in capsys.readouterr().err
+    (tmp_path / "episodes.jsonl").write_text('{"item": 0, "sample": 0}\n')
+    with pytest.raises(SystemExit):
+        main(["eval", "--rescore", str(tmp_path)])
+    assert "episodes.jsonl:1: not an episode record (missing seed, success" in capsys.readouterr().err
     assert not (tmp_path / "summary.json").exists()
 
 
