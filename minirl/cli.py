@@ -204,63 +204,6 @@ def cmd_rollout(args):
         print(show_mask(tokenizer, ids, mask, color=not args.no_color))
 
 
-def cmd_eval(args):
-    import json
-
-    from . import evaluation
-
-    if args.compare:
-        result = evaluation.compare(*(evaluation.read_episodes(folder) for folder in args.compare),
-                                    seed=args.seed)
-        print(json.dumps(result, indent=2))
-        low, high = result["interval_95"]
-        print(f"pass@1 {result['pass@1_a']:.3f} (A) -> {result['pass@1_b']:.3f} (B): {result['difference']:+.3f}, "
-              f"95 % interval [{low:+.3f}, {high:+.3f}], McNemar p = {result['mcnemar_p']:.3g}; "
-              f"{len(result['flipped_to_success'])} items flipped to success, "
-              f"{len(result['flipped_to_failure'])} to failure", file=sys.stderr)
-        if result["b_significantly_worse"]:
-            print("B is significantly worse than A", file=sys.stderr)
-            sys.exit(1)
-        return
-    if args.rescore:
-        print(evaluation.table(evaluation.rescore(args.rescore)))
-        return
-    if args.data and not args.task:  # a HumanEval-format file, or questions and answers
-        from .envs.program import is_program_file
-        args.task = "humaneval" if is_program_file(args.data) else "jsonl"
-    if not args.model or not args.task:
-        raise ValueError("eval needs --model and --task or --data (or --rescore DIR, or --compare DIR_A DIR_B)")
-    if args.n < 1 or args.limit < 0:
-        raise ValueError(f"need -n >= 1 and --limit >= 0, got -n {args.n} and --limit {args.limit}")
-    from .lora import load_adapter, merge_and_unload
-    from .tasks import make_task
-    from .weights import load_pretrained
-
-    options = {}
-    for option in args.task_option or []:
-        key, sep, text = option.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--task-option must be KEY=VALUE, got {option!r}")
-        try:
-            options[key] = json.loads(text)  # numbers and true/false as JSON, anything else as text
-        except json.JSONDecodeError:
-            options[key] = text
-    task = make_task(args.task, seed=args.task_seed, data=args.data, eval_data=args.eval_data, **options)
-    model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype], device=args.device)
-    for folder in args.adapter or []:  # SFT's, then GRPO's (trained on the merged SFT model), in order
-        merge_and_unload(load_adapter(model, folder))
-    temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
-    start = time.perf_counter()
-    episodes = evaluation.play(model, tokenizer, task, args.n, args.max_new_tokens, temperature, args.seed,
-                               args.limit, args.batch_size)
-    meta = {"model": args.model, "adapters": args.adapter or [], "task": args.task, "task_options": options,
-            "data": args.data,
-            "n": args.n, "limit": args.limit, "batch_size": args.batch_size, "temperature": temperature, "seed": args.seed, "task_seed": args.task_seed,
-            "max_new_tokens": args.max_new_tokens, "seconds": time.perf_counter() - start}
-    print(evaluation.table(evaluation.write_run(args.out, episodes, meta)))
-    print(f"wrote {os.path.join(args.out, 'episodes.jsonl')} and summary.json", file=sys.stderr)
-
-
 def cmd_quickstart(args):
     from .quickstart import run
     figure = args.figure or (os.path.join(args.out, "quickstart.png") if args.fast else
@@ -278,6 +221,11 @@ def cmd_view(args):
     from .viewer import write_page
     out = write_page(args.run, args.out, args.max_rollouts)
     print(f"wrote {out} ({os.path.getsize(out) / 1e6:.2f} MB); open it in a browser: file://{os.path.abspath(out)}")
+
+
+def add_eval_parser(sub, fmt):
+    from .evaluation import add_parser
+    add_parser(sub, fmt, DTYPES)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -320,30 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-color", action="store_true", help="mark actions with [[...]] instead of colour")
     r.set_defaults(func=cmd_rollout)
 
-    e = sub.add_parser("eval", help="evaluate a policy on a task's held-out items: the six kinds of agent evaluation",
-                       formatter_class=fmt)
-    e.add_argument("--model", default=None, help="base checkpoint folder")
-    e.add_argument("--adapter", action="append", default=None, help="a LoRA adapter, merged in (repeat: in order)")
-    e.add_argument("--task", default=None, help="arithmetic, calculator, code; jsonl or humaneval (with --data)")
-    e.add_argument("--data", default=None, help="a HumanEval-format file (.jsonl[.gz]: prompt, entry_point, test), "
-                   "or --task jsonl's items (held out: --eval-data, or 10 %%)")
-    e.add_argument("--eval-data", default=None, help="--task jsonl: the evaluation items")
-    e.add_argument("-n", type=int, default=1, help="samples per item (pass@k for k <= n)")
-    e.add_argument("--limit", type=int, default=0, help="only the first N held-out items (0: all)")
-    e.add_argument("--batch-size", type=int, default=32, help="items per batched rollout (similar lengths together)")
-    e.add_argument("--temperature", type=float, default=None, help="default: 0 (greedy) for -n 1, else 1")
-    e.add_argument("--max-new-tokens", type=int, default=128, help="per turn")
-    e.add_argument("--seed", type=int, default=0, help="sample s is drawn with seed + s")
-    e.add_argument("--task-seed", type=int, default=0, help="the task's seed, which fixes its held-out items")
-    e.add_argument("--task-option", action="append", default=None, metavar="KEY=VALUE",
-                   help="passed to the task, e.g. level=toy eval_size=200 max_turns=3 (the quickstart's world)")
-    e.add_argument("--out", default=os.path.join("runs", "eval"), help="folder: episodes.jsonl, summary.json")
-    e.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    e.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    e.add_argument("--rescore", default=None, metavar="DIR", help="recompute DIR/summary.json from its episodes")
-    e.add_argument("--compare", nargs=2, default=None, metavar=("DIR_A", "DIR_B"),
-                   help="pair two eval runs on the same items; exit 1 when B is significantly worse")
-    e.set_defaults(func=cmd_eval)
+    add_eval_parser(sub, fmt)
 
     q = sub.add_parser("quickstart", help="the main job: the whole pipeline on a CPU in minutes", formatter_class=fmt)
     q.add_argument("--out", default=os.path.join("runs", "quickstart"))

@@ -13,6 +13,7 @@ One conversation per line, in the chat format of DESIGN.md §3:
 IGNORE_INDEX elsewhere, so only what the assistant wrote is learned.
 """
 
+import gzip
 import json
 from dataclasses import dataclass, field
 
@@ -61,6 +62,20 @@ def check_conversation(record) -> dict:
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("no assistant turn: nothing to train on")
     return {"messages": messages, "tools": tools}
+
+
+def read_jsonl(path: str):
+    """(line number, record) for every non-blank line of a .jsonl or .jsonl.gz file; a line that is
+    not JSON stops with `file:line: invalid JSON (...)`."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e})") from None
 
 
 def read_conversations(path: str, skip_bad: bool = False) -> tuple[list[dict], int]:

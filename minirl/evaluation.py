@@ -23,174 +23,24 @@ recomputed offline and compared across runs. The six kinds:
   regression    compare(): the paired difference in pass@1 with a bootstrap 95 % interval over items,
                 an exact McNemar test on the items that flipped, and the flipped items themselves
 
-Shapes are plain Python lists; n samples per item, c of them successes.
+The formulas live in eval_stats.py; this file applies them to episode records, plays the episodes,
+and is the `eval` command (add_parser, command). Shapes are plain lists; n samples per item, c of
+them successes.
 """
 
 import json
 import math
 import os
-import random
+import sys
 import time
 from collections import defaultdict
 
 from tqdm import tqdm
 
+from .data import read_jsonl
 from .envs.tools import parse_assistant
-
-# ---- final answer: pass@k and its standard error ---------------------------------------------------------
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """The chance that at least one of k samples drawn without replacement from n (c correct) is
-    correct: 1 − C(n−c, k)/C(n, k) (Chen et al. 2021, the Codex paper). Written as the product
-    1 − Π_{i=n−c+1..n} (1 − k/i), as openai/human-eval computes it, so no binomial coefficient of
-    large numbers is ever formed."""
-    _check_counts(n, c, k)
-    if n - c < k:
-        return 1.0
-    product = 1.0
-    for i in range(n - c + 1, n + 1):
-        product *= 1.0 - k / i
-    return 1.0 - product
-
-
-def pass_hat_k(n: int, c: int, k: int) -> float:
-    """pass^k (tau-bench, Yao et al. 2024): the chance that all of k trials drawn from n succeed,
-    C(c, k)/C(n, k) = Π_{i=0..k−1} (c − i)/(n − i). pass^1 = pass@1; pass^k falls with k for a policy
-    that succeeds only sometimes, which pass@k hides."""
-    _check_counts(n, c, k)
-    product = 1.0
-    for i in range(k):
-        product *= (c - i) / (n - i)
-    return max(product, 0.0)
-
-
-def _check_counts(n: int, c: int, k: int):
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-
-
-def clustered_stderr(scores: list[float], clusters: list) -> float:
-    """The standard error of the mean of `scores` when scores of one cluster (the n samples of one
-    item) are correlated (Miller 2024, eq. 4):
-
-        SE² = s²/N + (1/N²) Σ_c Σ_{i≠j in c} (x_i − x̄)(x_j − x̄)
-
-    s² the sample variance (ddof 1) of all N scores. With one score per cluster it is the usual s/√N;
-    samples of the same item that agree widen it. NaN for fewer than two scores."""
-    if len(scores) != len(clusters):
-        raise ValueError(f"{len(scores)} scores but {len(clusters)} cluster labels")
-    N = len(scores)
-    if N < 2:
-        return float("nan")
-    mean = sum(scores) / N
-    variance = sum((x - mean) ** 2 for x in scores) / (N - 1)
-    deviations = defaultdict(list)
-    for x, cluster in zip(scores, clusters):
-        deviations[cluster].append(x - mean)
-    cross = sum(sum(d) ** 2 - sum(x * x for x in d) for d in deviations.values())  # Σ_{i≠j} d_i d_j
-    return math.sqrt(max(variance / N + cross / N ** 2, 0.0))
-
-
-# ---- tool calling -----------------------------------------------------------------------------------------
-JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,),
-              "object": (dict,), "null": (type(None),)}
-
-
-def call_problems(name, arguments, specs: list[dict]) -> list[str]:
-    """What is wrong with one tool call against the tools offered (OpenAI-style specs, as chat
-    templates take them): [] for a valid call. The Berkeley Function Calling Leaderboard's AST checks:
-    the function exists, every required argument is present, no argument is unknown, and each value
-    has its declared JSON type (a boolean is not a number here, as in JSON Schema)."""
-    by_name = {(s.get("function", s) or {}).get("name"): s.get("function", s) for s in specs or []}
-    if name not in by_name:
-        return [f"unknown tool {name!r}"]
-    if not isinstance(arguments, dict):
-        return ["arguments are not a JSON object"]
-    schema = by_name[name].get("parameters") or {}
-    properties = schema.get("properties") or {}
-    problems = [f"missing required argument {a!r}" for a in schema.get("required", []) if a not in arguments]
-    for key, value in arguments.items():
-        if key not in properties:
-            problems.append(f"unknown argument {key!r}")
-            continue
-        declared = properties[key].get("type")
-        types = [declared] if isinstance(declared, str) else list(declared or [])
-        if types and not any(isinstance(value, JSON_TYPES.get(t, ())) and not (isinstance(value, bool) and
-                             t in ("integer", "number")) for t in types):
-            problems.append(f"argument {key!r} should be {'/'.join(types)}, got {type(value).__name__}")
-    return problems
-
-
-# ---- trajectory -------------------------------------------------------------------------------------------
-def _key(call: dict) -> str:
-    return json.dumps([call["name"], call["arguments"]], sort_keys=True, default=str)
-
-
-def redundant_calls(calls: list[dict]) -> int:
-    """Calls whose name and arguments already appeared earlier in the episode."""
-    seen, repeats = set(), 0
-    for call in calls:
-        repeats += _key(call) in seen
-        seen.add(_key(call))
-    return repeats
-
-
-def longest_identical_run(calls: list[dict]) -> int:
-    """The longest streak of consecutive identical calls (same name and arguments): a loop."""
-    best = run = 0
-    for i, call in enumerate(calls):
-        run = run + 1 if i and _key(call) == _key(calls[i - 1]) else 1
-        best = max(best, run)
-    return best
-
-
-def reference_match(actual: list[str], reference: list[str]) -> dict:
-    """The actual tool names against a reference trajectory's, as multisets (precision: the share of
-    actual calls the reference has; recall: the share of reference calls made) and in order
-    (in_order: the reference is a subsequence of the actual calls, other calls allowed between:
-    Google ADK's "in-order" and langchain agentevals' "superset, ordered" match)."""
-    remaining = defaultdict(int)
-    for name in reference:
-        remaining[name] += 1
-    matched = 0
-    for name in actual:
-        if remaining[name] > 0:
-            remaining[name] -= 1
-            matched += 1
-    position = iter(actual)
-    in_order = all(any(name == step for step in position) for name in reference)
-    return {"precision": matched / len(actual) if actual else float(reference == []),
-            "recall": matched / len(reference) if reference else 1.0, "in_order": in_order}
-
-
-# ---- regression: two runs on the same items ----------------------------------------------------------------
-def mcnemar_exact(b: int, c: int) -> float:
-    """Two-sided exact McNemar p-value: b items flipped one way, c the other. Under "no difference"
-    each of the b + c discordant items flips either way with probability 1/2, so the p-value is
-    twice the binomial tail P(X ≤ min(b, c)), X ~ Binomial(b + c, 1/2), at most 1."""
-    if b < 0 or c < 0:
-        raise ValueError(f"flip counts must be >= 0, got {b} and {c}")
-    n = b + c
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
-
-
-def paired_bootstrap(differences: list[float], resamples: int = 10_000, seed: int = 0,
-                     level: float = 0.95) -> tuple[float, float]:
-    """A percentile bootstrap interval for the mean of per-item differences (B − A, each item's
-    pass@1 in both runs): items are drawn with replacement `resamples` times. Pairing by item is the
-    point: the variation between items, which both runs share, drops out of the difference."""
-    if not differences:
-        raise ValueError("no items to compare")
-    rng, n = random.Random(seed), len(differences)
-    means = sorted(sum(differences[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
-    low = means[int((1 - level) / 2 * resamples)]
-    high = means[min(resamples - 1, int((1 + level) / 2 * resamples))]
-    return low, high
-
+from .eval_stats import (call_problems, clustered_stderr, longest_identical_run, mcnemar_exact, paired_bootstrap,
+                         pass_at_k, pass_hat_k, redundant_calls, reference_match)
 
 # ---- episodes: one record each, and the summary from the records alone -----------------------------------
 def episode_record(trajectory, item_id: int, sample: int, seed: int, success: bool, seconds: float) -> dict:
@@ -365,18 +215,11 @@ def read_episodes(folder: str) -> list[dict]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file (is {folder} an eval folder?)")
     episodes = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({e})") from None
-            missing = [k for k in RECORD_FIELDS if not isinstance(record, dict) or k not in record]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: not an episode record (missing {', '.join(missing)})")
-            episodes.append(record)
+    for lineno, record in read_jsonl(path):
+        missing = [k for k in RECORD_FIELDS if not isinstance(record, dict) or k not in record]
+        if missing:
+            raise ValueError(f"{path}:{lineno}: not an episode record (missing {', '.join(missing)})")
+        episodes.append(record)
     if not episodes:
         raise ValueError(f"{path}: no episodes")
     return episodes
@@ -400,3 +243,88 @@ def table(summary: dict) -> str:
             shown = f"{value:.4g}" if isinstance(value, float) else "-" if value is None else str(value)
             lines.append(f"  {name:<34}{shown:>12}")
     return "\n".join(lines)
+
+
+# ---- the command ---------------------------------------------------------------------------------------
+def command(args):
+    """python -m minirl eval: play and summarize, or --rescore a folder, or --compare two."""
+    if args.compare:
+        result = compare(*(read_episodes(folder) for folder in args.compare), seed=args.seed)
+        print(json.dumps(result, indent=2))
+        low, high = result["interval_95"]
+        print(f"pass@1 {result['pass@1_a']:.3f} (A) -> {result['pass@1_b']:.3f} (B): {result['difference']:+.3f}, "
+              f"95 % interval [{low:+.3f}, {high:+.3f}], McNemar p = {result['mcnemar_p']:.3g}; "
+              f"{len(result['flipped_to_success'])} items flipped to success, "
+              f"{len(result['flipped_to_failure'])} to failure", file=sys.stderr)
+        if result["b_significantly_worse"]:
+            print("B is significantly worse than A", file=sys.stderr)
+            sys.exit(1)
+        return
+    if args.rescore:
+        print(table(rescore(args.rescore)))
+        return
+    if args.data and not args.task:  # a HumanEval-format file, or questions and answers
+        from .envs.program import is_program_file
+        args.task = "humaneval" if is_program_file(args.data) else "jsonl"
+    if not args.model or not args.task:
+        raise ValueError("eval needs --model and --task or --data (or --rescore DIR, or --compare DIR_A DIR_B)")
+    if args.n < 1 or args.limit < 0:
+        raise ValueError(f"need -n >= 1 and --limit >= 0, got -n {args.n} and --limit {args.limit}")
+    import torch
+
+    from .lora import load_adapter, merge_and_unload
+    from .tasks import make_task
+    from .weights import load_pretrained
+
+    options = {}
+    for option in args.task_option or []:
+        key, sep, text = option.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--task-option must be KEY=VALUE, got {option!r}")
+        try:
+            options[key] = json.loads(text)  # numbers and true/false as JSON, anything else as text
+        except json.JSONDecodeError:
+            options[key] = text
+    task = make_task(args.task, seed=args.task_seed, data=args.data, eval_data=args.eval_data, **options)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_pretrained(args.model, dtype=getattr(torch, args.dtype), device=device)
+    for folder in args.adapter or []:  # SFT's, then GRPO's (trained on the merged SFT model), in order
+        merge_and_unload(load_adapter(model, folder))
+    temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
+    start = time.perf_counter()
+    episodes = play(model, tokenizer, task, args.n, args.max_new_tokens, temperature, args.seed, args.limit,
+                    args.batch_size)
+    meta = {"model": args.model, "adapters": args.adapter or [], "task": args.task, "task_options": options,
+            "data": args.data, "n": args.n, "limit": args.limit, "batch_size": args.batch_size,
+            "temperature": temperature, "seed": args.seed, "task_seed": args.task_seed,
+            "max_new_tokens": args.max_new_tokens, "seconds": time.perf_counter() - start}
+    print(table(write_run(args.out, episodes, meta)))
+    print(f"wrote {os.path.join(args.out, 'episodes.jsonl')} and summary.json", file=sys.stderr)
+
+
+def add_parser(sub, fmt, dtypes):
+    """The eval subcommand's arguments (cli.py builds the rest of the parser)."""
+    e = sub.add_parser("eval", help="evaluate a policy on a task's held-out items: the six kinds of agent evaluation",
+                       formatter_class=fmt)
+    e.add_argument("--model", default=None, help="base checkpoint folder")
+    e.add_argument("--adapter", action="append", default=None, help="a LoRA adapter, merged in (repeat: in order)")
+    e.add_argument("--task", default=None, help="arithmetic, calculator, code; jsonl or humaneval (with --data)")
+    e.add_argument("--data", default=None, help="a HumanEval-format file (.jsonl[.gz]: prompt, entry_point, test), "
+                   "or --task jsonl's items (held out: --eval-data, or 10 %%)")
+    e.add_argument("--eval-data", default=None, help="--task jsonl: the evaluation items")
+    e.add_argument("-n", type=int, default=1, help="samples per item (pass@k for k <= n)")
+    e.add_argument("--limit", type=int, default=0, help="only the first N held-out items (0: all)")
+    e.add_argument("--batch-size", type=int, default=32, help="items per batched rollout (similar lengths together)")
+    e.add_argument("--temperature", type=float, default=None, help="default: 0 (greedy) for -n 1, else 1")
+    e.add_argument("--max-new-tokens", type=int, default=128, help="per turn")
+    e.add_argument("--seed", type=int, default=0, help="sample s is drawn with seed + s")
+    e.add_argument("--task-seed", type=int, default=0, help="the task's seed, which fixes its held-out items")
+    e.add_argument("--task-option", action="append", default=None, metavar="KEY=VALUE",
+                   help="passed to the task, e.g. level=toy eval_size=200 max_turns=3 (the quickstart's world)")
+    e.add_argument("--out", default=os.path.join("runs", "eval"), help="folder: episodes.jsonl, summary.json")
+    e.add_argument("--dtype", default="float32", choices=list(dtypes))
+    e.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
+    e.add_argument("--rescore", default=None, metavar="DIR", help="recompute DIR/summary.json from its episodes")
+    e.add_argument("--compare", nargs=2, default=None, metavar=("DIR_A", "DIR_B"),
+                   help="pair two eval runs on the same items; exit 1 when B is significantly worse")
+    e.set_defaults(func=command)

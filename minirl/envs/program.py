@@ -19,6 +19,7 @@ import json
 import re
 import tempfile
 
+from ..data import read_jsonl
 from ..rewards import run_tests
 
 INSTRUCTION = "Please provide a self-contained Python script that solves the following problem in a markdown code block:"
@@ -28,21 +29,13 @@ CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)"
 
 def read_problems(path: str) -> list[dict]:
     """The problems of a HumanEval-format file (.jsonl or .jsonl.gz); a bad line stops with file:line."""
-    opener = gzip.open if path.endswith(".gz") else open
     problems = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({e})") from None
-            missing = [k for k in FIELDS if not isinstance(record, dict) or not isinstance(record.get(k), str)]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: a HumanEval problem needs string fields {', '.join(FIELDS)}; "
-                                 f"missing or not text: {', '.join(missing)}")
-            problems.append(record)
+    for lineno, record in read_jsonl(path):
+        missing = [k for k in FIELDS if not isinstance(record, dict) or not isinstance(record.get(k), str)]
+        if missing:
+            raise ValueError(f"{path}:{lineno}: a HumanEval problem needs string fields {', '.join(FIELDS)}; "
+                             f"missing or not text: {', '.join(missing)}")
+        problems.append(record)
     if not problems:
         raise ValueError(f"{path}: no problems")
     return problems
