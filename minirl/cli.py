@@ -62,6 +62,8 @@ def cmd_generate(args):
 
 def cmd_sft(args):
     from .sft import SFTConfig, train
+    from .tasks import parse_options
+    args.task_options = parse_options(args.task_options)
     train(SFTConfig(**{k: v for k, v in vars(args).items() if k not in ("command", "func")}))
 
 
@@ -104,6 +106,10 @@ def add_sft_parser(sub, fmt):
     s.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between checks (0: at the end)")
     s.add_argument("--samples-per-prompt", type=int, default=d.samples_per_prompt)
     s.add_argument("--eval-max-new-tokens", type=int, default=d.eval_max_new_tokens)
+    s.add_argument("--eval-task", default=None, help="also play this task's held-out items at each check "
+                   "(arithmetic, calculator, code: as `eval` does; out/eval/step-N)")
+    s.add_argument("--task-option", dest="task_options", action="append", default=None, metavar="KEY=VALUE",
+                   help="--eval-task's options, e.g. level=toy eval_size=200 max_turns=3")
     s.add_argument("--min-format", type=float, default=d.min_format)
     s.add_argument("--min-distinct", type=float, default=d.min_distinct)
     s.add_argument("--until-graduated", action="store_true", help="stop once loss, format and diversity pass")
@@ -116,6 +122,8 @@ def add_sft_parser(sub, fmt):
 
 def cmd_grpo(args):
     from .grpo import GRPOConfig, train
+    from .tasks import parse_options
+    args.task_options = parse_options(args.task_options)
     train(GRPOConfig(**{k: v for k, v in vars(args).items() if k not in ("command", "func")}))
 
 
@@ -130,6 +138,8 @@ def add_grpo_parser(sub, fmt):
     g.add_argument("--task", default=d.task, choices=sorted(TASKS))
     g.add_argument("--data", default=d.data, help="--task jsonl: JSONL of prompts and answers (README: your own data)")
     g.add_argument("--eval-data", default=d.eval_data, help="--task jsonl: held-out JSONL (default: 10%% of --data)")
+    g.add_argument("--task-option", dest="task_options", action="append", default=None, metavar="KEY=VALUE",
+                   help="passed to the task, e.g. level=toy eval_size=200 max_turns=3 (as eval's)")
     g.add_argument("--out", default=d.out)
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])
     g.add_argument("--device", default=d.device)
@@ -309,11 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--cpu", action="store_true", help="a CPU run: count the allocator's slack over live tensors")
     m.set_defaults(func=cmd_memory)
 
-    v = sub.add_parser("view", help="write a self-contained HTML page of a GRPO run's rollouts and curves",
-                       formatter_class=fmt)
-    v.add_argument("run", help="a GRPO run folder (rollouts.jsonl, metrics.csv) or the quickstart's")
+    v = sub.add_parser("view", help="write a self-contained HTML page of a GRPO run's rollouts and curves, "
+                       "or of an eval folder's episodes (failures first)", formatter_class=fmt)
+    v.add_argument("run", help="a GRPO run folder (rollouts.jsonl, metrics.csv), the quickstart's, or an eval "
+                   "folder (episodes.jsonl)")
     v.add_argument("--out", default=None, help="the HTML file (default: RUN/viewer.html)")
-    v.add_argument("--max-rollouts", type=int, default=2000, help="past this, show evenly spaced logged steps")
+    v.add_argument("--max-rollouts", type=int, default=2000, help="past this, show evenly spaced logged steps "
+                   "(an eval folder: this many episodes, failing items first)")
     v.set_defaults(func=cmd_view)
     return parser
 

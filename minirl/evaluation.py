@@ -1,6 +1,7 @@
 """Agent evaluation (chapter ch. 11 §9): final answer, tool calling, trajectory, robustness, cost, regression.
 
     python -m minirl eval --model DIR [--adapter A] --task calculator -n 4 --out runs/eval/NAME
+    python -m minirl eval ... --perturb all                # and again under each perturbation
     python -m minirl eval --rescore runs/eval/NAME         # summary.json again, from episodes.jsonl only
     python -m minirl eval --compare runs/eval/A runs/eval/B   # paired: is B better or worse than A?
 
@@ -18,7 +19,10 @@ recomputed offline and compared across runs. The six kinds:
   trajectory    turns and calls per episode, redundant calls (a name and arguments seen before in
                 the episode), the longest run of identical calls (a loop), turns to success,
                 truncation; precision, recall and in-order match against an item's reference calls
-  robustness    pass^k (tau-bench: the chance that all k trials succeed), recovery after a tool error
+  robustness    pass^k (tau-bench: the chance that all k trials succeed), recovery after a tool error;
+                with --perturb, the drop in pass@1 under each perturbation (envs/perturb.py: a
+                flaky tool, an injected tool error, truncated or noisy tool results, reworded
+                questions) with a paired interval, and the recovery rate after the injected error
   cost          prompt and completion tokens, tool calls, seconds, tokens per success
   regression    compare(): the paired difference in pass@1 with a bootstrap 95 % interval over items,
                 an exact McNemar test on the items that flipped, and the flipped items themselves
@@ -38,20 +42,23 @@ from collections import defaultdict
 from tqdm import tqdm
 
 from .data import read_jsonl
+from .envs import perturb
 from .envs.tools import parse_assistant
 from .eval_stats import (call_problems, clustered_stderr, longest_identical_run, mcnemar_exact, paired_bootstrap,
                          pass_at_k, pass_hat_k, redundant_calls, reference_match)
 
 # ---- episodes: one record each, and the summary from the records alone -----------------------------------
-def episode_record(trajectory, item_id: int, sample: int, seed: int, success: bool, seconds: float) -> dict:
+def episode_record(trajectory, item_id: int, sample: int, seed: int, accuracy: dict, seconds: float) -> dict:
     """One episode as JSON: what happened (messages, each tool call with its validity and whether it
-    failed), its reward and parts, and its cost. The summary is computed from these records only."""
+    failed), its reward and parts, its verdicts (task.accuracy: success is the strict one) and its
+    cost. The summary is computed from these records only."""
     t, tools = trajectory, trajectory.prompt.get("tools")
     malformed = sum(len(parse_assistant(m["content"]).errors) for m in t.messages if m["role"] == "assistant")
     calls = [{"name": c["name"], "arguments": c["arguments"], "problems": call_problems(c["name"], c["arguments"], tools),
               "error": str(c["result"]).startswith("Error:"), "result": str(c["result"])[:200]}
              for c in t.info.get("tool_calls", [])]
-    record = {"item": item_id, "sample": sample, "seed": seed, "success": bool(success), "reward": t.reward,
+    record = {"item": item_id, "sample": sample, "seed": seed, "success": bool(accuracy["strict"]),
+              "lenient": bool(accuracy["lenient"]), "reward": t.reward,
               "reward_parts": t.reward_parts, "finish_reason": t.finish_reason, "turns": t.turns,
               "prompt_tokens": len(t.prompt_ids), "completion_tokens": sum(t.action_mask),
               "observation_tokens": len(t.action_mask) - sum(t.action_mask), "seconds": seconds,
@@ -69,18 +76,31 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
-    """The six kinds (but regression, which needs two runs) from episode records: every item must have
-    the same number of samples n; pass@k for k in `ks` (default 1, 2, 4, ... up to n)."""
-    if not episodes:
-        raise ValueError("no episodes to summarize")
+def _by_item(episodes: list[dict], what: str = "") -> dict:
     by_item = defaultdict(list)
     for e in episodes:
         by_item[e["item"]].append(e)
     counts = {len(v) for v in by_item.values()}
     if len(counts) != 1:
-        raise ValueError(f"every item needs the same number of samples, got {sorted(counts)}")
-    n = counts.pop()
+        raise ValueError(f"every item needs the same number of samples{what}, got {sorted(counts)}")
+    return by_item
+
+
+def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
+    """The six kinds (but regression, which needs two runs) from episode records: every item must have
+    the same number of samples n; pass@k for k in `ks` (default 1, 2, 4, ... up to n). Episodes played
+    under a perturbation (envs/perturb.py) are kept out of every metric but their own: robustness
+    gets, for each, the perturbed pass@1 and its drop from the clean one (perturbation_drop)."""
+    if not episodes:
+        raise ValueError("no episodes to summarize")
+    perturbed = defaultdict(list)
+    for e in episodes:
+        perturbed[e.get("perturbation")].append(e)
+    episodes = perturbed.pop(None, [])
+    if not episodes:
+        raise ValueError("no unperturbed episodes: a perturbation's drop is measured against the clean run")
+    by_item = _by_item(episodes)
+    n = len(next(iter(by_item.values())))
     ks = ks or [k for k in (2 ** i for i in range(n.bit_length())) if k <= n]
     if any(not 1 <= k <= n for k in ks):
         raise ValueError(f"k must be within 1..n = {n}, got {ks}")
@@ -101,7 +121,8 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
             "mean_reward": _mean(e["reward"] for e in episodes),
             "mean_reward_stderr": clustered_stderr([e["reward"] for e in episodes], [e["item"] for e in episodes]),
             **{f"pass@{k}": _mean(pass_at_k(n, successes[i], k) for i in items) for k in ks},
-            "pass@1_stderr": clustered_stderr([float(e["success"]) for e in episodes], [e["item"] for e in episodes])},
+            "pass@1_stderr": clustered_stderr([float(e["success"]) for e in episodes], [e["item"] for e in episodes]),
+            "lenient_pass@1": _mean(e["lenient"] for e in episodes if "lenient" in e)},
         "tool_calling": {
             "calls": n_calls, "valid_call_rate": (sum(not c["problems"] for c in calls) / n_calls) if n_calls
             else float("nan"),
@@ -128,9 +149,37 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
             "tool_calls": len(calls), "seconds": sum(e["seconds"] for e in episodes),
             "completion_tokens_per_success": tokens / len(won) if won else float("nan")},
     }
-    # a metric with nothing to measure (no hard items, no wins, one sample) is None: JSON has no NaN
-    return {kind: {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in values.items()}
-            if isinstance(values, dict) else values for kind, values in summary.items()}
+    if perturbed:
+        drops = {kind: perturbation_drop(by_item, perturbed[kind], kind) for kind in sorted(perturbed)}
+        summary["robustness"]["perturbations"] = drops
+        if "tool_error" in drops:
+            summary["robustness"]["recovery_after_injected_error"] = drops["tool_error"]["success_where_perturbed"]
+    return _no_nan(summary)
+
+
+def _no_nan(value):
+    """A metric with nothing to measure (no hard items, no wins, one sample) is None: JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def perturbation_drop(clean_by_item: dict, episodes: list[dict], kind: str, resamples: int = 2000) -> dict:
+    """One perturbation against the clean run on the same items and seeds: its pass@1, the drop
+    (clean − perturbed, the mean over items of each item's pass@1 difference) with a paired bootstrap
+    95 % interval (eval_stats.paired_bootstrap, `resamples` draws), how many episodes it actually
+    touched, and the success rate among those (for tool_error: recovery after an injected fault)."""
+    by_item = _by_item(episodes, f" under {kind}")
+    if set(by_item) != set(clean_by_item):
+        raise ValueError(f"perturbation {kind} was played on other items than the clean run "
+                         f"({len(set(by_item) ^ set(clean_by_item))} differ)")
+    items = sorted(by_item)
+    rate = {i: (_mean(e["success"] for e in clean_by_item[i]), _mean(e["success"] for e in by_item[i])) for i in items}
+    drops = [clean - perturbed for clean, perturbed in rate.values()]
+    low, high = paired_bootstrap(drops, resamples, seed=0)
+    touched = [e for e in episodes if e.get("perturbed")]
+    return {"pass@1": _mean(p for _, p in rate.values()), "drop": _mean(drops), "drop_interval_95": [low, high],
+            "episodes_perturbed": len(touched), "success_where_perturbed": _mean(e["success"] for e in touched)}
 
 
 def compare(episodes_a: list[dict], episodes_b: list[dict], resamples: int = 10_000, seed: int = 0) -> dict:
@@ -138,9 +187,9 @@ def compare(episodes_a: list[dict], episodes_b: list[dict], resamples: int = 10_
     of its samples that succeeded), its mean with a paired bootstrap 95 % interval, the exact
     McNemar test on items whose majority verdict flipped (n = 1: the episode's verdict), and which
     items flipped each way. `worse` is True when B is significantly worse (the interval below 0)."""
-    def per_item(episodes):
+    def per_item(episodes):  # the clean episodes (perturbed ones are robustness's)
         out = defaultdict(list)
-        for e in episodes:
+        for e in (e for e in episodes if not e.get("perturbation")):
             out[e["item"]].append((e["sample"], e["seed"], e["success"]))
         return {item: sorted(v) for item, v in out.items()}
 
@@ -165,10 +214,14 @@ def compare(episodes_a: list[dict], episodes_b: list[dict], resamples: int = 10_
 
 # ---- running an evaluation ---------------------------------------------------------------------------------
 def play(model, tokenizer, task, n: int, max_new_tokens: int, temperature: float, seed: int,
-         limit: int = 0, batch_size: int = 32) -> list[dict]:
+         limit: int = 0, batch_size: int = 32, perturbations=(), shard: tuple[int, int] = (0, 1),
+         progress: bool = True) -> list[dict]:
     """Every held-out item (the first `limit`, if given) n times: sample s of every item drawn with
     seed + s, in batched rollouts of `batch_size` items of similar prompt length (a batch is
-    left-padded to its longest prompt). Item ids are positions in task.eval_items()."""
+    left-padded to its longest prompt). Item ids are positions in task.eval_items(). Then all of it
+    again under each of `perturbations` (envs/perturb.py), with the same seeds; those records carry
+    "perturbation" and "perturbed" (how often it fired). shard = (rank, ranks) plays only the items
+    whose id is rank modulo ranks (torchrun: each rank its share)."""
     from .rollout import sample_completions
     from .tasks import score
 
@@ -177,22 +230,63 @@ def play(model, tokenizer, task, n: int, max_new_tokens: int, temperature: float
         raise ValueError("the task has no evaluation items")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    rollout = getattr(task, "rollout", None) or sample_completions
-    order = sorted(range(len(items)), key=lambda i: len(json.dumps(items[i]["messages"])))
+    perturbations = perturb.check(perturbations)
+    rollout = getattr(task, "rollout", None)  # single-turn tasks have no environment to perturb
+    mine = range(shard[0], len(items), shard[1])
+    order = sorted(mine, key=lambda i: len(json.dumps(items[i]["messages"])))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    episodes, bar = [], tqdm(total=n * len(items), desc="eval", unit="episode", dynamic_ncols=True)
-    for s in range(n):
-        for batch in batches:
-            start = time.perf_counter()
-            trajectories = rollout(model, tokenizer, [items[i] for i in batch], 1, max_new_tokens,
-                                   temperature=temperature, seed=seed + s)
-            seconds = (time.perf_counter() - start) / len(trajectories)  # each episode's share of its batch
-            score(task, trajectories)
-            episodes += [episode_record(t, i, s, seed + s, task.accuracy(t)["strict"], seconds)
-                         for i, t in zip(batch, trajectories)]
-            bar.update(len(batch))
+    episodes = []
+    bar = tqdm(total=n * len(order) * (1 + len(perturbations)), desc="eval", unit="episode", dynamic_ncols=True,
+               disable=not progress)
+    for kind in [None, *perturbations]:
+        for s in range(n):
+            for batch in batches:
+                played, touched, options = [items[i] for i in batch], [0] * len(batch), {}
+                if kind == "reworded":
+                    played, touched = zip(*(perturb.reword(items[i], perturb.episode_rng(kind, i, seed + s))
+                                            for i in batch))
+                elif kind and rollout:
+                    rngs = iter([perturb.episode_rng(kind, i, seed + s) for i in batch])  # in make_env order
+                    options["wrap_env"] = lambda env: perturb.PerturbedEnv(env, kind, next(rngs))  # noqa: B023
+                start = time.perf_counter()
+                trajectories = (rollout or sample_completions)(model, tokenizer, list(played), 1, max_new_tokens,
+                                                               temperature=temperature, seed=seed + s, **options)
+                seconds = (time.perf_counter() - start) / len(trajectories)  # each episode's share of its batch
+                score(task, trajectories)
+                for i, t, touch in zip(batch, trajectories, touched):
+                    record = episode_record(t, i, s, seed + s, task.accuracy(t), seconds)
+                    if kind:
+                        record.update(perturbation=kind, perturbed=int(t.info.get("perturbed", touch)))
+                    episodes.append(record)
+                bar.update(len(batch))
     bar.close()
-    return sorted(episodes, key=lambda e: (e["item"], e["sample"]))
+    return sorted(episodes, key=_order)
+
+
+def _order(e: dict) -> tuple:
+    return e.get("perturbation") or "", e["item"], e["sample"]
+
+
+def evaluate(model, tokenizer, task, max_new_tokens: int, seed: int = 0, out: str | None = None, n: int = 1,
+             temperature: float = 0.0, batch_size: int = 32) -> dict:
+    """The training loops' held-out numbers (grpo and sft --eval-task): `play` (under torchrun each rank
+    its share of the items, gathered in order), then the summary; the main rank writes it as an eval
+    folder under `out` when given, so `eval --rescore/--compare` and `view` read it like any other."""
+    import torch
+
+    from . import distributed
+
+    training = model.training
+    model.eval()
+    with torch.no_grad():
+        mine = play(model, tokenizer, task, n, max_new_tokens, temperature, seed, batch_size=batch_size,
+                    shard=(distributed.rank(), distributed.world_size()), progress=False)
+    model.train(training)
+    episodes = sorted(distributed.all_gather_objects(mine), key=_order)
+    if out and distributed.is_main():
+        return write_run(out, episodes, {"task": task.name, "n": n, "temperature": temperature, "seed": seed,
+                                         "max_new_tokens": max_new_tokens, "batch_size": batch_size})
+    return summarize(episodes)
 
 
 def write_run(out: str, episodes: list[dict], meta: dict) -> dict:
@@ -240,9 +334,19 @@ def table(summary: dict) -> str:
     for kind in ("final_answer", "tool_calling", "trajectory", "robustness", "cost"):
         lines.append(kind.replace("_", " "))
         for name, value in summary[kind].items():
-            shown = f"{value:.4g}" if isinstance(value, float) else "-" if value is None else str(value)
-            lines.append(f"  {name:<34}{shown:>12}")
+            if name == "perturbations":
+                continue
+            lines.append(f"  {name:<34}{_shown(value):>12}")
+    for name, p in summary["robustness"].get("perturbations", {}).items():
+        low, high = p["drop_interval_95"]
+        lines.append(f"  under {name:<28}pass@1 {_shown(p['pass@1'])}, drop {p['drop']:+.3f} "
+                     f"[{low:+.3f}, {high:+.3f}], {p['episodes_perturbed']} episodes touched, "
+                     f"{_shown(p['success_where_perturbed'])} of them won")
     return "\n".join(lines)
+
+
+def _shown(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else "-" if value is None else str(value)
 
 
 # ---- the command ---------------------------------------------------------------------------------------
@@ -270,21 +374,14 @@ def command(args):
         raise ValueError("eval needs --model and --task or --data (or --rescore DIR, or --compare DIR_A DIR_B)")
     if args.n < 1 or args.limit < 0:
         raise ValueError(f"need -n >= 1 and --limit >= 0, got -n {args.n} and --limit {args.limit}")
+    perturbations = perturb.check(args.perturb or [])
     import torch
 
     from .lora import load_adapter, merge_and_unload
-    from .tasks import make_task
+    from .tasks import make_task, parse_options
     from .weights import load_pretrained
 
-    options = {}
-    for option in args.task_option or []:
-        key, sep, text = option.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--task-option must be KEY=VALUE, got {option!r}")
-        try:
-            options[key] = json.loads(text)  # numbers and true/false as JSON, anything else as text
-        except json.JSONDecodeError:
-            options[key] = text
+    options = parse_options(args.task_option)
     task = make_task(args.task, seed=args.task_seed, data=args.data, eval_data=args.eval_data, **options)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_pretrained(args.model, dtype=getattr(torch, args.dtype), device=device)
@@ -293,11 +390,12 @@ def command(args):
     temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
     start = time.perf_counter()
     episodes = play(model, tokenizer, task, args.n, args.max_new_tokens, temperature, args.seed, args.limit,
-                    args.batch_size)
+                    args.batch_size, perturbations)
     meta = {"model": args.model, "adapters": args.adapter or [], "task": args.task, "task_options": options,
             "data": args.data, "n": args.n, "limit": args.limit, "batch_size": args.batch_size,
             "temperature": temperature, "seed": args.seed, "task_seed": args.task_seed,
-            "max_new_tokens": args.max_new_tokens, "seconds": time.perf_counter() - start}
+            "max_new_tokens": args.max_new_tokens, "perturbations": perturbations,
+            "seconds": time.perf_counter() - start}
     print(table(write_run(args.out, episodes, meta)))
     print(f"wrote {os.path.join(args.out, 'episodes.jsonl')} and summary.json", file=sys.stderr)
 
@@ -321,6 +419,9 @@ def add_parser(sub, fmt, dtypes):
     e.add_argument("--task-seed", type=int, default=0, help="the task's seed, which fixes its held-out items")
     e.add_argument("--task-option", action="append", default=None, metavar="KEY=VALUE",
                    help="passed to the task, e.g. level=toy eval_size=200 max_turns=3 (the quickstart's world)")
+    e.add_argument("--perturb", action="append", default=None, metavar="NAME",
+                   help="play the items again under a perturbation and report the drop: "
+                   f"{', '.join(perturb.PERTURBATIONS)} or all (repeat for several)")
     e.add_argument("--out", default=os.path.join("runs", "eval"), help="folder: episodes.jsonl, summary.json")
     e.add_argument("--dtype", default="float32", choices=list(dtypes))
     e.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")

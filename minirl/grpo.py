@@ -9,7 +9,8 @@ Chapter §10.1 (L_RL = −E[R(τ)] + β·KL(πθ‖π_SFT)) and ch. 11 §6. Each
   4. learn: reference log-probs with the adapters off (π_ref = the model RL started from), then μ
      inner updates, each an optimizer step over all minibatches (gradient accumulation) of the
      clipped, KL-regularized surrogate (losses.policy_loss).
-Metrics go to runs/NAME/metrics.csv, a sample of rollouts to runs/NAME/rollouts.jsonl (for
+Metrics go to runs/NAME/metrics.csv, the held-out evaluations (every --eval-every steps and at the
+end, evaluation.py's episodes and summary) to runs/NAME/eval/step-NNNNNN/, a sample of rollouts to runs/NAME/rollouts.jsonl (for
 `python -m minirl view runs/NAME`), checkpoints and exact resume work as in sft.py.
 
 Under torchrun (distributed.py, README "Scale-out") --prompts-per-step stays the global P: each of
@@ -30,12 +31,12 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from tqdm import tqdm
 
-from . import distributed
+from . import distributed, evaluation
 from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
 from .config import Qwen2Config
 from .grpo_memory import fit_learning, plan_memory
@@ -54,6 +55,7 @@ from .weights import load_pretrained, run_dtype, save_pretrained
 class GRPOConfig:
     model: str
     task: str = "arithmetic"
+    task_options: dict = field(default_factory=dict)  # make_task options, e.g. {"level": "toy", "max_turns": 3}
     data: str | None = None  # --task jsonl: the items (tasks.JsonlTask)
     eval_data: str | None = None  # --task jsonl: the held-out items (default: 10 % of --data)
     adapter: str | None = None  # an SFT adapter to start from (merged: it becomes π_ref)
@@ -116,17 +118,13 @@ def filter_groups(trajectories, G: int, dynamic_sampling: bool):
     return rewards, finite, spread, finite & (spread | (not dynamic_sampling))
 
 
-@torch.no_grad()
-def evaluate(model, tokenizer, task, max_new_tokens, seed) -> dict:
-    """Greedy accuracy on the task's held-out items, strict and lenient (each rank plays its share)."""
-    rollout = getattr(task, "rollout", None) or sample_completions
-    items = task.eval_items()[distributed.rank()::distributed.world_size()]
-    trajectories = rollout(model, tokenizer, items, 1, max_new_tokens, temperature=0,
-                           seed=distributed.rank_seed(seed)) if items else []
-    verdicts = [task.accuracy(t) for t in trajectories]
-    counts = distributed.all_reduce_sums({"strict": sum(v["strict"] for v in verdicts),
-                                          "lenient": sum(v["lenient"] for v in verdicts), "n": len(verdicts)})
-    return {"eval_accuracy": counts["strict"] / counts["n"], "eval_accuracy_lenient": counts["lenient"] / counts["n"]}
+def evaluate(model, tokenizer, task, cfg, step: int) -> dict:
+    """Greedy pass@1 on the task's held-out items, strict and lenient, from evaluation.py's episodes,
+    which are kept as an eval folder: out/eval/step-NNNNNN (episodes.jsonl, summary.json)."""
+    summary = evaluation.evaluate(model, tokenizer, task, cfg.max_new_tokens, cfg.seed,
+                                  out=os.path.join(cfg.out, "eval", f"step-{step:06d}"))
+    return {"eval_accuracy": summary["final_answer"]["pass@1"],
+            "eval_accuracy_lenient": summary["final_answer"]["lenient_pass@1"]}
 
 
 def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, advantages, tokenizer, device,
@@ -207,8 +205,8 @@ def train(cfg: GRPOConfig) -> dict:
     rank, share = distributed.rank(), cfg.prompts_per_step // distributed.world_size()
     dtype = run_dtype(cfg.dtype, device, cfg.full)
     torch.manual_seed(cfg.seed + rank)  # the initial weights are rank 0's (broadcast below)
-    task = (make_task(cfg.task, seed=cfg.seed, data=cfg.data, eval_data=cfg.eval_data) if isinstance(cfg.task, str)
-            else cfg.task)
+    task = (make_task(cfg.task, seed=cfg.seed, data=cfg.data, eval_data=cfg.eval_data, **cfg.task_options)
+            if isinstance(cfg.task, str) else cfg.task)
     config, budget = Qwen2Config.from_json(cfg.model), budget_bytes(device, cfg.memory_limit)
     *rows_per_pass, estimated_peak = plan_memory(cfg, config, Tokenizer.from_dir(cfg.model), task, dtype, budget,
                                                  share, cpu=device.type == "cpu")
@@ -304,7 +302,7 @@ def train(cfg: GRPOConfig) -> dict:
         row.update(t_sample=t1 - t0, t_score=t2 - t1, t_learn=t3 - t2,
                    tokens_per_s=sum(len(t.completion_ids) for t in trajectories) / (t3 - t0))
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
-            last_eval = evaluate(model, tokenizer, task, cfg.max_new_tokens, cfg.seed)
+            last_eval = evaluate(model, tokenizer, task, cfg, step)
             row.update(last_eval)
         log.write({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0):.4f}")
@@ -320,7 +318,7 @@ def train(cfg: GRPOConfig) -> dict:
     if rollout_log:
         rollout_log.close()
     final_dir = os.path.join(cfg.out, "model" if cfg.full else "adapter")
-    summary = {"steps": step, **(last_eval or evaluate(model, tokenizer, task, cfg.max_new_tokens, cfg.seed)),
+    summary = {"steps": step, **(last_eval or evaluate(model, tokenizer, task, cfg, step)),
                "seconds": time.perf_counter() - start, "saved": final_dir,
                "memory_estimate_gb": estimated_peak / 1e9, "memory_budget_gb": budget / 1e9}
     if distributed.is_main():

@@ -13,8 +13,9 @@ The toy world (DESIGN.md §4): a calculator agent answering "What is 37 * 84?". 
      to call it, past what it was shown.
   5. runs/quickstart/summary.json and figures/quickstart.png (figures/make_figures.py redraws it);
      `python -m minirl view runs/quickstart` shows GRPO's logged rollouts (runs/quickstart/grpo/rollouts.jsonl).
-All accuracies are greedy, on one fixed held-out set. --fast runs the same pipeline, shrunk, in
-about a minute: it checks the plumbing, not the numbers.
+All accuracies are greedy, on one fixed held-out set, measured by evaluation.py (`minirl eval`'s
+code) inside each stage: runs/quickstart/{sft,grpo}/eval/step-N are eval folders for --compare.
+--fast runs the same pipeline, shrunk, in about a minute: it checks the plumbing, not the numbers.
 """
 
 import json
@@ -25,7 +26,6 @@ import time
 
 import torch
 
-from .envs.calculator import agent_metrics
 from .grpo import GRPOConfig
 from .grpo import train as grpo_train
 from .model import random_model
@@ -35,7 +35,7 @@ from .sft import train as sft_train
 from .tasks import CalculatorTask
 from .tokenizer import render_chat_template
 from .toy import demonstrations, demonstrator, tiny_config, train_tokenizer
-from .weights import load_pretrained, save_pretrained
+from .weights import save_pretrained
 
 FULL = dict(train_questions=4000, sft_epochs=20, sft_batch=64, sft_lr=2e-3, grpo_steps=30, prompts_per_step=16,
             group_size=8, grpo_lr=2e-4, eval_size=200, eval_every=10, log_rollouts_every=5)
@@ -43,11 +43,16 @@ FAST = dict(train_questions=200, sft_epochs=1, sft_batch=32, sft_lr=2e-3, grpo_s
             group_size=4, grpo_lr=2e-4, eval_size=16, eval_every=1, log_rollouts_every=1)
 
 
-def evaluate(folder: str, task: CalculatorTask, seed: int) -> dict:
-    """Greedy episodes on the task's held-out questions: accuracy and tool use on easy and hard ones."""
-    model, tokenizer = load_pretrained(folder)
-    trajectories = task.rollout(model, tokenizer, task.eval_items(), 1, 48, temperature=0, seed=seed)
-    return agent_metrics(trajectories)
+def held_out(run_dir: str) -> dict:
+    """The run's last held-out evaluation (sft --eval-task and grpo write one, evaluation.py, greedy on
+    the task's held-out questions): accuracy, and tool use on hard and on easy questions."""
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        steps = json.load(f)["steps"]
+    with open(os.path.join(run_dir, "eval", f"step-{steps:06d}", "summary.json")) as f:
+        summary = json.load(f)
+    tools = summary["tool_calling"]
+    return {"accuracy": summary["final_answer"]["pass@1"], "tool_use_hard": tools["tool_use_where_needed"],
+            "tool_use_easy": tools["tool_use_where_not_needed"]}
 
 
 def run(out_dir: str = os.path.join("runs", "quickstart"), seed: int = 0, fast: bool = False,
@@ -80,8 +85,8 @@ def run(out_dir: str = os.path.join("runs", "quickstart"), seed: int = 0, fast: 
     sft_out = os.path.join(out_dir, "sft")
     sft_train(SFTConfig(model=base, data=data, out=sft_out, full=True, epochs=settings["sft_epochs"],
                         batch_size=settings["sft_batch"], lr=settings["sft_lr"], max_len=512, seed=seed,
-                        samples_per_prompt=4, eval_max_new_tokens=48, save_every=10**9))
-    sft = evaluate(os.path.join(sft_out, "model"), task, seed)
+                        samples_per_prompt=4, eval_max_new_tokens=48, eval_task=task, save_every=10**9))
+    sft = held_out(sft_out)
     print(f"   SFT accuracy {sft['accuracy']:.3f}; tool use on hard questions {sft['tool_use_hard']:.2f}")
 
     print("4. GRPO with the exact-answer reward, in the calculator environment")
@@ -91,7 +96,7 @@ def run(out_dir: str = os.path.join("runs", "quickstart"), seed: int = 0, fast: 
                           group_size=settings["group_size"], lr=settings["grpo_lr"], max_new_tokens=48,
                           temperature=1.0, eval_every=settings["eval_every"], save_every=10**9, seed=seed,
                           log_rollouts_every=settings["log_rollouts_every"], log_rollout_groups=4))
-    grpo = evaluate(os.path.join(grpo_out, "model"), task, seed)
+    grpo = held_out(grpo_out)
     print(f"   GRPO accuracy {grpo['accuracy']:.3f}; tool use on hard questions {grpo['tool_use_hard']:.2f}")
 
     summary = {"demonstrator_accuracy": demo_accuracy, "sft_accuracy": sft["accuracy"],

@@ -62,7 +62,7 @@ def sample_completions(model, tokenizer, items: list[dict], group_size: int, max
 def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int = 1, max_turns: int = 4,
                  max_new_tokens: int = 128, max_context: int | None = None, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                 compile: bool = False) -> list[Trajectory]:
+                 compile: bool = False, wrap_env=None) -> list[Trajectory]:
     """Multi-turn tool-use episodes, batched: every turn, all unfinished episodes are sampled together.
 
     An episode (the MDP of chapter §10.1) alternates actions and observations: the policy writes an
@@ -72,13 +72,14 @@ def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int 
     finish_reason "answer", "max_turns" (the turn budget is spent on tool calls), "length" (a turn
     ran out of tokens) or "context" (the next turn would not fit in max_context tokens).
     make_env() builds one environment per episode; G = group_size episodes per item, prompt-major.
+    wrap_env(env), when given, wraps each one (evaluation's perturbations, envs/perturb.py).
     """
     max_context = max_context or model.config.max_position_embeddings
     stop_ids = set(model.eos_token_ids)
     episodes = []
     for item in items:
         for _ in range(group_size):
-            env = make_env()
+            env = make_env() if wrap_env is None else wrap_env(make_env())
             messages, tools = env.reset(item)
             ids = tokenizer.encode(tokenizer.apply_chat_template(messages, tools, add_generation_prompt=True))
             episodes.append({"env": env, "traj": Trajectory(item, ids, [], [], [], "", messages=list(messages),

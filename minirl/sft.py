@@ -9,7 +9,10 @@ mean over the trained tokens of the whole accumulated batch), clip, AdamW step, 
 learning rate. Every --save-every steps a checkpoint (adapter or weights, optimizer, scheduler, RNG,
 loss history) is written to a temporary folder and renamed into place; --resume continues from the
 newest one and, on CPU with the same seed, reproduces the uninterrupted loss curve exactly.
-Graduation (graduation.py) is measured every --eval-every steps and at the end.
+Graduation (graduation.py) is measured every --eval-every steps and at the end; with --eval-task the
+task's held-out items are played then too, by the same code as `python -m minirl eval` and GRPO's
+held-out numbers (evaluation.py): eval_accuracy in metrics.csv, each evaluation kept as an eval folder
+in out/eval/step-NNNNNN.
 
 Under torchrun (distributed.py, README "Scale-out") --batch-size stays the global micro-batch: each
 rank trains on its share of every micro-batch (conversations rank, rank + N, ...), the loss divides
@@ -26,12 +29,12 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 from tqdm import tqdm
 
-from . import data, distributed, graduation
+from . import data, distributed, evaluation, graduation
 from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
 from .config import Qwen2Config
 from .kv_cache import SharedPrefix
@@ -43,7 +46,8 @@ from .trainable_tokens import add_trainable_tokens, output_rows, spelled_rows, u
 from .weights import load_pretrained, run_dtype, save_pretrained
 
 METRIC_FIELDS = ["step", "epoch", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s",
-                 "format_accuracy", "distinct_completions", "distinct_2", "loss_plateau", "graduated"]
+                 "format_accuracy", "distinct_completions", "distinct_2", "loss_plateau", "graduated",
+                 "eval_accuracy", "eval_accuracy_lenient"]
 
 
 @dataclass
@@ -79,6 +83,8 @@ class SFTConfig:
     eval_every: int = 0  # 0 = only at the end
     samples_per_prompt: int = 4
     eval_max_new_tokens: int = 128
+    eval_task: object = None  # a task name (or object) whose held-out items are played at each check (evaluation.py)
+    task_options: dict = field(default_factory=dict)  # make_task options for eval_task, e.g. {"level": "toy"}
     min_format: float = 0.9
     min_distinct: float = 0.5
     until_graduated: bool = False
@@ -111,6 +117,20 @@ def split_heldout(conversations: list[dict], seed: int) -> tuple[list[dict], lis
             [c for i, c in enumerate(conversations) if i in held], "heldout")
 
 
+def eval_task(cfg: SFTConfig):
+    """--eval-task: a task object, or one made by name with --task-option (None without one). Tasks that
+    read a data file (jsonl, humaneval) are for `python -m minirl eval --data`."""
+    if cfg.eval_task is None or not isinstance(cfg.eval_task, str):
+        if cfg.task_options:
+            raise ValueError("--task-option is for --eval-task NAME")
+        return cfg.eval_task
+    from .tasks import DATA_TASKS, make_task
+    if cfg.eval_task in DATA_TASKS:
+        raise ValueError(f"--eval-task {cfg.eval_task} reads a data file; evaluate its checkpoints with "
+                         "python -m minirl eval --data FILE")
+    return make_task(cfg.eval_task, seed=cfg.seed, **cfg.task_options)
+
+
 # ---- the loop ----------------------------------------------------------------------------------------
 def train(cfg: SFTConfig) -> dict:
     device = distributed.init(cfg.device)
@@ -119,6 +139,7 @@ def train(cfg: SFTConfig) -> dict:
     dtype = run_dtype(cfg.dtype, device, cfg.full)
     torch.manual_seed(cfg.seed + rank)  # LoRA dropout differs between ranks; the initial weights are rank 0's
     tokenizer = Tokenizer.from_dir(cfg.model)
+    task = eval_task(cfg)
     conversations, skipped = data.read_conversations(cfg.data, cfg.skip_bad)
     if cfg.eval_data:
         train_convs, eval_convs, eval_on = conversations, data.read_conversations(cfg.eval_data)[0], "eval_data"
@@ -130,7 +151,7 @@ def train(cfg: SFTConfig) -> dict:
     budget = budget_bytes(device, cfg.memory_limit)
     rows_per_pass, checkpointing, estimated_peak = plan_memory(cfg, Qwen2Config.from_json(cfg.model), tokenizer,
                                                                examples, eval_convs, dtype, budget,
-                                                               cpu=device.type == "cpu")  # before allocating
+                                                               cpu=device.type == "cpu", task=task)
     os.makedirs(cfg.out, exist_ok=True)
     model = load_pretrained(cfg.model, dtype=dtype, device=device)[0]
     distributed.print_main(f"data: {stats.kept} conversations for training ({stats.truncated} truncated, "
@@ -169,6 +190,11 @@ def train(cfg: SFTConfig) -> dict:
 
     def run_eval():
         metrics = evaluate(model, tokenizer, eval_convs, cfg.samples_per_prompt, cfg.eval_max_new_tokens, cfg.seed)
+        if task is not None:  # the task's held-out items, played as `minirl eval` plays them
+            held_out = evaluation.evaluate(model, tokenizer, task, cfg.eval_max_new_tokens, cfg.seed,
+                                           out=os.path.join(cfg.out, "eval", f"step-{step:06d}"))
+            metrics.update(eval_accuracy=held_out["final_answer"]["pass@1"],
+                           eval_accuracy_lenient=held_out["final_answer"]["lenient_pass@1"])
         return metrics, graduation.graduated(metrics, losses, cfg.min_format, cfg.min_distinct)
 
     start, last_eval = time.perf_counter(), None
@@ -219,7 +245,8 @@ def train(cfg: SFTConfig) -> dict:
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == total_steps:
             metrics, grad = run_eval()
             last_eval = (metrics, grad)
-            row.update({k: f"{metrics[k]:.4f}" for k in ("format_accuracy", "distinct_completions", "distinct_2")},
+            row.update({k: f"{metrics[k]:.4f}" for k in ("format_accuracy", "distinct_completions", "distinct_2",
+                                                         "eval_accuracy", "eval_accuracy_lenient") if k in metrics},
                        loss_plateau=int(grad["loss_plateau"]), graduated=int(grad["graduated"]))
             model.train()
             if cfg.until_graduated and grad["graduated"]:
@@ -231,7 +258,8 @@ def train(cfg: SFTConfig) -> dict:
         bar.update(1)
         if step % save_every == 0 or stopping or step == total_steps:
             save_checkpoint(cfg.out, model, tokenizer, optimizer, scheduler, step, cfg.full,
-                            {"losses": losses, "config": asdict(cfg)})
+                            {"losses": losses, "config": {f.name: getattr(cfg, f.name) for f in fields(cfg)
+                                                          if f.name != "eval_task" or isinstance(cfg.eval_task, str)}})
         if stopping:
             break
     bar.close()
@@ -248,6 +276,7 @@ def train(cfg: SFTConfig) -> dict:
     summary = {"steps": step, "total_steps": total_steps, "final_loss": losses[-1] if losses else None,
                "format_accuracy": metrics["format_accuracy"], "distinct_completions": metrics["distinct_completions"],
                "distinct_2": metrics["distinct_2"], **grad, "graduation_measured_on": eval_on,
+               **{k: metrics[k] for k in ("eval_accuracy", "eval_accuracy_lenient") if k in metrics},
                "examples": stats.kept, "truncated": stats.truncated, "dropped": stats.dropped,
                "skipped_bad_lines": skipped, "seconds": time.perf_counter() - start, "saved": final_dir,
                "memory_estimate_gb": estimated_peak / 1e9, "memory_budget_gb": budget / 1e9}
@@ -302,9 +331,10 @@ def collate_on(examples, indices, pad_id, device, skip: int = 0):
 
 
 def plan_memory(cfg: SFTConfig, config, tokenizer, examples, eval_convs, dtype, budget: int,
-                cpu: bool = False) -> tuple[int, bool, float]:
+                cpu: bool = False, task=None) -> tuple[int, bool, float]:
     """Before the model is allocated: the estimate for a pass over this rank's share of the micro-batch
-    at the data's longest conversation (and the graduation test's sampling), against the budget.
+    at the data's longest conversation (and the graduation test's sampling; with an eval task, its
+    batches of up to 32 episodes, each taken as long as the longest demonstration), against the budget.
     Returns (conversations per pass, checkpointing, the estimated peak in bytes); MemoryBudgetError
     naming flags that fit."""
     rows = cfg.batch_size // distributed.world_size()
@@ -314,10 +344,14 @@ def plan_memory(cfg: SFTConfig, config, tokenizer, examples, eval_convs, dtype, 
         c["messages"][:next(i for i, m in enumerate(c["messages"]) if m["role"] == "assistant")], c.get("tools"),
         add_generation_prompt=True))) for c in eval_convs), default=1)
     eval_rows = max(1, -(-len(eval_convs) // distributed.world_size())) * cfg.samples_per_prompt
+    eval_tokens = eval_prompt + cfg.eval_max_new_tokens
+    if task is not None:
+        eval_rows = max(eval_rows, min(32, len(task.eval_items())))
+        eval_tokens = max(eval_tokens, longest + cfg.eval_max_new_tokens)
 
     def estimate_for(r, checkpointing, **change):
         sizes = {"tokens": longest, "lora_r": cfg.lora_r, "dtype_bytes": dtype.itemsize,
-                 "eval_sequences": eval_rows, "eval_tokens": eval_prompt + cfg.eval_max_new_tokens, **change}
+                 "eval_sequences": eval_rows, "eval_tokens": eval_tokens, **change}
         return sft_estimate(config, full=cfg.full, rows=r, shared_prefix=min(shared, sizes["tokens"] - 1),
                             checkpointing=checkpointing, cpu=cpu, **sizes)
 

@@ -82,11 +82,11 @@ class CalculatorTask:
         return self._eval
 
     def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
-                compile=False):
+                compile=False, wrap_env=None):
         env_seeds = random.Random(seed)  # the flaky tool's failures are part of the replayable run
         return run_episodes(model, tokenizer, lambda: CalculatorEnv(self.flaky, env_seeds.random(), self.tool_cost),
                             items, group_size, self.max_turns, max_new_tokens, temperature=temperature, top_p=top_p,
-                            seed=seed, compile=compile)
+                            seed=seed, compile=compile, wrap_env=wrap_env)
 
     def accuracy(self, trajectory) -> dict:
         return {"strict": bool(trajectory.info["correct"]),
@@ -119,10 +119,10 @@ class CodeTask:
         return self._eval
 
     def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
-                compile=False):
+                compile=False, wrap_env=None):
         return run_episodes(model, tokenizer, lambda: CodeEnv(reward=self.reward), items, group_size, self.max_turns,
                             max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                            compile=compile)
+                            compile=compile, wrap_env=wrap_env)
 
     def accuracy(self, trajectory) -> dict:
         return {"strict": trajectory.info["fraction"] == 1.0 and not trajectory.info["hacked"],
@@ -230,9 +230,10 @@ class JsonlTask:
         return self._eval
 
     def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
-                compile=False):
+                compile=False, wrap_env=None):
         return run_episodes(model, tokenizer, lambda: AnswerEnv(self.conventions), items, group_size, self.max_turns,
-                            max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, compile=compile)
+                            max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, compile=compile,
+                            wrap_env=wrap_env)
 
     def accuracy(self, trajectory) -> dict:
         return {"strict": bool(trajectory.info["correct"]), "lenient": bool(trajectory.info["lenient"])}
@@ -266,9 +267,9 @@ class ProgramTask:
         return self._items
 
     def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
-                compile=False):
+                compile=False, wrap_env=None):
         return run_episodes(model, tokenizer, lambda: ProgramEnv(self.timeout), items, group_size, 1, max_new_tokens,
-                            temperature=temperature, top_p=top_p, seed=seed, compile=compile)
+                            temperature=temperature, top_p=top_p, seed=seed, compile=compile, wrap_env=wrap_env)
 
     def accuracy(self, trajectory) -> dict:
         passed = bool(trajectory.info["correct"])
@@ -288,6 +289,21 @@ def score(task, trajectories) -> None:
     for traj in trajectories:
         traj.reward_parts = {name: float(fn(traj)) for name, (fn, _) in task.reward_functions.items()}
         traj.reward = sum(weight * traj.reward_parts[name] for name, (_, weight) in task.reward_functions.items())
+
+
+def parse_options(pairs) -> dict:
+    """--task-option KEY=VALUE pairs as make_task's options: numbers and true/false read as JSON,
+    anything else as text."""
+    options = {}
+    for pair in pairs or []:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--task-option must be KEY=VALUE, got {pair!r}")
+        try:
+            options[key] = json.loads(text)
+        except json.JSONDecodeError:
+            options[key] = text
+    return options
 
 
 def make_task(name: str, seed: int = 0, data: str | None = None, eval_data: str | None = None, **options):

@@ -7,7 +7,9 @@ it from disk) shows, from the files a GRPO run leaves behind:
     (prompt, trained action, tool call, observation), per-token detail on hover (sampling and learner
     log-probs, ratio, KL, advantage);
   - metrics.csv: the run's curves (reward, accuracy, KL, clip fractions, lengths, tool use) as SVG;
-  - for `python -m minirl quickstart`'s folder: demonstrator vs SFT vs GRPO from its summary.json.
+  - for `python -m minirl quickstart`'s folder: demonstrator vs SFT vs GRPO from its summary.json;
+  - for an eval folder (episodes.jsonl: `minirl eval`, or a run's eval/step-N) a page of its own,
+    episodes by item, failures first (eval_viewer.py).
 Model output is untrusted: it travels as JSON with "<", ">" and "&" written as \\u003c, \\u003e, \\u0026
 inside a non-executed <script type="application/json">, and the page builds its DOM with textContent
 only. The page stays bounded: past --max-rollouts, evenly spaced logged steps are kept (first and last
@@ -21,6 +23,8 @@ import json
 import math
 import os
 import re
+
+from . import eval_viewer
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "viewer.html")
 REQUIRED = ("step", "group", "sample", "prompt_len", "ids", "pieces", "action_mask", "reward", "advantage",
@@ -281,6 +285,8 @@ def comparison_html(summary_path: str | None) -> str:
 def build_page(path: str, max_rollouts: int = 2000) -> str:
     if max_rollouts < 1:
         raise ValueError(f"--max-rollouts must be at least 1, got {max_rollouts}")
+    if eval_viewer.is_eval_folder(path):  # a `minirl eval` folder: its own page
+        return eval_viewer.build_page(path, max_rollouts)
     run, quickstart = find_run(path)
     data = {"run": os.path.abspath(path), **page_data(read_rollouts(os.path.join(run, "rollouts.jsonl")), max_rollouts)}
     summary = os.path.join(run, "summary.json")

@@ -2,6 +2,7 @@
 metrics and the rollout log, groups stay consecutive, and degenerate batches never produce a NaN update."""
 
 import csv
+import json
 import math
 import os
 import random
@@ -70,6 +71,11 @@ def test_a_learnable_reward_rises_and_every_adapter_weight_moves(base, tmp_path)
         assert (trained[PEFT_PREFIX + name] != before).all(), f"{name}: some entries never moved"
     last = rows(tmp_path / "run")[-1]
     assert float(last["kl"]) > 0 and math.isfinite(float(last["loss"])) and last["eval_accuracy"] != ""
+    # the held-out number is evaluation.py's, from an eval folder that --rescore and --compare read
+    folder = os.path.join(tmp_path / "run", "eval", f"step-{int(last['step']):06d}")
+    summary = json.load(open(os.path.join(folder, "summary.json")))
+    assert float(last["eval_accuracy"]) == pytest.approx(summary["final_answer"]["pass@1"], abs=1e-5)
+    assert summary["items"] == 4 and summary["samples_per_item"] == 1  # FirstTokenTask.eval_items()
 
 
 def test_resume_reproduces_the_metrics(base, tmp_path):
@@ -175,8 +181,9 @@ def test_cli_runs_grpo_on_the_arithmetic_task(base, tmp_path):
     out = tmp_path / "cli"
     main(["grpo", "--model", base, "--task", "arithmetic", "--out", str(out), "--steps", "2", "--group-size", "2",
           "--prompts-per-step", "2", "--max-new-tokens", "4", "--aggregation", "sequence", "--clip-high", "0.28",
-          "--log-rollouts-every", "1", "--log-rollout-groups", "1"])
+          "--log-rollouts-every", "1", "--log-rollout-groups", "1", "--task-option", "eval_size=3"])
     assert len(rows(out)) == 2 and os.path.isfile(out / "adapter" / "adapter_config.json")
+    assert json.load(open(out / "eval" / "step-000002" / "summary.json"))["items"] == 3  # --task-option reached it
     assert len(open(out / "rollouts.jsonl").readlines()) == 2 * 1 * 2  # steps x groups x G
     assert {"reward_correct", "eval_accuracy", "accuracy_lenient"} <= set(rows(out)[0])
 

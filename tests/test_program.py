@@ -125,7 +125,8 @@ def test_real_model_humaneval_verdicts_agree_with_transformers_generate(real_mod
     verdicts = []
     for t in ours:
         with torch.no_grad():
-            out = peer.generate(torch.tensor([t.prompt_ids]), max_new_tokens=384, do_sample=False)
+            out = peer.generate(torch.tensor([t.prompt_ids]), max_new_tokens=384, do_sample=False,
+                                 repetition_penalty=1.0)  # the checkpoint's generation_config says 1.1
         text = tokenizer.decode(out[0, len(t.prompt_ids):].tolist(), skip_special_tokens=True)
         env = ProgramEnv()
         env.reset(t.prompt)

@@ -121,3 +121,25 @@ def test_cli_full_finetuning_writes_a_loadable_checkpoint(base, data_file, tmp_p
     assert tokenizer.eos_token == "<|im_end|>" and len(metric_rows(out)) == 4  # 2 epochs x 2 batches
     summary = json.load(open(out / "summary.json"))
     assert summary["steps"] == 4 and summary["graduation_measured_on"] == "train"
+
+
+def test_eval_task_plays_the_tasks_held_out_items_as_eval_does(base, data_file, tmp_path, capsys):
+    """sft --eval-task: the held-out number is evaluation.py's, kept as an eval folder at each check."""
+    out = tmp_path / "run"
+    main(["sft", "--model", base, "--data", data_file(), "--out", str(out), "--epochs", "4", "--batch-size", "3",
+          "--lr", "1e-2", "--samples-per-prompt", "2", "--eval-max-new-tokens", "16", "--eval-every", "2",
+          "--eval-task", "calculator", "--task-option", "level=toy", "--task-option", "eval_size=6"])
+    rows = metric_rows(out)
+    assert [r["eval_accuracy"] != "" for r in rows] == [False, True, False, True]
+    for row in rows[1::2]:
+        summary = json.load(open(out / "eval" / f"step-{int(row['step']):06d}" / "summary.json"))
+        assert summary["items"] == 6 and float(row["eval_accuracy"]) == pytest.approx(
+            summary["final_answer"]["pass@1"], abs=1e-4)
+    assert json.load(open(out / "summary.json"))["eval_accuracy"] == summary["final_answer"]["pass@1"]
+    for argv, message in ((["--eval-task", "calculator", "--task-option", "colour=red"], "has no option 'colour'"),
+                          (["--eval-task", "humaneval"], "--eval-task humaneval reads a data file"),
+                          (["--task-option", "level=toy"], "--task-option is for --eval-task NAME")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["sft", "--model", base, "--data", data_file(), "--out", str(tmp_path / "bad"), *argv])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+        assert not (tmp_path / "bad").exists()  # refused before anything is written
