@@ -284,8 +284,9 @@ def evaluate(model, tokenizer, task, max_new_tokens: int, seed: int = 0, out: st
     model.train(training)
     episodes = sorted(distributed.all_gather_objects(mine), key=_order)
     if out and distributed.is_main():
-        return write_run(out, episodes, {"task": task.name, "n": n, "temperature": temperature, "seed": seed,
-                                         "max_new_tokens": max_new_tokens, "batch_size": batch_size})
+        meta = {"task": getattr(task, "name", type(task).__name__), "n": n, "temperature": temperature,
+                "seed": seed, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
+        return write_run(out, episodes, meta)
     return summarize(episodes)
 
 
