@@ -1,6 +1,6 @@
 """`python -m minirl quickstart`: the chapter's two stages on a laptop CPU, and RL climbing past its teacher.
 
-The toy world (DESIGN.md §4): a calculator agent answering "What is 37 * 84?". Easy questions
+The toy world (toy.py; README "Quickstart"): a calculator agent answering "What is 37 * 84?". Easy questions
 (single digits) can be answered directly; hard ones (two-digit products) need the calculator tool.
   1. data: an imperfect scripted demonstrator plays the environment. It calls the tool on only 30 %
      of hard questions and answers the rest from memory, usually wrongly; its accuracy is measured.

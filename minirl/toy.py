@@ -49,7 +49,7 @@ def train_tokenizer(texts, vocab_size: int = 512, split: str = "qwen") -> Tokeni
 
 
 def tiny_config(vocab_size: int, **overrides) -> Qwen2Config:
-    """DESIGN.md §4: hidden 128, 4 layers, 4 heads sharing 2 kv heads; ~1M parameters with a 512 vocab."""
+    """The toy world's Qwen2: hidden 128, 4 layers, 4 heads sharing 2 kv heads; ~1M parameters with a 512 vocab."""
     return Qwen2Config(**{**dict(
         vocab_size=vocab_size, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, rope_theta=10000.0,
@@ -100,7 +100,7 @@ def arithmetic_corpus(n: int = 400, seed: int = 0) -> list[str]:
 # ---- the imperfect demonstrator -------------------------------------------------------------------------
 def demonstrator(tool_rate_hard: float = 0.3, double_call_rate: float = 0.2, memory_accuracy: float = 0.0,
                  seed: int = 0):
-    """A scripted calculator agent with the habits SFT will copy (DESIGN.md §4):
+    """A scripted calculator agent with the habits SFT will copy (the quickstart's world):
     - easy questions: answered directly, correctly;
     - hard questions: the tool is called on only `tool_rate_hard` of them; the rest are answered from
       memory: right `memory_accuracy` of the time, otherwise a rough estimate (the product rounded to two
