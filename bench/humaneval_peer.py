@@ -60,6 +60,8 @@ def main():
                                                                          add_generation_prompt=True)):
             sys.exit(f"problem {i}: the run's prompt is not the task's (was it made from another data file?)")
     order = sorted(ids, key=lambda i: len(prompts[i]))
+    stop = peer.generation_config.eos_token_id
+    stop_ids = set(stop if isinstance(stop, list) else [stop])
     rows, start = [], time.perf_counter()
     for b in range(0, len(order), args.batch):
         batch = order[b:b + args.batch]
@@ -72,7 +74,9 @@ def main():
                                 do_sample=False, pad_token_id=pad,
                                 repetition_penalty=1.0)  # the checkpoint's generation_config says 1.1
         for row, i in enumerate(batch):
-            reply = tokenizer.decode(out[row, width:].tolist(), skip_special_tokens=True)
+            tokens = out[row, width:].tolist()  # up to the first stop token; what follows is padding
+            end = next((n for n, t in enumerate(tokens) if t in stop_ids), len(tokens))
+            reply = tokenizer.decode(tokens[:end])  # as the rollout decodes: only stop tokens removed
             passed = run_program(extract_program(reply, task.problems[i]), task.problems[i])["passed"]
             rows.append({"item": i, "task_id": task.problems[i]["task_id"], "minirl": ours[i]["success"],
                          "peer": passed, "same_reply": reply.strip() == ours[i]["messages"][-1]["content"].strip()})
