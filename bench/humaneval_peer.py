@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from minirl.envs.program import extract_program, run_program  # noqa: E402
-from minirl.evaluation import read_episodes  # noqa: E402
+from minirl.eval_summary import read_episodes  # noqa: E402
 from minirl.rollout import prompt_ids  # noqa: E402
 from minirl.tasks import ProgramTask  # noqa: E402
 from minirl.tokenizer import Tokenizer  # noqa: E402

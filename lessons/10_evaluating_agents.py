@@ -18,7 +18,8 @@ import argparse
 import math
 import os
 
-from minirl.evaluation import compare, play, summarize
+from minirl.eval_summary import compare, summarize
+from minirl.evaluation import play
 from minirl.eval_stats import pass_at_k, pass_hat_k
 from minirl.quickstart import run
 from minirl.tasks import CalculatorTask

@@ -227,12 +227,6 @@ def cmd_recipe(args):
         demonstrator_kind=args.demonstrator, tool_rate=args.tool_rate, memory_limit=args.memory_limit)
 
 
-def cmd_view(args):
-    from .viewer import write_page
-    out = write_page(args.run, args.out, args.max_rollouts)
-    print(f"wrote {out} ({os.path.getsize(out) / 1e6:.2f} MB); open it in a browser: file://{os.path.abspath(out)}")
-
-
 def add_eval_parser(sub, fmt):
     from .evaluation import add_parser
     add_parser(sub, fmt, DTYPES)
@@ -319,14 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--cpu", action="store_true", help="a CPU run: count the allocator's slack over live tensors")
     m.set_defaults(func=cmd_memory)
 
-    v = sub.add_parser("view", help="write a self-contained HTML page of a GRPO run's rollouts and curves, "
-                       "or of an eval folder's episodes (failures first)", formatter_class=fmt)
-    v.add_argument("run", help="a GRPO run folder (rollouts.jsonl, metrics.csv), the quickstart's, or an eval "
-                   "folder (episodes.jsonl)")
-    v.add_argument("--out", default=None, help="the HTML file (default: RUN/viewer.html)")
-    v.add_argument("--max-rollouts", type=int, default=2000, help="past this, show evenly spaced logged steps "
-                   "(an eval folder: this many episodes, failing items first)")
-    v.set_defaults(func=cmd_view)
+    from .viewer import add_parser as add_view_parser
+    add_view_parser(sub, fmt)
     return parser
 
 

@@ -3,7 +3,7 @@
 Reading the episodes an evaluation got wrong is how one finds out why (inspect_ai's log viewer and
 tau-bench's trajectories are read the same way). The page shows, from the files `minirl eval` (or
 grpo's and sft's held-out evaluations) leave behind:
-  - run.json and summary.json: what was run, and the six kinds of metrics (evaluation.table);
+  - run.json and summary.json: what was run, and the six kinds of metrics (eval_summary.table);
   - every item, those with the fewest successes first, each with its episodes: clean samples, then
     each perturbation's; for every episode its verdict, reward and parts, finish reason, turns and
     tokens, the conversation (user, assistant, tool), each tool call with its schema problems and
@@ -19,7 +19,7 @@ import json
 import os
 from collections import defaultdict
 
-from .evaluation import read_episodes, summarize, table
+from .eval_summary import read_episodes, summarize, table
 
 MAX_CHARS = 4000
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;max-width:1100px;color:#222}

@@ -316,3 +316,21 @@ def write_page(path: str, out: str | None = None, max_rollouts: int = 2000) -> s
             os.remove(tmp)
         raise ValueError(f"cannot write {out}: {e.strerror or e}") from None
     return out
+
+
+def command(args):
+    """python -m minirl view: write the page and say where it is."""
+    out = write_page(args.run, args.out, args.max_rollouts)
+    print(f"wrote {out} ({os.path.getsize(out) / 1e6:.2f} MB); open it in a browser: file://{os.path.abspath(out)}")
+
+
+def add_parser(sub, fmt):
+    """The view subcommand's arguments (cli.py builds the rest of the parser)."""
+    v = sub.add_parser("view", help="write a self-contained HTML page of a GRPO run's rollouts and curves, "
+                       "or of an eval folder's episodes (failures first)", formatter_class=fmt)
+    v.add_argument("run", help="a GRPO run folder (rollouts.jsonl, metrics.csv), the quickstart's, or an eval "
+                   "folder (episodes.jsonl)")
+    v.add_argument("--out", default=None, help="the HTML file (default: RUN/viewer.html)")
+    v.add_argument("--max-rollouts", type=int, default=2000, help="past this, show evenly spaced logged steps "
+                   "(an eval folder: this many episodes, failing items first)")
+    v.set_defaults(func=command)

@@ -10,7 +10,7 @@ import pytest
 
 from minirl.eval_stats import (call_problems, clustered_stderr, longest_identical_run, mcnemar_exact, paired_bootstrap,
                                pass_at_k, pass_hat_k, redundant_calls, reference_match)
-from minirl.evaluation import compare, summarize
+from minirl.eval_summary import compare, summarize
 from minirl.envs.tools import CALCULATOR_SPEC
 
 # ---- final answer

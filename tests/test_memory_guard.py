@@ -1,4 +1,4 @@
-"""The memory guard (memory.fit_pass, budget_bytes; sft.plan_memory, grpo_memory.plan_memory / fit_learning): a run
+"""The memory guard (memory.fit_pass, budget_bytes; sft_memory.plan_memory, grpo_memory.plan_memory / fit_learning): a run
 that would not fit first shrinks its passes or turns on activation checkpointing and says so in one line,
 training exactly as it would have; a run that cannot fit stops before allocating, naming flags that would."""
 

@@ -11,7 +11,7 @@ from minirl.envs.calculator import CalculatorEnv, expert_policy, make_question, 
 from minirl.envs.code import CodeEnv, load_templates, make_task, run_scripted, scripted_fix
 from minirl.envs.perturb import TRUNCATE_AT, PerturbedEnv
 from minirl.envs.tools import ToolCall
-from minirl.evaluation import compare, summarize
+from minirl.eval_summary import compare, summarize
 from test_evaluation import episode
 
 
