@@ -30,7 +30,6 @@ import os
 import statistics
 import sys
 import time
-from types import SimpleNamespace
 
 import torch
 
@@ -39,6 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import minirl  # noqa: E402
 from minirl.config import preset  # noqa: E402
 from minirl.grpo import GRPOConfig, learn  # noqa: E402
+from minirl.learner import learning_batch  # noqa: E402
 from minirl.lora import add_lora, merged_for_sampling  # noqa: E402
 from minirl.losses import group_advantages  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
@@ -92,7 +92,7 @@ def build(args):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    return model, ref_model, cfg, optimizer, scheduler, params, device
+    return model, ref_model, cfg, optimizer, scheduler, device
 
 
 def prompts_for(model, n, length, seed):
@@ -100,7 +100,7 @@ def prompts_for(model, n, length, seed):
     return [torch.randint(2, model.config.vocab_size, (length,), generator=g).tolist() for _ in range(n)]
 
 
-def grpo_step(model, ref_model, cfg, optimizer, scheduler, params, device, prompts, seed, compile):
+def grpo_step(model, ref_model, cfg, optimizer, scheduler, device, prompts, seed, compile):
     """One step; returns seconds per phase, peak memory per phase and the loss statistics."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     G = cfg.group_size
@@ -120,8 +120,8 @@ def grpo_step(model, ref_model, cfg, optimizer, scheduler, params, device, promp
     t_score = time.perf_counter() - start
     with PeakMemory(device) as learning_memory:
         start = time.perf_counter()
-        stats = learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, advantages,
-                      SimpleNamespace(pad_token_id=0), device)
+        stats, _ = learn(cfg, model, ref_model, learning_batch(trajectories, 0, device), advantages, optimizer,
+                         scheduler)
         sync()
         t_learn = time.perf_counter() - start
     return dict(t_sample=t_sample, t_score=t_score, t_learn=t_learn, sampling=sampling_memory,
@@ -168,9 +168,9 @@ def main():
     if args.tiny:
         args.prompt_len, args.new_tokens = min(args.prompt_len, 16), min(args.new_tokens, 8)
     apply_cap(args)
-    model, ref_model, cfg, optimizer, scheduler, params, device = build(args)
+    model, ref_model, cfg, optimizer, scheduler, device = build(args)
     prompts = prompts_for(model, args.prompts, args.prompt_len, args.seed)
-    steps = [grpo_step(model, ref_model, cfg, optimizer, scheduler, params, device, prompts, args.seed + i,
+    steps = [grpo_step(model, ref_model, cfg, optimizer, scheduler, device, prompts, args.seed + i,
                        args.compile) for i in range(1 + args.repeats)][1:]  # the first one warms up (and compiles)
     med = {k: statistics.median(s[k] for s in steps) for k in ("t_sample", "t_score", "t_learn")}
     total = sum(med.values())

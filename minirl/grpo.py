@@ -26,7 +26,6 @@ groups with a non-finite reward are dropped and counted instead of poisoning the
 """
 
 import copy
-import json
 import math
 import os
 import random
@@ -36,19 +35,19 @@ from dataclasses import dataclass, field, fields, replace
 import torch
 from tqdm import tqdm
 
-from . import distributed, evaluation
-from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
+from . import distributed, evaluation, training
+from .checkpoint import MetricsLog, save_checkpoint
 from .config import Qwen2Config
 from .grpo_memory import fit_learning, plan_memory
 from .learner import completion_logprobs, frozen_logprobs, learning_batch, minibatches, shared_prefix
-from .lora import add_lora, disable_adapters, load_adapter, merge_and_unload, merged_for_sampling, save_adapter
+from .lora import disable_adapters, load_adapter, merge_and_unload, merged_for_sampling
 from .losses import group_advantages, policy_loss
 from .memory import MemoryBudgetError, budget_bytes
 from .rollout import sample_completions
 from .rollout_log import RolloutLog, rollout_records
 from .tasks import make_task, score
 from .tokenizer import Tokenizer
-from .weights import load_pretrained, run_dtype, save_pretrained
+from .weights import load_pretrained
 
 
 @dataclass
@@ -127,37 +126,38 @@ def evaluate(model, tokenizer, task, cfg, step: int) -> dict:
             "eval_accuracy_lenient": summary["final_answer"]["lenient_pass@1"]}
 
 
-def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, advantages, tokenizer, device,
-          per_token: dict | None = None) -> dict:
-    """μ optimizer steps on one batch of rollouts; returns the loss statistics of the last one.
-    per_token, when given, receives the last inner step's (N, Lc) log-probs for the rollout log:
-    logprob (πθ), old_logprob (π_old) and ref_logprob (π_ref, None when beta = 0).
+def learn(cfg, model, ref_model, batch: dict, advantages: torch.Tensor, optimizer, scheduler) -> tuple[dict, dict]:
+    """μ = cfg.inner_steps optimizer steps on one learning batch (learner.learning_batch: N rows,
+    Lc completion columns) with advantages (N,). Returns the loss statistics of the last step and
+    its per-token log-probs for the rollout log, each (N, Lc): logprob (πθ), old_logprob (π_old)
+    and ref_logprob (π_ref: the adapters off, or ref_model with --full; None when beta = 0).
 
-    Under torchrun `trajectories` are this rank's share of the batch (possibly none) and every rank
+    Under torchrun `batch` holds this rank's share of the step's rows (possibly none) and every rank
     calls learn: the normalizers (tokens for "token", sequences for "sequence", sequences x the
-    longest completion for "constant") count the whole batch over all ranks, the gradients are
-    summed over ranks (distributed.all_reduce_grads), and the returned
-    statistics are those of the whole batch, so N ranks take the step one process would take."""
-    # "constant" divides by B·T, T the longest completion of the whole batch: every rank pads to it
-    longest = distributed.all_reduce_max(max((len(t.completion_ids) for t in trajectories), default=1))
-    batch = learning_batch(trajectories, tokenizer.pad_token_id, device, longest)
+    longest completion for "constant", which is why every rank pads its batch to the step's longest)
+    count the whole batch over all ranks, the gradients are summed over ranks
+    (distributed.all_reduce_grads), and the returned statistics are those of the whole batch, so N
+    ranks take the step one process would take."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    device = batch["ids"].device
+    has_rows = batch["ids"].shape[0] > 0
     advantages = advantages.to(device)
     mask = batch["action_mask"]
     ref_logp = None
-    if cfg.beta and trajectories:  # the reference: adapters off (LoRA), or the frozen starting copy (--full)
+    if cfg.beta and has_rows:  # the reference: adapters off (LoRA), or the frozen starting copy (--full)
         ref_logp = (frozen_logprobs(ref_model, batch, cfg.minibatch_size, cfg.temperature) if ref_model is not None
                     else frozen_logprobs(model, batch, cfg.minibatch_size, cfg.temperature,
                                          lambda: disable_adapters(model)))
     old_logp = (frozen_logprobs(model, batch, cfg.minibatch_size, cfg.temperature)
-                if cfg.inner_steps > 1 and trajectories else None)
-    N = distributed.all_reduce_sum(len(trajectories))
+                if cfg.inner_steps > 1 and has_rows else None)
+    N = distributed.all_reduce_sum(batch["ids"].shape[0])
     n_tokens = distributed.all_reduce_sum(mask.sum()).clamp(min=1)
     stats = {}
     for _ in range(cfg.inner_steps):
         totals = {"loss": 0.0, "clip_low_frac": 0.0, "clip_high_frac": 0.0, "kl": 0.0, "ratio": 0.0, "gap": 0.0}
         seen = torch.zeros(mask.shape, device=device)  # this inner step's log-probs (N, Lc), for per_token
-        prefix = shared_prefix(model, batch) if trajectories else None
-        for rows in minibatches(batch, cfg.minibatch_size) if trajectories else ():  # none: all groups dropped
+        prefix = shared_prefix(model, batch) if has_rows else None
+        for rows in minibatches(batch, cfg.minibatch_size) if has_rows else ():  # none: all groups dropped
             logp = completion_logprobs(model, batch, rows, cfg.temperature, prefix)  # (b, Lc)
             old = old_logp[rows] if old_logp is not None else logp.detach()
             seen[rows] = logp.detach()
@@ -187,12 +187,11 @@ def learn(cfg, model, ref_model, optimizer, scheduler, params, trajectories, adv
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     stats["sampler_logprob_gap"] = stats.pop("gap")
-    if per_token is not None and trajectories:
-        per_token.update(logprob=seen, old_logprob=seen if old_logp is None else old_logp, ref_logprob=ref_logp)
-    return stats
+    return stats, {"logprob": seen, "old_logprob": seen if old_logp is None else old_logp, "ref_logprob": ref_logp}
 
 
 def train(cfg: GRPOConfig) -> dict:
+    # Stage 1: the flags, the task and the memory plan, all checked before a weight is loaded
     if cfg.aggregation not in ("token", "sequence", "constant"):
         raise ValueError(f"--aggregation must be token, sequence or constant, got {cfg.aggregation!r}")
     if cfg.merge_lora not in ("auto", "on", "off"):
@@ -200,82 +199,58 @@ def train(cfg: GRPOConfig) -> dict:
     if cfg.log_rollouts_every < 0 or cfg.log_rollout_groups < 1:
         raise ValueError(f"--log-rollouts-every must be >= 0 (0: off) and --log-rollout-groups >= 1, got "
                          f"{cfg.log_rollouts_every} and {cfg.log_rollout_groups}")
-    device = distributed.init(cfg.device)
+    device, dtype = training.start(cfg)
     distributed.check_divisible(cfg.prompts_per_step, "--prompts-per-step")
     rank, share = distributed.rank(), cfg.prompts_per_step // distributed.world_size()
-    dtype = run_dtype(cfg.dtype, device, cfg.full)
-    torch.manual_seed(cfg.seed + rank)  # the initial weights are rank 0's (broadcast below)
     task = (make_task(cfg.task, seed=cfg.seed, data=cfg.data, eval_data=cfg.eval_data, **cfg.task_options)
             if isinstance(cfg.task, str) else cfg.task)
     config, budget = Qwen2Config.from_json(cfg.model), budget_bytes(device, cfg.memory_limit)
     *rows_per_pass, estimated_peak = plan_memory(cfg, config, Tokenizer.from_dir(cfg.model), task, dtype, budget,
                                                  share, cpu=device.type == "cpu")
     rows_per_pass = tuple(rows_per_pass)  # (rows, checkpointing) of the next learning pass, re-planned every step
+
+    # Stage 2: the policy (an SFT adapter merged in: it becomes π_ref), what it trains, the optimizer, --resume
     os.makedirs(cfg.out, exist_ok=True)
     model, tokenizer = load_pretrained(cfg.model, dtype=dtype, device=device)
     if cfg.adapter:
         merge_and_unload(load_adapter(model, cfg.adapter))
-    ref_model = None
-    if cfg.full:
-        model.requires_grad_(True)
-        if cfg.beta:
-            ref_model = copy.deepcopy(model).requires_grad_(False).eval()
-    else:
-        add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
-    step = 0
-    resume_from = latest_checkpoint(cfg.out) if cfg.resume else None
-    if cfg.resume and resume_from is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {os.path.join(cfg.out, 'checkpoints')}")
-    if resume_from:
-        step = restore_checkpoint(resume_from, model, optimizer, scheduler, cfg.full)["step"]
-    distributed.broadcast_params(params)
+    params = training.trainable(model, cfg)
+    ref_model = copy.deepcopy(model).requires_grad_(False).eval() if cfg.full and cfg.beta else None
+    optimizer, scheduler = training.make_optimizer(params, cfg, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    step, state = training.resume(cfg, model, optimizer, scheduler)
     parts = [f"reward_{name}" for name in task.reward_functions]
     extra = list(getattr(task, "metric_names", []))  # agent tasks: tool use, recovery, calls per episode
-    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), FIELDS + parts + extra, step if resume_from else None,
+    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), FIELDS + parts + extra, step if state else None,
                      write=distributed.is_main())
     # under torchrun rank 0 logs its own groups (the learner's per-token values live on their rank)
-    rollout_log = (RolloutLog(os.path.join(cfg.out, "rollouts.jsonl"), step if resume_from else None)
+    rollout_log = (RolloutLog(os.path.join(cfg.out, "rollouts.jsonl"), step if state else None)
                    if cfg.log_rollouts_every and distributed.is_main() else None)
     G, start, last_eval = cfg.group_size, time.perf_counter(), None
     bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True, disable=not distributed.is_main())
     while step < cfg.steps:
+        # Stage 3: sample P prompts x G completions with the current policy (this rank's groups, whole)
         t0 = time.perf_counter()
         items = task.sample(cfg.prompts_per_step, random.Random(cfg.seed * 1_000_003 + step))
-        items = items[rank * share:(rank + 1) * share]  # this rank's prompts: its groups live here whole
+        items = items[rank * share:(rank + 1) * share]
         rollout = getattr(task, "rollout", None) or sample_completions
         with merged_for_sampling(model, cfg.merge_lora):  # LoRA folded into the weights (on a GPU)
             mine = rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
                            top_p=cfg.top_p, seed=distributed.rank_seed(cfg.seed * 1_000_003 + step),
                            **({"compile": True} if cfg.compile else {}))  # a task's own rollout may not take it
         t1 = time.perf_counter()
+
+        # Stage 4: score, and each completion's advantage against its own group
         score(task, mine)
         local_rewards, _, _, keep = filter_groups(mine, G, cfg.dynamic_sampling)
         advantages = group_advantages(local_rewards.nan_to_num(), G, cfg.advantage_scale)
         rows = keep.repeat_interleave(G).nonzero()[:, 0].tolist()
-        # the logged metrics describe the whole step: every rank's trajectories, in prompt order
-        trajectories = distributed.all_gather_objects(mine)
-        rewards, finite, spread, _ = filter_groups(trajectories, G, cfg.dynamic_sampling)
-        verdicts = [task.accuracy(t) for t in trajectories]
-        task_metrics = task.metrics(trajectories) if extra else {}
+        trajectories = distributed.all_gather_objects(mine)  # the logged metrics describe every rank's groups
+        row = {"step": step + 1, **step_metrics(task, trajectories, cfg)}
         t2 = time.perf_counter()
-        row = {"step": step + 1, "reward_mean": rewards[torch.isfinite(rewards)].mean().item(),
-               "reward_std": rewards[torch.isfinite(rewards)].std(unbiased=False).item(),
-               "accuracy": sum(v["strict"] for v in verdicts) / len(verdicts),
-               "accuracy_lenient": sum(v["lenient"] for v in verdicts) / len(verdicts),
-               "completion_len": sum(len(t.completion_ids) for t in trajectories) / len(trajectories),
-               "truncated_frac": sum(t.finish_reason == "length" for t in trajectories) / len(trajectories),
-               "zero_spread_frac": 1 - spread.float().mean().item(),
-               "groups_dropped_nonfinite": int((~finite).sum()),
-               "groups_dropped_zero_spread": int((finite & ~spread).sum()) if cfg.dynamic_sampling else 0,
-               **{f"reward_{k}": sum(t.reward_parts[k] for t in trajectories) / len(trajectories)
-                  for k in task.reward_functions}, **task_metrics}
-        logging_rollouts = rollout_log and (step == 0 or (step + 1) % cfg.log_rollouts_every == 0
-                                            or step + 1 == cfg.steps)
-        per_token = {} if logging_rollouts else None
-        if distributed.all_reduce_sum(len(rows)):  # every rank learns (and communicates) if any rank has rows
+
+        # Stage 5: learn from the kept groups, within the memory plan (every rank, if any rank has rows)
+        per_token = None
+        if distributed.all_reduce_sum(len(rows)):
             kept = [mine[i] for i in rows]
             try:  # the memory guard, for the batch this step sampled
                 *fitted, estimate_now = fit_learning(cfg, config, dtype.itemsize, budget, kept,
@@ -292,11 +267,17 @@ def train(cfg: GRPOConfig) -> dict:
                 rows_per_pass = fitted
             model.set_gradient_checkpointing(rows_per_pass[1])
             model.train()
-            row.update(learn(replace(cfg, minibatch_size=rows_per_pass[0]), model, ref_model, optimizer, scheduler,
-                             params, kept, advantages[rows], tokenizer, device, per_token))
+            # "constant" divides by B·T, T the longest completion of the whole step: every rank pads to it
+            longest = distributed.all_reduce_max(max((len(t.completion_ids) for t in kept), default=1))
+            batch = learning_batch(kept, tokenizer.pad_token_id, device, longest)
+            stats, per_token = learn(replace(cfg, minibatch_size=rows_per_pass[0]), model, ref_model, batch,
+                                     advantages[rows], optimizer, scheduler)
+            row.update(stats)
         t3 = time.perf_counter()
         step += 1
-        if logging_rollouts:
+
+        # Stage 6: log, the held-out evaluation every --eval-every steps, checkpoints
+        if rollout_log and (step == 1 or step % cfg.log_rollouts_every == 0 or step == cfg.steps):
             rollout_log.write(rollout_records(step, mine, advantages, rows, per_token, tokenizer, G,
                                               cfg.log_rollout_groups))
         row.update(t_sample=t1 - t0, t_score=t2 - t1, t_learn=t3 - t2,
@@ -317,18 +298,31 @@ def train(cfg: GRPOConfig) -> dict:
     log.close()
     if rollout_log:
         rollout_log.close()
-    final_dir = os.path.join(cfg.out, "model" if cfg.full else "adapter")
+
+    # Stage 7: the last evaluation (unless the last step just ran one), the adapter and summary.json
     summary = {"steps": step, **(last_eval or evaluate(model, tokenizer, task, cfg, step)),
-               "seconds": time.perf_counter() - start, "saved": final_dir,
+               "seconds": time.perf_counter() - start,
                "memory_estimate_gb": estimated_peak / 1e9, "memory_budget_gb": budget / 1e9}
-    if distributed.is_main():
-        if cfg.full:
-            save_pretrained(model, final_dir, tokenizer)
-        else:
-            save_adapter(model, final_dir)
-        with open(os.path.join(cfg.out, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-    distributed.barrier()  # the adapter and summary exist on every rank's return
+    final_dir = training.finish(cfg, model, tokenizer, summary)
     distributed.print_main(f"grpo: {step} steps, eval accuracy {summary['eval_accuracy']:.3f} strict / "
                            f"{summary['eval_accuracy_lenient']:.3f} lenient; saved {final_dir}")
     return summary
+
+
+def step_metrics(task, trajectories, cfg) -> dict:
+    """The logged facts of one step's rollouts (all ranks'): rewards, accuracy, lengths, dropped groups,
+    each reward part's mean and the task's own metrics."""
+    n, G = len(trajectories), cfg.group_size
+    rewards, finite, spread, _ = filter_groups(trajectories, G, cfg.dynamic_sampling)
+    verdicts = [task.accuracy(t) for t in trajectories]
+    return {"reward_mean": rewards[torch.isfinite(rewards)].mean().item(),
+            "reward_std": rewards[torch.isfinite(rewards)].std(unbiased=False).item(),
+            "accuracy": sum(v["strict"] for v in verdicts) / n,
+            "accuracy_lenient": sum(v["lenient"] for v in verdicts) / n,
+            "completion_len": sum(len(t.completion_ids) for t in trajectories) / n,
+            "truncated_frac": sum(t.finish_reason == "length" for t in trajectories) / n,
+            "zero_spread_frac": 1 - spread.float().mean().item(),
+            "groups_dropped_nonfinite": int((~finite).sum()),
+            "groups_dropped_zero_spread": int((finite & ~spread).sum()) if cfg.dynamic_sampling else 0,
+            **{f"reward_{k}": sum(t.reward_parts[k] for t in trajectories) / n for k in task.reward_functions},
+            **(task.metrics(trajectories) if getattr(task, "metric_names", None) else {})}

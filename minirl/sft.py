@@ -24,7 +24,6 @@ Departures from the usual recipe: none in the loss; the loss is computed from hi
 chunks (losses.sft_loss_chunked) so a 152k vocabulary never materializes full float32 logits.
 """
 
-import json
 import math
 import os
 import random
@@ -34,17 +33,16 @@ from dataclasses import dataclass, field, fields
 import torch
 from tqdm import tqdm
 
-from . import data, distributed, evaluation, graduation
-from .checkpoint import MetricsLog, latest_checkpoint, restore_checkpoint, save_checkpoint
+from . import data, distributed, evaluation, graduation, training
+from .checkpoint import MetricsLog, save_checkpoint
 from .config import Qwen2Config
 from .kv_cache import SharedPrefix
-from .lora import add_lora, save_adapter
 from .losses import IGNORE_INDEX, sft_loss_chunked
 from .memory import budget_bytes
 from .sft_memory import plan_memory
 from .tokenizer import Tokenizer
 from .trainable_tokens import add_trainable_tokens, output_rows, spelled_rows, untrained_tokens
-from .weights import load_pretrained, run_dtype, save_pretrained
+from .weights import load_pretrained
 
 METRIC_FIELDS = ["step", "epoch", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s",
                  "format_accuracy", "distinct_completions", "distinct_2", "loss_plateau", "graduated",
@@ -134,11 +132,10 @@ def eval_task(cfg: SFTConfig):
 
 # ---- the loop ----------------------------------------------------------------------------------------
 def train(cfg: SFTConfig) -> dict:
-    device = distributed.init(cfg.device)
+    # Stage 1: the data, the evaluation task and the memory plan, all checked before a weight is loaded
+    device, dtype = training.start(cfg)
     distributed.check_divisible(cfg.batch_size, "--batch-size")
     rank, world = distributed.rank(), distributed.world_size()
-    dtype = run_dtype(cfg.dtype, device, cfg.full)
-    torch.manual_seed(cfg.seed + rank)  # LoRA dropout differs between ranks; the initial weights are rank 0's
     tokenizer = Tokenizer.from_dir(cfg.model)
     task = eval_task(cfg)
     conversations, skipped = data.read_conversations(cfg.data, cfg.skip_bad)
@@ -153,38 +150,27 @@ def train(cfg: SFTConfig) -> dict:
     rows_per_pass, checkpointing, estimated_peak = plan_memory(cfg, Qwen2Config.from_json(cfg.model), tokenizer,
                                                                examples, eval_convs, dtype, budget,
                                                                cpu=device.type == "cpu", task=task)
-    os.makedirs(cfg.out, exist_ok=True)
-    model = load_pretrained(cfg.model, dtype=dtype, device=device)[0]
     distributed.print_main(f"data: {stats.kept} conversations for training ({stats.truncated} truncated, "
                            f"{stats.dropped} dropped at --max-len {cfg.max_len}, {skipped} bad lines skipped); "
                            f"graduation measured on {len(eval_convs)} "
                            f"{'training' if eval_on == 'train' else 'held-out'} prompts")
 
-    if cfg.full:
-        model.requires_grad_(True)
-    else:
-        add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout)
-        rows = tokens_to_train(cfg.train_tokens, model, tokenizer, examples)
-        if rows:  # placeholder rows start at their spelled-out text's mean embedding (trainable_tokens.py)
-            start = spelled_rows(model, tokenizer, rows) if cfg.train_tokens == "auto" else None
-            add_trainable_tokens(model, rows, start)
+    # Stage 2: the model, what it trains, the optimizer and schedule, and --resume
+    os.makedirs(cfg.out, exist_ok=True)
+    model = load_pretrained(cfg.model, dtype=dtype, device=device)[0]
+    training.trainable(model, cfg)
+    rows = [] if cfg.full else tokens_to_train(cfg.train_tokens, model, tokenizer, examples)
+    if rows:  # placeholder rows start at their spelled-out text's mean embedding (trainable_tokens.py)
+        add_trainable_tokens(model, rows, spelled_rows(model, tokenizer, rows) if cfg.train_tokens == "auto" else None)
     model.set_gradient_checkpointing(checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(math.ceil(len(examples) / cfg.batch_size) / cfg.grad_accum)
     total_steps = cfg.epochs * steps_per_epoch
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, cosine_with_warmup(round(cfg.warmup_ratio * total_steps), total_steps))
-    step, losses = 0, []
-    resume_from = latest_checkpoint(cfg.out) if cfg.resume else None
-    if cfg.resume and resume_from is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {os.path.join(cfg.out, 'checkpoints')}")
-    if resume_from:
-        state = restore_checkpoint(resume_from, model, optimizer, scheduler, cfg.full)
-        step, losses = state["step"], state["losses"]
-        distributed.print_main(f"resumed from {resume_from} at step {step}")
-    distributed.broadcast_params(params)
-    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), METRIC_FIELDS, step if resume_from else None,
+    optimizer, scheduler = training.make_optimizer(params, cfg, cosine_with_warmup(round(cfg.warmup_ratio *
+                                                                                         total_steps), total_steps))
+    step, state = training.resume(cfg, model, optimizer, scheduler)
+    losses = state["losses"] if state else []
+    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), METRIC_FIELDS, step if state else None,
                      write=distributed.is_main())
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     save_every = cfg.save_every or steps_per_epoch
@@ -198,6 +184,7 @@ def train(cfg: SFTConfig) -> dict:
                            eval_accuracy_lenient=held_out["final_answer"]["lenient_pass@1"])
         return metrics, graduation.graduated(metrics, losses, cfg.min_format, cfg.min_distinct)
 
+    # Stage 3: the loop, one optimizer step per --grad-accum micro-batches
     start, last_eval = time.perf_counter(), None
     bar = tqdm(total=total_steps, initial=step, desc="sft", dynamic_ncols=True, disable=not distributed.is_main())
     model.train()
@@ -236,6 +223,8 @@ def train(cfg: SFTConfig) -> dict:
         optimizer.zero_grad(set_to_none=True)
         step += 1
         losses.append(loss_value)
+
+        # Stage 4: metrics, graduation and the held-out task every --eval-every steps, checkpoints
         tokens = int(distributed.all_reduce_sum(sum(int(b["attention_mask"].sum()) + shared * len(b["attention_mask"])
                                                     for b in group)))  # the conversations' tokens, prefix included
         row = {"step": step, "epoch": epoch, "loss": f"{loss_value:.6f}", "lr": f"{lr:.6e}",
@@ -265,26 +254,17 @@ def train(cfg: SFTConfig) -> dict:
             break
     bar.close()
     log.close()
-    if last_eval is None:
-        last_eval = run_eval()
-    final_dir = os.path.join(cfg.out, "model" if cfg.full else "adapter")
-    if distributed.is_main():
-        if cfg.full:
-            save_pretrained(model, final_dir, tokenizer)
-        else:
-            save_adapter(model, final_dir)
-    metrics, grad = last_eval
+
+    # Stage 5: the last evaluation (unless the last step just ran one), the adapter and summary.json
+    metrics, grad = last_eval or run_eval()
     summary = {"steps": step, "total_steps": total_steps, "final_loss": losses[-1] if losses else None,
                "format_accuracy": metrics["format_accuracy"], "distinct_completions": metrics["distinct_completions"],
                "distinct_2": metrics["distinct_2"], **grad, "graduation_measured_on": eval_on,
                **{k: metrics[k] for k in ("eval_accuracy", "eval_accuracy_lenient") if k in metrics},
                "examples": stats.kept, "truncated": stats.truncated, "dropped": stats.dropped,
-               "skipped_bad_lines": skipped, "seconds": time.perf_counter() - start, "saved": final_dir,
+               "skipped_bad_lines": skipped, "seconds": time.perf_counter() - start,
                "memory_estimate_gb": estimated_peak / 1e9, "memory_budget_gb": budget / 1e9}
-    if distributed.is_main():
-        with open(os.path.join(cfg.out, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-    distributed.barrier()  # the adapter and summary exist on every rank's return
+    final_dir = training.finish(cfg, model, tokenizer, summary)
     distributed.print_main(f"graduation: loss plateau {grad['loss_plateau']}, format accuracy "
                            f"{metrics['format_accuracy']:.2f} (>= {cfg.min_format}), distinct completions "
                            f"{metrics['distinct_completions']:.2f} (>= {cfg.min_distinct}) -> "

@@ -17,6 +17,7 @@ import torch
 
 from minirl import distributed, load_pretrained
 from minirl.grpo import GRPOConfig, learn, train
+from minirl.learner import learning_batch
 from minirl.lora import add_lora
 from minirl.losses import group_advantages
 from minirl.rollout import sample_completions
@@ -63,8 +64,10 @@ def learn_once(base: str, aggregation: str, split: int) -> dict:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     cfg = GRPOConfig(model=base, beta=0.04, inner_steps=2, minibatch_size=3, aggregation=aggregation)
     model.train()
-    stats = learn(cfg, model, None, optimizer, scheduler, params, [rollouts[i] for i in rows],
-                  advantages[list(rows)], tokenizer, "cpu")
+    mine = [rollouts[i] for i in rows]
+    longest = distributed.all_reduce_max(max((len(t.completion_ids) for t in mine), default=1))
+    stats, _ = learn(cfg, model, None, learning_batch(mine, tokenizer.pad_token_id, "cpu", longest),
+                     advantages[list(rows)], optimizer, scheduler)
     return {"params": {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad},
             "stats": stats, "moved": max((p - b).abs().max().item() for p, b in zip(params, before))}
 

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from minirl import load_pretrained
 from minirl.grpo import GRPOConfig, learn, train
+from minirl.learner import learning_batch
 from minirl.cli import main
 from minirl.lora import PEFT_PREFIX, add_lora, lora_layers, lora_state_dict, merge_and_unload, save_adapter
 from minirl.losses import group_advantages
@@ -137,7 +138,8 @@ def test_empty_completions_do_not_update(base):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     empty = [Trajectory({}, [1, 2, 3], [], [], [], "stop") for _ in range(2)]
     cfg = config(base, "unused", beta=0.04)
-    stats = learn(cfg, model, None, optimizer, scheduler, params, empty, torch.tensor([1.0, -1.0]), tokenizer, "cpu")
+    stats, _ = learn(cfg, model, None, learning_batch(empty, tokenizer.pad_token_id, "cpu"), torch.tensor([1.0, -1.0]),
+                     optimizer, scheduler)
     assert stats["loss"] == 0.0 and stats["grad_norm"] == 0.0
     assert all(torch.equal(p, b) for p, b in zip(params, before))
 
