@@ -1,11 +1,10 @@
 """The memory guard for a GRPO step: its estimate (minirl.memory) for this run, fitted to the budget.
 
 plan_memory runs before anything is allocated, on the task's longest held-out prompt; fit_learning
-runs every step, on the batch actually sampled. Both shrink the sequences per pass, then turn on
+runs every step, on the batch actually sampled. `cfg` is the run's grpo.GRPOConfig (this module sits
+below grpo.py and does not import it). Both shrink the sequences per pass, then turn on
 activation checkpointing (memory.fit_pass), or stop naming the flags that would fit.
 """
-
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,11 +14,8 @@ from .learner import passes
 from .memory import MemoryBudgetError, describe_choice, estimate, fit_pass, what_fits
 from .rollout import prompt_ids
 
-if TYPE_CHECKING:
-    from .grpo import GRPOConfig
 
-
-def memory_estimator(cfg: "GRPOConfig", config, dtype_bytes: int, prompts_per_rank: int, prompt_len: int,
+def memory_estimator(cfg, config, dtype_bytes: int, prompts_per_rank: int, prompt_len: int,
                      completion_len: int, shared: int, cpu: bool = False):
     """estimate_for(rows, checkpointing, **change) for memory.fit_pass: one step of this run, itemized."""
     def estimate_for(rows, checkpointing, **change):
@@ -30,7 +26,7 @@ def memory_estimator(cfg: "GRPOConfig", config, dtype_bytes: int, prompts_per_ra
     return estimate_for
 
 
-def plan_memory(cfg: "GRPOConfig", config, tokenizer, task, dtype, budget: int, prompts_per_rank: int,
+def plan_memory(cfg, config, tokenizer, task, dtype, budget: int, prompts_per_rank: int,
                 cpu: bool = False):
     """Before anything is allocated: the step's estimate for the task's longest held-out prompt and
     one turn of --max-new-tokens, against the budget. Returns the (rows, checkpointing) the first
@@ -61,7 +57,7 @@ def plan_memory(cfg: "GRPOConfig", config, tokenizer, task, dtype, budget: int, 
     return rows, checkpointing, plan.peak
 
 
-def fit_learning(cfg: "GRPOConfig", config, dtype_bytes: int, budget: int, trajectories,
+def fit_learning(cfg, config, dtype_bytes: int, budget: int, trajectories,
                  cpu: bool = False) -> tuple[int, bool, float]:
     """This step's rows per pass and checkpointing: the largest that keep the learning phase of the
     batch actually sampled within the budget; and that estimate. The estimate follows the learner's

