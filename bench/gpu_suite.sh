@@ -47,9 +47,9 @@ run() {  # run LIMIT_SECONDS SCRIPT ARGS...: one benchmark, its row appended to 
 } > "$out"
 
 if [ "$tiny" = 1 ]; then
-    run 300 bench/sample.py --tiny --batch 1 --new-tokens 8 --repeats 1
+    run 300 bench/sample.py --tiny --repeats 1
     run 300 bench/sample.py --tiny --batch 2 --group 4 --new-tokens 8 --repeats 1 --compile
-    run 300 bench/sample.py --tiny --batch 2 --group 4 --new-tokens 8 --repeats 1 --compile --lora 4
+    run 300 bench/sample.py --tiny --repeats 1 --lora 4
     run 300 bench/grpo_step.py --tiny --repeats 1
     run 300 bench/grpo_step.py --tiny --repeats 1 --full
     run 300 bench/memory.py --tiny

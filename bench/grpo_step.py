@@ -42,6 +42,7 @@ from minirl.learner import learning_batch  # noqa: E402
 from minirl.lora import add_lora, merged_for_sampling  # noqa: E402
 from minirl.losses import group_advantages  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
+from minirl.sampling import Decoder  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 from sft_step import status_bytes  # noqa: E402  (bench/ is on the path: this script's folder)
 
@@ -100,15 +101,16 @@ def prompts_for(model, n, length, seed):
     return [torch.randint(2, model.config.vocab_size, (length,), generator=g).tolist() for _ in range(n)]
 
 
-def grpo_step(model, ref_model, cfg, optimizer, scheduler, device, prompts, seed, compile):
-    """One step; returns seconds per phase, peak memory per phase and the loss statistics."""
+def grpo_step(model, ref_model, cfg, optimizer, scheduler, device, prompts, seed, compile, decoder=None):
+    """One step; returns seconds per phase, peak memory per phase and the loss statistics. decoder: a
+    Decoder held across steps (compiled decoding keeps its cache and CUDA graph), else a one-off one."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     G = cfg.group_size
     with PeakMemory(device) as sampling_memory:
         start = time.perf_counter()
         with merged_for_sampling(model, cfg.merge_lora):  # as grpo.train: LoRA folded in on a GPU
             outs = minirl.generate(model, prompts, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                   stop_token_ids=[], seed=seed, num_samples=G, compile=compile)
+                                   stop_token_ids=[], seed=seed, num_samples=G, compile=compile, decoder=decoder)
         sync()
         t_sample = time.perf_counter() - start
     start = time.perf_counter()
@@ -170,8 +172,9 @@ def main():
     apply_cap(args)
     model, ref_model, cfg, optimizer, scheduler, device = build(args)
     prompts = prompts_for(model, args.prompts, args.prompt_len, args.seed)
+    decoder = Decoder(model, compile=args.compile)  # held for the run, as a GRPO loop holds one
     steps = [grpo_step(model, ref_model, cfg, optimizer, scheduler, device, prompts, args.seed + i,
-                       args.compile) for i in range(1 + args.repeats)][1:]  # the first one warms up (and compiles)
+                       args.compile, decoder) for i in range(1 + args.repeats)][1:]  # the first warms up (and compiles)
     med = {k: statistics.median(s[k] for s in steps) for k in ("t_sample", "t_score", "t_learn")}
     total = sum(med.values())
     peak_gb = max(max(s["sampling"].peak, s["learning"].peak) for s in steps) / 1e9

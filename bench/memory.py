@@ -38,9 +38,9 @@ def main():
     apply_cap(args)
     device = torch.device(args.device)
     baseline = 0 if device.type == "cuda" else status_bytes("VmRSS")
-    model, ref_model, cfg, optimizer, scheduler, params, device = build(args)
+    model, ref_model, cfg, optimizer, scheduler, device = build(args)
     prompts = prompts_for(model, args.prompts, args.prompt_len, args.seed)
-    step = grpo_step(model, ref_model, cfg, optimizer, scheduler, params, device, prompts, args.seed, args.compile)
+    step = grpo_step(model, ref_model, cfg, optimizer, scheduler, device, prompts, args.seed, args.compile)
     plan = estimate(model.config, full=args.full, lora_r=args.lora_r, group_size=args.group,
                     prompts_per_step=args.prompts, prompt_len=args.prompt_len, max_new_tokens=args.new_tokens,
                     dtype_bytes=model.dtype.itemsize, minibatch_size=args.minibatch, checkpointing=True,

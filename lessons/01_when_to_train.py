@@ -16,6 +16,7 @@ Departure from the chapter: on the toy world the "prompted policy" is the script
 
 # %% setup
 import argparse
+import math
 import random
 
 from minirl.envs.calculator import CalculatorEnv, agent_metrics, make_questions, play
@@ -43,14 +44,18 @@ policy = demonstrator(seed=0)
 trajectories = []
 for q in questions:
     messages, reward, info = play(CalculatorEnv(), q, policy)
-    trajectories.append(Trajectory(q, [], [], [], [], "answer", reward=reward, info={**info, "tool_errors": 0}))
+    trajectories.append(Trajectory(q, [], [], [], [], "answer", reward=reward, info=info))
+accuracy, tool_use = {}, {}
 for level in ("easy", "hard"):
     subset = [t for t in trajectories if t.info["difficulty"] == level]
-    print(f"{level}: accuracy {sum(t.info['correct'] for t in subset) / len(subset):.2f}, "
-          f"tool used {sum(t.info['used_tool'] for t in subset) / len(subset):.2f} ({len(subset)} questions)")
+    accuracy[level] = sum(t.info['correct'] for t in subset) / len(subset)
+    tool_use[level] = sum(t.info['used_tool'] for t in subset) / len(subset)
+    print(f"{level}: accuracy {accuracy[level]:.2f}, tool used {tool_use[level]:.2f} ({len(subset)} questions)")
 print(agent_metrics(trajectories))
 print("The failure is systematic (hard questions answered from memory), the outcome is verifiable (an exact\n"
       "number), the task is frequent: a good case for training. The checklist passes.")
+assert accuracy["easy"] == 1.0 > accuracy["hard"], f"expected failures on hard questions only, got {accuracy}"
+assert math.isclose(accuracy["hard"], tool_use["hard"]), f"expected hard right only via the tool: {accuracy} {tool_use}"
 
 # %% 3. a real model, with the tool in its prompt (the ceiling of prompt + tools)
 if args.model:

@@ -16,6 +16,7 @@ episodes in part 3 are noise; the structure is the point.
 
 # %% setup
 import argparse
+import math
 import os
 import random
 import tempfile
@@ -46,10 +47,13 @@ messages, reward, info = play(CalculatorEnv(), task, expert_policy)
 for m in messages:
     print(f"{m['role']:>9}: {m.get('content') or m.get('tool_calls')}")
 print(f"reward {reward} ({info})")
+assert reward == 1.0, f"expected the expert's episode to earn reward 1, got {reward}"
 ids, mask = render(tokenizer, messages, task["tools"])
 prompt_len = len(tokenizer.encode(tokenizer.apply_chat_template(messages[:1], task["tools"],
                                                                 add_generation_prompt=True)))
 print(f"\n{len(ids)} tokens: {prompt_len} prompt, {sum(mask)} action, {len(ids) - prompt_len - sum(mask)} observation")
+assert not any(mask[:prompt_len]) and mask[prompt_len] == 1, "expected the first action token right after the prompt"
+assert 0 < sum(mask) < len(ids) - prompt_len, "expected the episode's tokens split between actions and observations"
 print("  pos  who          token")
 for pos in range(prompt_len - 3, len(ids)):
     who = "action" if mask[pos] else ("prompt" if pos < prompt_len else "observation")
@@ -61,11 +65,15 @@ trajectories = run_episodes(model, tokenizer, CalculatorEnv, [task], group_size=
 for t in trajectories:
     print(f"--- {t.finish_reason}, {t.turns} turn(s), reward {t.reward}")
     print(show_mask(tokenizer, t.prompt_ids[-4:] + t.completion_ids, [0] * 4 + t.action_mask))
+    assert len(t.action_mask) == len(t.completion_ids), "expected one action-mask entry per completion token"
 
 # %% 4. the return: r_t per turn, Σ γ^t r_t
 episode = Trajectory(task, [], [], [], [], "answer", reward=reward, turns=sum(m["role"] == "assistant" for m in messages))
 print("rewards per turn:", episode.rewards_per_turn())
+assert episode.rewards_per_turn() == [0.0] * (episode.turns - 1) + [reward], f"got {episode.rewards_per_turn()}"
 for gamma in (1.0, 0.9):
     print(f"γ = {gamma}: return {episode.discounted_return(gamma):.3f}")
+    assert math.isclose(episode.discounted_return(gamma), gamma ** (episode.turns - 1) * reward), "expected γ^(T−1)·R"
+assert episode.discounted_return(0.9) < episode.discounted_return(1.0), "expected γ < 1 to devalue a 2-turn answer"
 print("With γ < 1 a two-turn answer would be worth less than a one-turn guess; the agent would learn to skip the\n"
       "tool. Agentic RL keeps γ = 1 and asks for brevity through explicit penalties (see lesson 07).")

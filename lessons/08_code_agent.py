@@ -15,6 +15,7 @@ toy model is random until the quickstart stage trains it, so its attempt is nois
 
 # %% setup
 import argparse
+import math
 import os
 import tempfile
 
@@ -43,19 +44,25 @@ with CodeEnv() as env:
         print(env.step(call))
     reward, info = env.reward()
     print(f"reward {reward:+.2f}: {info['passed']}/{info['total']} tests pass, penalty {info['penalty']}")
+    assert info["passed"] == info["total"] == 10 and math.isclose(reward, 1.0), f"expected 10/10 and +1.00: {info}"
 
 # %% 3. the chapter's three trajectories
+scores = {}
 for name in ("A", "B", "C"):
     with CodeEnv() as env:
-        reward, info, _ = run_scripted(env, task, SCRIPTED_POLICIES[name](template))
+        scores[name], info, _ = run_scripted(env, task, SCRIPTED_POLICIES[name](template))
     print(f"trajectory {name}: {info['passed']}/{info['total']} pass, reads {sum(info['reads'].values())}, "
-          f"reward {reward:+.2f}")
+          f"reward {scores[name]:+.2f}")
+assert math.isclose(scores["A"], 1.0) and 0 < scores["B"] < 1, f"expected A = 1 and B partial, got {scores}"
+assert math.isclose(scores["C"], -0.2), f"expected C, reading in circles, at -0.2, got {scores}"
 
 # %% 4. the sandbox: paths stay inside the task folder
 with CodeEnv() as env:
     env.reset(task)
     for path in ["../secret.txt", "/etc/passwd", template["file"]]:
-        print(f"read_file({path!r}) -> {env.step(ToolCall('read_file', {'path': path}))[:70]!r}")
+        observation = env.step(ToolCall('read_file', {'path': path}))
+        print(f"read_file({path!r}) -> {observation[:70]!r}")
+        assert observation.startswith("Error:") == (path != template["file"]), f"sandbox: {path} -> {observation!r}"
 
 # %% 5. the model tries
 if args.model:

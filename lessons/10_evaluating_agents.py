@@ -50,10 +50,12 @@ summaries = {name: summarize(e) for name, e in episodes.items()}
 n, c, k = 4, 1, 2
 print(f"one item, n={n}, c={c}: pass@{k} = 1 - C({n - c},{k})/C({n},{k}) = {1 - math.comb(n - c, k) / math.comb(n, k):.3f}"
       f" = pass_at_k -> {pass_at_k(n, c, k):.3f}")
+assert math.isclose(pass_at_k(n, c, k), 1 - math.comb(n - c, k) / math.comb(n, k)), "expected pass_at_k = the formula"
 for name, s in summaries.items():
     f = s["final_answer"]
     print(f"{name:>4}: pass@1 {f['pass@1']:.3f} ± {f['pass@1_stderr']:.3f} (standard error clustered by item), "
           f"pass@{args.n} {f[f'pass@{args.n}']:.3f}")
+    assert f["pass@1"] <= f[f"pass@{args.n}"] + 1e-9, f"expected pass@{args.n} >= pass@1, got {f}"
 
 # %% 2. tool calling: are the calls well-formed, and is the tool used where it is needed?
 for name, s in summaries.items():
@@ -70,12 +72,16 @@ for name, s in summaries.items():
 # %% 4. robustness: pass^k (tau-bench: all k trials succeed, C(c, k)/C(n, k)) and an injected tool error
 print(f"one item, n={n}, c=3: pass^2 = C(3,2)/C(4,2) = {math.comb(3, 2) / math.comb(4, 2):.3f} = pass_hat_k -> "
       f"{pass_hat_k(4, 3, 2):.3f}")
+assert math.isclose(pass_hat_k(4, 3, 2), math.comb(3, 2) / math.comb(4, 2)), "expected pass_hat_k = the formula"
 for name, s in summaries.items():
     r = s["robustness"]
     injected = r["perturbations"]["tool_error"]
     print(f"{name:>4}: pass^{args.n} {r[f'pass^{args.n}']:.3f}; with the first tool call failing, pass@1 "
           f"{injected['pass@1']:.3f} (drop {injected['drop']:+.3f}), recovered in "
           f"{injected['success_where_perturbed'] or 0:.2f} of the {injected['episodes_perturbed']} episodes it hit")
+    clean = s["final_answer"]["pass@1"]
+    assert r[f"pass^{args.n}"] <= clean + 1e-9, f"expected pass^{args.n} <= pass@1 = {clean}, got {r}"
+    assert math.isclose(injected["drop"], clean - injected["pass@1"], abs_tol=1e-9), f"expected clean − perturbed: {r}"
 
 # %% 5. cost: what an answer costs in tokens and calls
 for name, s in summaries.items():
@@ -89,6 +95,8 @@ low, high = result["interval_95"]
 print(f"GRPO - SFT in pass@1: {result['difference']:+.3f}, paired bootstrap 95 % interval [{low:+.3f}, {high:+.3f}], "
       f"McNemar p = {result['mcnemar_p']:.2g}; {len(result['flipped_to_success'])} items flipped to success, "
       f"{len(result['flipped_to_failure'])} to failure")
+pass1 = {name: s["final_answer"]["pass@1"] for name, s in summaries.items()}
+assert math.isclose(result["difference"], pass1["grpo"] - pass1["sft"], abs_tol=1e-9), f"expected the pass@1s {pass1}"
 print("GRPO is " + ("significantly better" if result["b_significantly_better"] else
                     "significantly worse" if result["b_significantly_worse"] else "not significantly different")
       + ": pairing by item removes the variation between questions that both checkpoints share.")

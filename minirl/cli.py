@@ -192,7 +192,6 @@ def cmd_rollout(args):
 
     from .chat import show_mask
     from .lora import load_adapter
-    from .rollout import sample_completions
     from .tasks import make_task
     from .weights import load_pretrained
 
@@ -201,12 +200,9 @@ def cmd_rollout(args):
         load_adapter(model, args.adapter)
     task = make_task(args.task, seed=args.seed, data=args.data)
     items = task.sample(args.n, random.Random(args.seed))
-    rollout = getattr(task, "rollout", None) or sample_completions
-    trajectories = rollout(model, tokenizer, items, 1, args.max_new_tokens, temperature=args.temperature,
-                           seed=args.seed)
-    if not hasattr(task, "rollout"):
-        from .tasks import score
-        score(task, trajectories)
+    trajectories = task.rollout(model, tokenizer, items, 1, args.max_new_tokens, temperature=args.temperature,
+                                seed=args.seed)
+    task.score(trajectories)
     for i, t in enumerate(trajectories):
         ids, mask = t.prompt_ids + t.completion_ids, [0] * len(t.prompt_ids) + t.action_mask
         print(f"==== episode {i}: reward {t.reward:+.2f}, {t.finish_reason}, {t.turns} turn(s), "

@@ -38,12 +38,19 @@ import os
 import sys
 import time
 
+import torch
 from tqdm import tqdm
 
+from . import distributed
 from .envs import perturb
+from .envs.program import is_program_file
 from .envs.tools import parse_assistant
 from .eval_stats import call_problems
 from .eval_summary import compare, read_episodes, rescore, summarize, table
+from .lora import load_adapter, merge_and_unload
+from .tasks import make_task, parse_options
+from .weights import load_pretrained
+
 
 # ---- episodes: one record each (eval_summary.py summarizes the records) ----------------------------------
 def episode_record(trajectory, item_id: int, sample: int, seed: int, accuracy: dict, seconds: float) -> dict:
@@ -54,7 +61,7 @@ def episode_record(trajectory, item_id: int, sample: int, seed: int, accuracy: d
     malformed = sum(len(parse_assistant(m["content"]).errors) for m in t.messages if m["role"] == "assistant")
     calls = [{"name": c["name"], "arguments": c["arguments"], "problems": call_problems(c["name"], c["arguments"], tools),
               "error": str(c["result"]).startswith("Error:"), "result": str(c["result"])[:200]}
-             for c in t.info.get("tool_calls", [])]
+             for c in t.tool_calls]
     record = {"item": item_id, "sample": sample, "seed": seed, "success": bool(accuracy["strict"]),
               "lenient": bool(accuracy["lenient"]), "reward": t.reward,
               "reward_parts": t.reward_parts, "finish_reason": t.finish_reason, "turns": t.turns,
@@ -79,16 +86,12 @@ def play(model, tokenizer, task, n: int, max_new_tokens: int, temperature: float
     again under each of `perturbations` (envs/perturb.py), with the same seeds; those records carry
     "perturbation" and "perturbed" (how often it fired). shard = (rank, ranks) plays only the items
     whose id is rank modulo ranks (torchrun: each rank its share)."""
-    from .rollout import sample_completions
-    from .tasks import score
-
     items = task.eval_items()[:limit or None]
     if not items:
         raise ValueError("the task has no evaluation items")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     perturbations = perturb.check(perturbations)
-    rollout = getattr(task, "rollout", None)  # single-turn tasks have no environment to perturb
     mine = range(shard[0], len(items), shard[1])
     order = sorted(mine, key=lambda i: len(json.dumps(items[i]["messages"])))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
@@ -102,14 +105,14 @@ def play(model, tokenizer, task, n: int, max_new_tokens: int, temperature: float
                 if kind == "reworded":
                     played, touched = zip(*(perturb.reword(items[i], perturb.episode_rng(kind, i, seed + s))
                                             for i in batch))
-                elif kind and rollout:
+                elif kind:
                     rngs = iter([perturb.episode_rng(kind, i, seed + s) for i in batch])  # in make_env order
                     options["wrap_env"] = lambda env: perturb.PerturbedEnv(env, kind, next(rngs))  # noqa: B023
                 start = time.perf_counter()
-                trajectories = (rollout or sample_completions)(model, tokenizer, list(played), 1, max_new_tokens,
-                                                               temperature=temperature, seed=seed + s, **options)
+                trajectories = task.rollout(model, tokenizer, list(played), 1, max_new_tokens,
+                                            temperature=temperature, seed=seed + s, **options)
                 seconds = (time.perf_counter() - start) / len(trajectories)  # each episode's share of its batch
-                score(task, trajectories)
+                task.score(trajectories)
                 for i, t, touch in zip(batch, trajectories, touched):
                     record = episode_record(t, i, s, seed + s, task.accuracy(t), seconds)
                     if kind:
@@ -129,10 +132,6 @@ def evaluate(model, tokenizer, task, max_new_tokens: int, seed: int = 0, out: st
     """The training loops' held-out numbers (grpo and sft --eval-task): `play` (under torchrun each rank
     its share of the items, gathered in order), then the summary; the main rank writes it as an eval
     folder under `out` when given, so `eval --rescore/--compare` and `view` read it like any other."""
-    import torch
-
-    from . import distributed
-
     training = model.training
     model.eval()
     with torch.no_grad():
@@ -141,7 +140,7 @@ def evaluate(model, tokenizer, task, max_new_tokens: int, seed: int = 0, out: st
     model.train(training)
     episodes = sorted(distributed.all_gather_objects(mine), key=_order)
     if out and distributed.is_main():
-        meta = {"task": getattr(task, "name", type(task).__name__), "n": n, "temperature": temperature,
+        meta = {"task": task.name, "n": n, "temperature": temperature,
                 "seed": seed, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
         return write_run(out, episodes, meta)
     return summarize(episodes)
@@ -177,19 +176,12 @@ def command(args):
         print(table(rescore(args.rescore)))
         return
     if args.data and not args.task:  # a HumanEval-format file, or questions and answers
-        from .envs.program import is_program_file
         args.task = "humaneval" if is_program_file(args.data) else "jsonl"
     if not args.model or not args.task:
         raise ValueError("eval needs --model and --task or --data (or --rescore DIR, or --compare DIR_A DIR_B)")
     if args.n < 1 or args.limit < 0:
         raise ValueError(f"need -n >= 1 and --limit >= 0, got -n {args.n} and --limit {args.limit}")
     perturbations = perturb.check(args.perturb or [])
-    import torch
-
-    from .lora import load_adapter, merge_and_unload
-    from .tasks import make_task, parse_options
-    from .weights import load_pretrained
-
     options = parse_options(args.task_option)
     task = make_task(args.task, seed=args.task_seed, data=args.data, eval_data=args.eval_data, **options)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

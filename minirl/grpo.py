@@ -43,9 +43,9 @@ from .learner import completion_logprobs, frozen_logprobs, learning_batch, minib
 from .lora import disable_adapters, load_adapter, merge_and_unload, merged_for_sampling
 from .losses import group_advantages, policy_loss
 from .memory import MemoryBudgetError, budget_bytes
-from .rollout import sample_completions
 from .rollout_log import RolloutLog, rollout_records
-from .tasks import make_task, score
+from .sampling import Decoder
+from .tasks import make_task
 from .tokenizer import Tokenizer
 from .weights import load_pretrained
 
@@ -219,12 +219,14 @@ def train(cfg: GRPOConfig) -> dict:
     optimizer, scheduler = training.make_optimizer(params, cfg, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
     step, state = training.resume(cfg, model, optimizer, scheduler)
     parts = [f"reward_{name}" for name in task.reward_functions]
-    extra = list(getattr(task, "metric_names", []))  # agent tasks: tool use, recovery, calls per episode
-    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), FIELDS + parts + extra, step if state else None,
+    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), FIELDS + parts + list(task.metric_names),
+                     step if state else None,
                      write=distributed.is_main())
     # under torchrun rank 0 logs its own groups (the learner's per-token values live on their rank)
     rollout_log = (RolloutLog(os.path.join(cfg.out, "rollouts.jsonl"), step if state else None)
                    if cfg.log_rollouts_every and distributed.is_main() else None)
+    # the sampler: with --compile it keeps its compiled step and fixed-shape cache for the whole run
+    decoder = Decoder(model, compile=cfg.compile)
     G, start, last_eval = cfg.group_size, time.perf_counter(), None
     bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True, disable=not distributed.is_main())
     while step < cfg.steps:
@@ -232,15 +234,14 @@ def train(cfg: GRPOConfig) -> dict:
         t0 = time.perf_counter()
         items = task.sample(cfg.prompts_per_step, random.Random(cfg.seed * 1_000_003 + step))
         items = items[rank * share:(rank + 1) * share]
-        rollout = getattr(task, "rollout", None) or sample_completions
         with merged_for_sampling(model, cfg.merge_lora):  # LoRA folded into the weights (on a GPU)
-            mine = rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
-                           top_p=cfg.top_p, seed=distributed.rank_seed(cfg.seed * 1_000_003 + step),
-                           **({"compile": True} if cfg.compile else {}))  # a task's own rollout may not take it
+            mine = task.rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
+                                top_p=cfg.top_p, seed=distributed.rank_seed(cfg.seed * 1_000_003 + step),
+                                decoder=decoder)
         t1 = time.perf_counter()
 
         # Stage 4: score, and each completion's advantage against its own group
-        score(task, mine)
+        task.score(mine)
         local_rewards, _, _, keep = filter_groups(mine, G, cfg.dynamic_sampling)
         advantages = group_advantages(local_rewards.nan_to_num(), G, cfg.advantage_scale)
         rows = keep.repeat_interleave(G).nonzero()[:, 0].tolist()
@@ -325,4 +326,4 @@ def step_metrics(task, trajectories, cfg) -> dict:
             "groups_dropped_nonfinite": int((~finite).sum()),
             "groups_dropped_zero_spread": int((finite & ~spread).sum()) if cfg.dynamic_sampling else 0,
             **{f"reward_{k}": sum(t.reward_parts[k] for t in trajectories) / n for k in task.reward_functions},
-            **(task.metrics(trajectories) if getattr(task, "metric_names", None) else {})}
+            **task.metrics(trajectories)}

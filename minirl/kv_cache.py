@@ -80,7 +80,6 @@ class StaticKVCache(KVCache):
     def __init__(self, config: Qwen2Config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
         super().__init__(config, batch_size, max_len, dtype, device)
         self.slot = torch.zeros((), dtype=torch.long, device=device)  # slots filled, as a tensor
-        self.in_use = False  # a decoding loop is writing it (sampling.py keeps caches between calls)
         for buffer in (self.keys, self.values, self.key_mask, self.next_pos, self.slot):
             torch._dynamo.mark_static_address(buffer)  # compiled graphs may keep pointing at it
 

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .model import Linear
+from . import cpu_matmul
 from .trainable_tokens import add_trainable_tokens, remove_trainable_tokens, token_adapter
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -31,11 +31,11 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # PEFT's key prefix: PeftModel -> LoraModel -> the transformers model
 
 
-class LoRALinear(Linear):
+class LoRALinear(nn.Linear):
     """A Linear layer plus a trainable low-rank update. Shares (does not copy) the base weight."""
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, rslora: bool = False):
-        nn.Module.__init__(self)  # not Linear.__init__: that would allocate a new weight
+        nn.Module.__init__(self)  # not nn.Linear.__init__: that would allocate a new weight
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias  # the same Parameters, frozen by add_lora
         kwargs = dict(bias=False, device=base.weight.device, dtype=torch.float32)  # adapters train in fp32
@@ -50,7 +50,7 @@ class LoRALinear(Linear):
         nn.init.zeros_(self.lora_B.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = super().forward(x)  # W x + b
+        y = cpu_matmul.linear(x, self.weight, self.bias)  # W x + b (F.linear, faster for a few CPU rows)
         if self.merged or not self.enabled:
             return y
         a = self.lora_A(self.lora_dropout(x.to(self.lora_A.weight.dtype)))  # (..., r)
@@ -132,9 +132,9 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
     for name, layer in lora_layers(model).items():
         layer.merge()
         parent_name, _, child = name.rpartition(".")
-        plain = Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+        plain = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
         plain.weight, plain.bias = layer.weight, layer.bias
-        setattr(model.get_submodule(parent_name), child, plain)
+        setattr(model.get_submodule(parent_name), child, cpu_matmul.use_few_row_products(plain))  # as model.py's
     if hasattr(model, "lora_config"):
         del model.lora_config
     return model

@@ -25,7 +25,10 @@ down_proj; the base weights wait on the CPU meanwhile).
 bench/memory.py compares this estimate with the measured peak.
 """
 
+import ctypes
 from dataclasses import dataclass
+
+import torch
 
 from .config import Qwen2Config
 
@@ -274,8 +277,6 @@ class MemoryBudgetError(ValueError):
 def available_bytes(device) -> int:
     """What this process can still allocate on `device`: a GPU's free memory, or on a CPU the kernel's
     MemAvailable, lowered to the room left under the cgroup's limit when one is set (containers)."""
-    import torch
-
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
@@ -296,8 +297,6 @@ def available_bytes(device) -> int:
 def trim_heap() -> None:
     """Hand the free pages of the CPU heap back to the kernel (glibc's malloc_trim; a no-op where there
     is none), so that what one stage freed is not still resident when the next one is measured."""
-    import ctypes
-
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):

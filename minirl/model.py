@@ -15,25 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import Qwen2Config
-
-
-class Linear(nn.Linear):
-    """nn.Linear (same parameters, same state_dict keys) with one CPU speed-up for decoding.
-
-    With a few float32 rows (2-128: one new token for each sequence of a batch), MKL's matrix product
-    is faster as (W x^T)^T than as x W^T: 1.2-2.7x on this project's 2-core AVX-512 machine for the
-    Qwen2.5-0.5B shapes, the 152k-row lm_head gaining most (bench/sample.py measures the whole loop).
-    In bfloat16 at 8 rows it was 0.75-0.85x, so bfloat16 keeps the usual path. The result is the
-    same product; only the summation order inside the kernel may differ.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1]
-        if x.device.type != "cpu" or x.dtype != torch.float32 or not 2 <= rows <= 128:
-            return super().forward(x)
-        x2 = x.reshape(rows, x.shape[-1]).T  # (C_in, rows)
-        y = self.weight @ x2 if self.bias is None else torch.addmm(self.bias[:, None], self.weight, x2)
-        return y.T.contiguous().view(*x.shape[:-1], -1)  # (..., C_out)
+from .cpu_matmul import use_few_row_products
 
 
 class RMSNorm(nn.Module):
@@ -100,10 +82,10 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads,
                                                             config.num_key_value_heads, config.head_dim)
         C, H, K, D = config.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
-        self.q_proj = Linear(C, H * D, bias=True)
-        self.k_proj = Linear(C, K * D, bias=True)
-        self.v_proj = Linear(C, K * D, bias=True)
-        self.o_proj = Linear(H * D, C, bias=False)
+        self.q_proj = nn.Linear(C, H * D, bias=True)
+        self.k_proj = nn.Linear(C, K * D, bias=True)
+        self.v_proj = nn.Linear(C, K * D, bias=True)
+        self.o_proj = nn.Linear(H * D, C, bias=False)
         self.implementation = "sdpa"  # or "eager" (Qwen2.set_attention)
 
     def forward(self, x, cos, sin, mask, kv_cache=None):
@@ -128,9 +110,9 @@ class MLP(nn.Module):
     def __init__(self, config: Qwen2Config):
         super().__init__()
         C, F_ = config.hidden_size, config.intermediate_size
-        self.gate_proj = Linear(C, F_, bias=False)
-        self.up_proj = Linear(C, F_, bias=False)
-        self.down_proj = Linear(F_, C, bias=False)
+        self.gate_proj = nn.Linear(C, F_, bias=False)
+        self.up_proj = nn.Linear(C, F_, bias=False)
+        self.down_proj = nn.Linear(F_, C, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -210,10 +192,11 @@ class Qwen2(nn.Module):
         super().__init__()
         self.config = config
         self.model = Qwen2Model(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
         self.eos_token_ids = config.eos_token_ids  # generation_config.json may widen this (weights.py)
         self.init_weights()
+        use_few_row_products(self)  # a CPU decoding speed-up, same parameters and keys (cpu_matmul.py)
 
     def tie_weights(self):
         if self.config.tie_word_embeddings:

@@ -16,18 +16,23 @@ from .sampling import generate
 
 @dataclass
 class Trajectory:
+    """One episode. Each field has one writer: the rollout (this module) everything up to `info`, as
+    the episode runs; the environment's reward() the `info` record when it ends (envs/__init__.py);
+    Task.score (tasks.py) `reward_parts` and `reward`."""
     prompt: dict  # the task item: messages, tools, answer, ...
     prompt_ids: list[int]
     completion_ids: list[int]  # everything after the prompt: actions and (multi-turn) observations
     action_mask: list[int]  # 1 = sampled by the policy (trained), 0 = observation (context only)
     logprobs: list[float]  # sampling log-prob of each completion token, 0 where action_mask is 0
-    finish_reason: str  # "stop" | "length" (| agent reasons in multi-turn tasks)
-    text: str = ""  # the completion decoded, stop tokens removed (for rewards that read text)
-    reward: float = 0.0
-    reward_parts: dict = field(default_factory=dict)
-    info: dict = field(default_factory=dict)
+    finish_reason: str  # "stop" | "length" (single turn); "answer" | "max_turns" | "length" | "context" (episodes)
+    text: str = ""  # the final reply decoded, stop tokens removed (for rewards that read text)
     messages: list = field(default_factory=list)  # the conversation as text: opening messages, turns, results
     turns: int = 1  # assistant turns (actions) taken
+    tool_calls: list = field(default_factory=list)  # {"name", "arguments", "result"} of every call, in order
+    tool_errors: int = 0  # observations that were errors: a failing or unknown tool, a malformed call
+    info: dict = field(default_factory=dict)  # the environment's record of the episode: reward parts and facts
+    reward_parts: dict = field(default_factory=dict)  # each of the task's reward functions on this episode
+    reward: float = 0.0  # Σ weight · part
 
     def rewards_per_turn(self) -> list[float]:
         """r_t for each turn: 0 until the last, which carries the episode's reward (outcome reward)."""
@@ -44,13 +49,15 @@ def prompt_ids(tokenizer, item: dict) -> list[int]:
     return tokenizer.encode(text)
 
 
-def sample_completions(model, tokenizer, items: list[dict], group_size: int, max_new_tokens: int,
-                       temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                       seed: int | None = None, compile: bool = False) -> list[Trajectory]:
-    """Single-turn rollouts: G completions per item, prompt-major (the G of item i are consecutive)."""
+def sample_completions(model, tokenizer, items: list[dict], group_size: int, max_new_tokens: int, *,
+                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                       decoder=None) -> list[Trajectory]:
+    """Single-turn rollouts: G completions per item from one prefill each, prompt-major (the G of
+    item i are consecutive). decoder: a sampling.Decoder of `model` to decode with (one that keeps
+    its compiled step and cache between calls), else generate's default."""
     prompts = [prompt_ids(tokenizer, item) for item in items]
-    outs = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                    top_k=top_k, seed=seed, num_samples=group_size, compile=compile)
+    outs = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                    top_p=top_p, seed=seed, num_samples=group_size, decoder=decoder)
     stop_ids = set(model.eos_token_ids)
     return [Trajectory(prompt=items[i // group_size], prompt_ids=prompts[i // group_size],
                        completion_ids=out.tokens, action_mask=[1] * len(out.tokens), logprobs=out.logprobs,
@@ -60,9 +67,9 @@ def sample_completions(model, tokenizer, items: list[dict], group_size: int, max
 
 
 def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int = 1, max_turns: int = 4,
-                 max_new_tokens: int = 128, max_context: int | None = None, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                 compile: bool = False, wrap_env=None) -> list[Trajectory]:
+                 max_new_tokens: int = 128, *, max_context: int | None = None, temperature: float = 1.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, decoder=None,
+                 wrap_env=None) -> list[Trajectory]:
     """Multi-turn tool-use episodes, batched: every turn, all unfinished episodes are sampled together.
 
     An episode (the MDP of chapter §10.1) alternates actions and observations: the policy writes an
@@ -72,7 +79,9 @@ def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int 
     finish_reason "answer", "max_turns" (the turn budget is spent on tool calls), "length" (a turn
     ran out of tokens) or "context" (the next turn would not fit in max_context tokens).
     make_env() builds one environment per episode; G = group_size episodes per item, prompt-major.
-    wrap_env(env), when given, wraps each one (evaluation's perturbations, envs/perturb.py).
+    wrap_env(env), when given, wraps each one (evaluation's perturbations, envs/perturb.py). When an
+    episode ends its environment's reward() writes `info`, the record of what happened; the reward
+    itself is the task's to weigh from it (Task.score), so it is written in one place.
     """
     max_context = max_context or model.config.max_position_embeddings
     stop_ids = set(model.eos_token_ids)
@@ -83,7 +92,7 @@ def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int 
             messages, tools = env.reset(item)
             ids = tokenizer.encode(tokenizer.apply_chat_template(messages, tools, add_generation_prompt=True))
             episodes.append({"env": env, "traj": Trajectory(item, ids, [], [], [], "", messages=list(messages),
-                                                            turns=0, info={"tool_calls": [], "tool_errors": 0})})
+                                                            turns=0)})
     for turn in range(max_turns):
         active = [e for e in episodes if not e["traj"].finish_reason]
         fits = []
@@ -96,8 +105,8 @@ def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int 
         if not fits:
             break
         outs = generate(model, [e["traj"].prompt_ids + e["traj"].completion_ids for e in fits],
-                        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                        seed=None if seed is None else seed * 1009 + turn, compile=compile)
+                        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        seed=None if seed is None else seed * 1009 + turn, decoder=decoder)
         for e, out in zip(fits, outs):
             t, env = e["traj"], e["env"]
             t.completion_ids += out.tokens
@@ -116,8 +125,8 @@ def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int 
             observations = list(parsed.errors)
             for call in parsed.calls:
                 observations.append(env.step(call))
-                t.info["tool_calls"].append({"name": call.name, "arguments": call.arguments, "result": observations[-1]})
-            t.info["tool_errors"] += sum(o.startswith("Error:") for o in observations)
+                t.tool_calls.append({"name": call.name, "arguments": call.arguments, "result": observations[-1]})
+            t.tool_errors += sum(o.startswith("Error:") for o in observations)
             t.messages += [{"role": "tool", "content": o} for o in observations]
             if turn == max_turns - 1:
                 t.finish_reason = "max_turns"
@@ -131,9 +140,7 @@ def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int 
         t = e["traj"]
         t.finish_reason = t.finish_reason or "max_turns"
         t.text = t.messages[-1]["content"] if t.messages[-1]["role"] == "assistant" else ""
-        t.reward, info = e["env"].reward(t)
-        t.info.update(info)
-        if hasattr(e["env"], "close"):
-            e["env"].close()
+        _, t.info = e["env"].reward(t)  # the environment's total is its parts' sum; the task weighs the parts
+        e["env"].close()
         trajectories.append(t)
     return trajectories

@@ -88,7 +88,7 @@ def rollout_records(step: int, trajectories, advantages, learned_rows: list[int]
             "ref_logprob": learner(per_token.get("ref_logprob")), "ratio": learner(ratio), "kl": learner(kl),
             "reward": _number(t.reward), "reward_parts": {k: _number(v) for k, v in t.reward_parts.items()},
             "advantage": _number(advantages[i]), "kept": j is not None, "finish_reason": t.finish_reason,
-            "turns": t.turns, "tool_calls": t.info.get("tool_calls", []), "answer": t.prompt.get("answer"),
+            "turns": t.turns, "tool_calls": t.tool_calls, "answer": t.prompt.get("answer"),
         })
     return records
 

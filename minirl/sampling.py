@@ -15,26 +15,35 @@ of the 1971 it took when waiting for half, and sampled in 32 s instead of 40 s.
 `static_cache=True` decodes with fixed shapes instead (a StaticKVCache, no compaction, the stop test
 every SYNC_EVERY tokens so the host rarely waits for the device), and `compile=True` also compiles
 that decode step with torch.compile (CUDA graphs on a GPU: one launch per token instead of hundreds).
-A CUDA graph replays reads and writes at the addresses it was recorded with, so compiled decoding
-keeps its StaticKVCache from call to call (per model and batch size, reused while it is long
-enough): a new cache every call would record a new graph every call. `release_decode_caches(model)`
-gives that memory back.
+Both modes run one loop (Decoder._steps); fixed shapes change three things in it: the cache the
+prefill is copied into, that stopped rows stay in the batch, and how often the host checks for stops.
+
+A CUDA graph replays reads and writes at the addresses it was recorded with, so a new cache every
+call would record a new graph every call. A `Decoder` keeps its StaticKVCaches from call to call
+(one per batch size, reused while long enough). A caller who wants compiled decoding to keep its
+CUDA graph between calls holds a Decoder and passes it:
+
+    decoder = Decoder(model, compile=True)             # the GRPO loop holds one for the whole run
+    outs = generate(model, prompts, max_new_tokens=256, decoder=decoder)   # = decoder.generate(prompts, ...)
+    decoder.release()                                  # gives the kept caches' memory back
+
+generate() and stream() without one use a one-off Decoder: the same tokens, a new graph every call.
 """
 
 import functools
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from .kv_cache import KVCache, StaticKVCache, common_prefix_length
+from .next_token import sample_next
 
-SYNC_EVERY = 8  # static path: tokens between the host's checks whether every row has stopped
-COMPACT_AT = 0.125  # compacting path: drop the stopped rows once they are this share of the batch
+SYNC_EVERY = 8  # fixed shapes: tokens between the host's checks whether every row has stopped
+COMPACT_AT = 0.125  # compacting: drop the stopped rows once they are this share of the batch
 MIN_SHARED_PREFIX = 16  # tokens every prompt must share before their prefill is shared
-KEPT_CACHES = 4  # compiled path: caches kept per model (one per batch size, the least recently used goes)
-_kept_caches = weakref.WeakKeyDictionary()  # model -> {(rows, dtype, device): StaticKVCache}
+KEPT_CACHES = 4  # fixed shapes: caches a Decoder keeps (one per batch size, the least recently used goes)
+SLOTS_MULTIPLE = 256  # fixed shapes: cache lengths are rounded up to this, so similar calls reuse one step
 
 
 @dataclass
@@ -44,69 +53,7 @@ class Completion:
     finish_reason: str = "length"  # "stop" (a stop token was sampled) or "length" (max_new_tokens reached)
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row from logits (B, V). Returns tokens (B,) and their log-probs (B,).
-
-    The log-prob is taken under the distribution actually sampled from: logits / temperature,
-    restricted to the top_k tokens and to the smallest top_p nucleus (Holtzman et al. 2019), then
-    renormalized. temperature = 0 is greedy; its log-probs are those of the untempered model.
-
-    The draw is by inverse CDF (inverse_cdf_draw): one uniform number per row. torch.multinomial
-    draws one exponential number per vocabulary entry instead: for 64 rows of Qwen2.5's 151,936
-    tokens that took 245 ms, a third of a decode step on this project's CPU; this takes ~25 ms.
-    """
-    logits = logits.float()
-    if temperature == 0:
-        logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
-        tokens = logits.argmax(dim=-1)  # (B,)
-        return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
-    if temperature != 1.0:
-        logits = logits / temperature
-    if top_k > 0:
-        kth_best = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth_best, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        mass_before = probs.cumsum(-1) - probs  # probability of all better tokens
-        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))  # the best always stays
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return inverse_cdf_draw(logits, generator)
-
-
-@torch.no_grad()
-def inverse_cdf_draw(logits: torch.Tensor, generator: torch.Generator | None = None,
-                     block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row with probability softmax(logits), by inverse CDF, and its log-prob. (B, V) -> (B,), (B,).
-
-    u ~ U(0, total) per row, and the token is the first whose running sum of weights exp(z − max z)
-    passes u. The running sum goes in two levels, so no float32 sum runs over more than `block`
-    terms (a 152k-term float32 running sum would swallow the smallest weights): the rows' blocks of
-    `block` weights are summed, the block sums added up in float64 to find u's block, then that
-    block's weights to find the token."""
-    B, V = logits.shape
-    top = logits.amax(dim=-1, keepdim=True)  # (B, 1)
-    n_blocks = -(-V // block)
-    weights = logits.new_zeros(B, n_blocks * block)  # padded with zero weights
-    torch.exp(logits - top, out=weights[:, :V])
-    weights = weights.view(B, n_blocks, block)
-    block_cdf = weights.sum(dim=-1).double().cumsum(dim=-1)  # (B, n_blocks)
-    total = block_cdf[:, -1:]  # (B, 1)
-    u = torch.rand(total.shape, dtype=torch.float64, device=logits.device, generator=generator) * total
-    # rounding can put u at the very end: never past the last block, or token, that has any weight
-    last_block = (block_cdf < total).sum(dim=-1, keepdim=True)  # (B, 1): the last block adding mass
-    b = torch.searchsorted(block_cdf, u, right=True).minimum(last_block)  # (B, 1)
-    before = torch.where(b > 0, block_cdf.gather(-1, (b - 1).clamp(min=0)), 0.0)  # mass of earlier blocks
-    inside = weights.gather(1, b[:, :, None].expand(B, 1, block))[:, 0]  # (B, block)
-    last_token = (inside > 0).long().cumsum(dim=-1).argmax(dim=-1, keepdim=True)  # first index of the max count
-    t = torch.searchsorted(inside.double().cumsum(dim=-1), u - before, right=True).minimum(last_token)  # (B, 1)
-    tokens = (b * block + t)[:, 0]  # (B,)
-    logprobs = logits.gather(-1, tokens[:, None])[:, 0] - top[:, 0] - total[:, 0].log().float()
-    return tokens, logprobs
-
-
-def _check(model, prompts, max_new_tokens, temperature, top_p, top_k, num_samples):
+def _check(model, prompts, *, max_new_tokens, temperature, top_k, top_p, num_samples):
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of token-id lists")
     V, context = model.config.vocab_size, model.config.max_position_embeddings
@@ -121,9 +68,9 @@ def _check(model, prompts, max_new_tokens, temperature, top_p, top_k, num_sample
                              f"{len(p) + max_new_tokens} positions, beyond the model's context of {context}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0 or num_samples < 1:
-        raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0, num_samples >= 1; got "
-                         f"{temperature}, {top_p}, {top_k}, {num_samples}")
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or num_samples < 1:
+        raise ValueError(f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1, num_samples >= 1; got "
+                         f"{temperature}, {top_k}, {top_p}, {num_samples}")
 
 
 def _prefill(model, prompts, max_len, num_samples):
@@ -153,32 +100,6 @@ def _prefill(model, prompts, max_len, num_samples):
     return cache, logits, group_of_row
 
 
-def _decode_steps(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids, generator, num_samples):
-    """Yield, once per step, (rows, tokens, logprobs, done): `rows` are the indices (into the
-    prompt-major list of len(prompts) * num_samples sequences) of the rows still in the batch."""
-    device = model.device
-    cache, logits, group_of_row = _prefill(model, prompts, max(len(p) for p in prompts) + max_new_tokens, num_samples)
-    rows = torch.arange(len(prompts) * num_samples, device=device)  # sequence held by each cache row
-    if len(rows) > cache.batch_size:  # one prefill per distinct prompt, copied into the rows of its group
-        cache.select_rows(group_of_row)
-        logits = logits[group_of_row]
-    stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    done = torch.zeros(len(rows), dtype=torch.bool, device=device)  # per sequence
-    for step in range(max_new_tokens):
-        tokens, logprobs = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), (B,)
-        done[rows] |= torch.isin(tokens, stop_ids)
-        yield rows, tokens, logprobs, done
-        if step == max_new_tokens - 1 or bool(done.all()):
-            return
-        finished_in_batch = done[rows]
-        if int(finished_in_batch.sum()) >= COMPACT_AT * len(rows):  # compact: finished rows cost a full step each
-            keep = (~finished_in_batch).nonzero()[:, 0]
-            cache.select_rows(keep)
-            rows, tokens = rows[keep], tokens[keep]
-        step_mask = torch.ones(len(rows), 1, dtype=torch.long, device=device)
-        logits = model(tokens[:, None], step_mask, kv_cache=cache, logits_to_keep=1)[:, -1]  # (B, V)
-
-
 def _decode_step(model, tokens, cache):
     """One token for every row: tokens (B,) -> next-token logits (B, V). The part that is compiled."""
     step_mask = torch.ones(tokens.shape[0], 1, dtype=torch.long, device=tokens.device)
@@ -193,63 +114,147 @@ def _compiled_decode_step(mode: str):
     return torch.compile(_decode_step, mode=mode, fullgraph=True)
 
 
-def _static_decode_steps(model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids, generator,
-                         num_samples, compile):
-    """_decode_steps with fixed shapes: every row stays in the batch until all have stopped (no
-    compaction), and the host checks for that only every SYNC_EVERY tokens."""
-    device = model.device
-    prefill_cache, logits, group_of_row = _prefill(model, prompts, max(len(p) for p in prompts), num_samples)
-    rows = torch.arange(len(prompts) * num_samples, device=device)
-    # slots rounded up to a multiple of 256, so calls of similar lengths reuse one compiled step
-    slots = min(-(-(prefill_cache.length + max_new_tokens) // 256) * 256, model.config.max_position_embeddings)
-    cache = _kept_cache(model, len(rows), slots) if compile else None
-    if cache is None:
-        cache = StaticKVCache(model.config, len(rows), slots, model.dtype, device)
-    cache.load(prefill_cache, group_of_row)
-    del prefill_cache
-    logits = logits[group_of_row]
-    if compile:
-        step_fn = _compiled_decode_step("reduce-overhead" if device.type == "cuda" else "default")
-    else:
-        step_fn = _decode_step
-    stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    done = torch.zeros(len(rows), dtype=torch.bool, device=device)
-    cache.in_use = True
-    try:
-        for step in range(max_new_tokens):
-            tokens, logprobs = sample_next(logits, temperature, top_k, top_p, generator)  # (B,), (B,)
-            done |= torch.isin(tokens, stop_ids)
-            yield rows, tokens, logprobs, done
-            if step == max_new_tokens - 1 or ((step + 1) % SYNC_EVERY == 0 and bool(done.all())):
-                return
-            logits = step_fn(model, tokens, cache).clone()  # clone: a CUDA graph reuses its output buffer
-    finally:
-        cache.in_use = False
+class Decoder:
+    """Samples from `model`, and owns what decoding keeps between calls.
 
+    static_cache=False decodes compacting: stopped rows leave the batch, the host checks after every
+    token. static_cache=True decodes with fixed shapes in a StaticKVCache: every row stays, the host
+    checks every SYNC_EVERY tokens; compile=True also compiles the decode step (and implies
+    static_cache). A fixed-shape Decoder keeps its StaticKVCaches in `caches`, one per batch size, at
+    most KEPT_CACHES (the least recently used goes), each reused while it is long enough and never by
+    two loops at once: while a stream() on it is unfinished, another call decodes in a fresh cache it
+    does not keep. release() gives them back.
+    """
 
-def _kept_cache(model, rows: int, slots: int) -> StaticKVCache | None:
-    """The model's kept cache for this batch size, or a new one kept in its place when none is long
-    enough. None while the kept one is in use (a stream() not yet finished): the caller then
-    decodes on a cache of its own."""
-    kept = _kept_caches.setdefault(model, {})
-    key = (rows, model.dtype, model.device)
-    cache = kept.pop(key, None)
-    if cache is not None and cache.in_use:
-        kept[key] = cache
-        return None
-    if cache is None or cache.max_len < slots:
-        del cache  # give its memory back before allocating the longer one
-        cache = StaticKVCache(model.config, rows, slots, model.dtype, model.device)
-    kept[key] = cache  # now the most recently used
-    idle = [k for k in kept if not kept[k].in_use]  # oldest first
-    for old in idle[:max(0, len(idle) - KEPT_CACHES)]:
-        del kept[old]
-    return cache
+    def __init__(self, model, *, static_cache: bool = False, compile: bool = False):
+        self.model = model
+        self.static_cache = static_cache or compile
+        self.compile = compile
+        # all that fixed shapes change in the decoding loop:
+        self.check_every = SYNC_EVERY if self.static_cache else 1  # tokens between "has every row stopped?"
+        self.compacts = not self.static_cache  # stopped rows leave the batch (which changes its shape)
+        self.caches: dict[tuple, StaticKVCache] = {}  # (rows, dtype, device) -> cache, least recently used first
+        self._busy: set[KVCache] = set()  # the caches a decoding loop is writing now
 
+    def _steps(self, prompts, max_new_tokens, num_samples, stop_ids, generator, *, temperature, top_k, top_p):
+        """Prefill, then one token per step. Yields, once per step, (rows, tokens, logprobs, stopped),
+        each (B,) over the rows still in the batch: row i holds sequence rows[i] of the
+        len(prompts) * num_samples (prompt-major), tokens and logprobs are its draw, stopped says
+        whether it has drawn a stop token (at this step or before)."""
+        model = self.model
+        cache, logits = self._prefilled_cache(prompts, max_new_tokens, num_samples)  # logits (B, V)
+        decode_step = self._decode_step_function()
+        rows = torch.arange(cache.batch_size, device=model.device)  # (B,)
+        stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=model.device)
+        stopped = torch.zeros(len(rows), dtype=torch.bool, device=model.device)  # (B,)
+        self._busy.add(cache)
+        try:
+            for step in range(max_new_tokens):
+                tokens, logprobs = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                                               generator=generator)  # (B,), (B,)
+                stopped |= torch.isin(tokens, stop_ids)
+                yield rows, tokens, logprobs, stopped
+                # bool() waits for the device: with fixed shapes, so that it rarely does, only every few tokens
+                if step == max_new_tokens - 1 or ((step + 1) % self.check_every == 0 and bool(stopped.all())):
+                    return
+                if self.compacts and int(stopped.sum()) >= COMPACT_AT * len(rows):  # a stopped row costs a full step
+                    keep = (~stopped).nonzero()[:, 0]
+                    cache.select_rows(keep)
+                    rows, tokens, stopped = rows[keep], tokens[keep], stopped[keep]
+                logits = decode_step(model, tokens, cache)  # (B, V)
+        finally:
+            self._busy.discard(cache)
 
-def release_decode_caches(model):
-    """Free the KV caches that compiled decoding keeps for this model between calls."""
-    _kept_caches.pop(model, None)
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int = 64, temperature: float = 1.0,
+                 top_k: int = 0, top_p: float = 1.0, stop_token_ids: list[int] | None = None,
+                 seed: int | None = None, num_samples: int = 1) -> list[Completion]:
+        """Sample a completion for every prompt (num_samples > 1: that many per prompt, prompt-major,
+        so outs[i * G + j] is sample j of prompt i). stop_token_ids=None stops on the checkpoint's eos
+        ids, [] never stops early. seed makes the draw reproducible (a private torch.Generator)."""
+        model = self.model
+        _check(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+               num_samples=num_samples)
+        stop_ids = _stop_ids(model, stop_token_ids)
+        N = len(prompts) * num_samples
+        out_tokens = torch.zeros(N, max_new_tokens, dtype=torch.long, device=model.device)
+        out_logprobs = torch.zeros(N, max_new_tokens, device=model.device)
+        steps = 0
+        with _eval_mode(model):
+            for step, (rows, tokens, logprobs, _) in enumerate(
+                    self._steps(prompts, max_new_tokens, num_samples, stop_ids, _generator(model, seed),
+                                temperature=temperature, top_k=top_k, top_p=top_p)):
+                out_tokens[rows, step] = tokens
+                out_logprobs[rows, step] = logprobs
+                steps = step + 1
+        outs = []
+        for tokens, logprobs in zip(out_tokens[:, :steps].tolist(), out_logprobs[:, :steps].tolist()):
+            # a row is written until it leaves the batch or the loop ends, after its stop too: cut there
+            end = next((t + 1 for t, tok in enumerate(tokens) if tok in stop_ids), None)
+            outs.append(Completion(tokens[:end], logprobs[:end], "length" if end is None else "stop"))
+        return outs
+
+    @torch.no_grad()
+    def stream(self, prompt: list[int], *, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
+               top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None):
+        """Yield the generated token ids of one prompt as they are sampled (the stop token included)."""
+        _check(self.model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+               top_p=top_p, num_samples=1)
+        stop_ids = _stop_ids(self.model, stop_token_ids)
+        with _eval_mode(self.model):
+            for _, tokens, _, stopped in self._steps([prompt], max_new_tokens, 1, stop_ids,
+                                                     _generator(self.model, seed), temperature=temperature,
+                                                     top_k=top_k, top_p=top_p):
+                yield int(tokens[0])
+                if bool(stopped[0]):
+                    return
+
+    def release(self):
+        """Free the StaticKVCaches kept between calls (a loop still running finishes in its own)."""
+        self.caches.clear()
+
+    def _prefilled_cache(self, prompts, max_new_tokens, num_samples) -> tuple[KVCache, torch.Tensor]:
+        """Prefill (one row per distinct prompt), then the cache decoding writes into, holding the
+        len(prompts) * num_samples rows, and their next-token logits (B, V). Compacting: the prefill's
+        own cache, with room for the new tokens. Fixed shapes: a StaticKVCache the prefill is copied into."""
+        model, longest = self.model, max(map(len, prompts))
+        if not self.static_cache:
+            cache, logits, group_of_row = _prefill(model, prompts, longest + max_new_tokens, num_samples)
+            if len(group_of_row) > cache.batch_size:  # one prefill per distinct prompt, copied into its group's rows
+                cache.select_rows(group_of_row)
+            return cache, logits[group_of_row]
+        prefill, logits, group_of_row = _prefill(model, prompts, longest, num_samples)
+        slots = min(-(-(prefill.length + max_new_tokens) // SLOTS_MULTIPLE) * SLOTS_MULTIPLE,
+                    model.config.max_position_embeddings)
+        cache = self._static_cache(len(group_of_row), slots)
+        cache.load(prefill, group_of_row)
+        return cache, logits[group_of_row]
+
+    def _static_cache(self, rows: int, slots: int) -> StaticKVCache:
+        """The kept cache for this batch size, or a new one kept in its place when none is long enough.
+        While the kept one is being written (a stream() not yet finished), a fresh one, not kept."""
+        model = self.model
+        key = (rows, model.dtype, model.device)
+        cache = self.caches.pop(key, None)
+        if cache is not None and cache in self._busy:
+            self.caches[key] = cache
+            return StaticKVCache(model.config, rows, slots, model.dtype, model.device)
+        if cache is None or cache.max_len < slots:
+            del cache  # give its memory back before allocating the longer one
+            cache = StaticKVCache(model.config, rows, slots, model.dtype, model.device)
+        self.caches[key] = cache  # now the most recently used
+        idle = [k for k, kept in self.caches.items() if kept not in self._busy]  # oldest first
+        for old in idle[:max(0, len(idle) - KEPT_CACHES)]:
+            del self.caches[old]
+        return cache
+
+    def _decode_step_function(self):
+        """_decode_step, or its torch.compile. A CUDA graph writes every replay's logits into the same
+        buffer, so the compiled step's are copied out before the next replay overwrites them."""
+        if not self.compile:
+            return _decode_step
+        compiled = _compiled_decode_step("reduce-overhead" if self.model.device.type == "cuda" else "default")
+        return lambda model, tokens, cache: compiled(model, tokens, cache).clone()
 
 
 def _stop_ids(model, stop_token_ids):
@@ -271,53 +276,40 @@ def _generator(model, seed):
     return None if seed is None else torch.Generator(device=model.device).manual_seed(seed)
 
 
-@torch.no_grad()
-def generate(model, prompts: list[list[int]], max_new_tokens: int = 64, temperature: float = 1.0,
-             top_p: float = 1.0, top_k: int = 0, stop_token_ids: list[int] | None = None,
-             seed: int | None = None, num_samples: int = 1, static_cache: bool = False,
-             compile: bool = False) -> list[Completion]:
-    """Sample a completion for every prompt (num_samples > 1: that many per prompt, prompt-major, so
-    outs[i * G + j] is sample j of prompt i). stop_token_ids=None stops on the checkpoint's eos ids,
-    [] never stops early. seed makes the draw reproducible (a private torch.Generator).
-    static_cache: decode with fixed shapes (module docstring); compile: also torch.compile the
-    decode step (implies static_cache; the first call pays the compilation)."""
-    _check(model, prompts, max_new_tokens, temperature, top_p, top_k, num_samples)
-    stop_ids = _stop_ids(model, stop_token_ids)
-    N = len(prompts) * num_samples
-    out_tokens = torch.zeros(N, max_new_tokens, dtype=torch.long, device=model.device)
-    out_logprobs = torch.zeros(N, max_new_tokens, device=model.device)
-    steps = 0
-    with _eval_mode(model):
-        for step, (rows, tokens, logprobs, done) in enumerate(
-                _steps(static_cache, compile, model, prompts, max_new_tokens, temperature, top_p, top_k, stop_ids,
-                       _generator(model, seed), num_samples)):
-            out_tokens[rows, step] = tokens
-            out_logprobs[rows, step] = logprobs
-            steps = step + 1
-    outs = []
-    for tokens, logprobs in zip(out_tokens[:, :steps].tolist(), out_logprobs[:, :steps].tolist()):
-        # a row keeps being written after it stops until it is compacted away: cut at its first stop
-        end = next((t + 1 for t, tok in enumerate(tokens) if tok in stop_ids), None)
-        outs.append(Completion(tokens[:end], logprobs[:end], "length" if end is None else "stop"))
-    return outs
+def _decoder(model, decoder: Decoder | None, static_cache: bool, compile: bool) -> Decoder:
+    """`decoder`, checked against the call's model and options, or a one-off Decoder."""
+    if decoder is None:
+        return Decoder(model, static_cache=static_cache, compile=compile)
+    if decoder.model is not model:
+        raise ValueError("decoder= samples from another model: pass the model it was built for, or build "
+                         "Decoder(model) for this one")
+    if (static_cache and not decoder.static_cache) or (compile and not decoder.compile):
+        raise ValueError(f"static_cache={static_cache}, compile={compile} disagree with the decoder's "
+                         f"(static_cache={decoder.static_cache}, compile={decoder.compile}); the decoder decides: "
+                         f"leave them out, or pass a Decoder built with them")
+    return decoder
 
 
-def _steps(static_cache, compile, *args):
-    """The decoding loop to run: the fixed-shape one (compiled or not) or the compacting one."""
-    return _static_decode_steps(*args, compile) if static_cache or compile else _decode_steps(*args)
+def generate(model, prompts: list[list[int]], *, max_new_tokens: int = 64, temperature: float = 1.0,
+             top_k: int = 0, top_p: float = 1.0, stop_token_ids: list[int] | None = None,
+             seed: int | None = None, num_samples: int = 1, static_cache: bool = False, compile: bool = False,
+             decoder: Decoder | None = None) -> list[Completion]:
+    """Decoder.generate: sample a completion for every prompt (num_samples > 1: that many per prompt,
+    prompt-major, so outs[i * G + j] is sample j of prompt i). stop_token_ids=None stops on the
+    checkpoint's eos ids, [] never stops early. seed makes the draw reproducible.
+    static_cache: decode with fixed shapes (module docstring); compile: also torch.compile the decode
+    step (implies static_cache; the first call pays the compilation). decoder: a Decoder of this model
+    that keeps its caches (and so its CUDA graph) between calls; without one, a one-off Decoder."""
+    return _decoder(model, decoder, static_cache, compile).generate(
+        prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        stop_token_ids=stop_token_ids, seed=seed, num_samples=num_samples)
 
 
-@torch.no_grad()
-def stream(model, prompt: list[int], max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-           top_k: int = 0, stop_token_ids: list[int] | None = None, seed: int | None = None,
-           compile: bool = False):
-    """Yield the generated token ids of one prompt as they are sampled (the stop token included).
-    compile: decode with a fixed-shape cache and a compiled step, as generate(compile=True)."""
-    _check(model, [prompt], max_new_tokens, temperature, top_p, top_k, 1)
-    stop_ids = _stop_ids(model, stop_token_ids)
-    with _eval_mode(model):
-        for _, tokens, _, done in _steps(compile, compile, model, [prompt], max_new_tokens, temperature, top_p,
-                                         top_k, stop_ids, _generator(model, seed), 1):
-            yield int(tokens[0])
-            if bool(done[0]):
-                return
+def stream(model, prompt: list[int], *, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
+           top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None,
+           static_cache: bool = False, compile: bool = False, decoder: Decoder | None = None):
+    """Decoder.stream: yield the generated token ids of one prompt as they are sampled (the stop token
+    included). static_cache, compile and decoder as for generate()."""
+    return _decoder(model, decoder, static_cache, compile).stream(
+        prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        stop_token_ids=stop_token_ids, seed=seed)

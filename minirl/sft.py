@@ -40,6 +40,7 @@ from .kv_cache import SharedPrefix
 from .losses import IGNORE_INDEX, sft_loss_chunked
 from .memory import budget_bytes
 from .sft_memory import plan_memory
+from .tasks import DATA_TASKS, make_task
 from .tokenizer import Tokenizer
 from .trainable_tokens import add_trainable_tokens, output_rows, spelled_rows, untrained_tokens
 from .weights import load_pretrained
@@ -123,7 +124,6 @@ def eval_task(cfg: SFTConfig):
         if cfg.task_options:
             raise ValueError("--task-option is for --eval-task NAME")
         return cfg.eval_task
-    from .tasks import DATA_TASKS, make_task
     if cfg.eval_task in DATA_TASKS:
         raise ValueError(f"--eval-task {cfg.eval_task} reads a data file; evaluate its checkpoints with "
                          "python -m minirl eval --data FILE")

@@ -1,18 +1,18 @@
-"""RL tasks: a prompt source, reward functions and a held-out evaluation set, as small Python objects.
+"""RL tasks: what the training loops and `minirl eval` see of a problem: prompts, a rollout, rewards.
 
-A task gives the GRPO loop
-  sample(n, rng) -> n items            {"messages": [...], "tools": [...] or None, "answer": ...}
-  eval_items() -> a fixed held-out list
-  reward_functions                     {name: (fn(trajectory) -> float, weight)}; reward = Σ weight·fn
-  accuracy(trajectory) -> {"strict": bool, "lenient": bool}
-and, for multi-turn agent tasks, a rollout(...) of its own that the loop uses instead of sampling
-one completion per prompt. Answers are read by answers.py; JsonlTask brings your own data, ProgramTask
+Every task is a `Task` (below): it draws items for training (`sample`) and holds a fixed held-out
+list (`eval_items`), plays them with a policy (`rollout`: G completions per item, or G multi-turn
+episodes in its environment), names its reward functions (`reward_functions`, applied once by
+`score`), judges an episode (`accuracy`: strict and lenient) and may log metrics of its own
+(`metric_names`, `metrics`). An item is a dict {"messages": [...], "tools": [...] or None, "answer":
+..., ...}. Answers are read by answers.py; JsonlTask brings your own data, ProgramTask
 HumanEval-format programming problems.
 """
 
 import inspect
 import json
 import random
+from abc import ABC, abstractmethod
 
 from .answers import CONVENTIONS, lenient_answer, reference_answer, strict_answer
 from .envs.answer import AnswerEnv
@@ -21,9 +21,63 @@ from .envs.code import CodeEnv, load_templates
 from .envs.code import make_task as make_code_task
 from .envs.program import ProgramEnv, problem_item, read_problems
 from .envs.tools import TOOLS
-from .rollout import run_episodes
+from .rollout import run_episodes, sample_completions
 
-class ArithmeticTask:
+
+class Task(ABC):
+    """The protocol every task follows; subclass it. GRPO (grpo.py), `minirl eval` (evaluation.py) and
+    `minirl rollout` call these and nothing else.
+
+    A subclass gives `name`, `reward_functions` (usually set in __init__), `sample`, `eval_items` and
+    `accuracy`. The default `rollout` is single-turn: G completions per item from one prefill, each
+    completion a Trajectory whose `text` the reward functions read. A task with an environment
+    overrides `rollout` to play episodes there (rollout.run_episodes); its reward functions then read
+    the episode's record, `trajectory.info`, which the environment wrote when the episode ended."""
+
+    reward_functions: dict  # {name: (fn(trajectory) -> float, weight)}; reward = Σ weight·fn
+    metric_names: list = []  # the keys of metrics(), logged every GRPO step next to the rewards
+
+    @property
+    def name(self) -> str:
+        """The task's name in logs and eval folders: the class name unless the task sets one."""
+        return type(self).__name__
+
+    @abstractmethod
+    def sample(self, n: int, rng: random.Random) -> list[dict]:
+        """n training items drawn with rng (GRPO's prompts for one step)."""
+
+    @abstractmethod
+    def eval_items(self) -> list[dict]:
+        """The fixed held-out items, the same list every call (evaluation's and training's held-out numbers)."""
+
+    @abstractmethod
+    def accuracy(self, trajectory) -> dict:
+        """{"strict": bool, "lenient": bool}: solved as required, and solved by a forgiving reading
+        (e.g. the right number without the required format), so a format gap shows as their difference."""
+
+    def rollout(self, model, tokenizer, items: list[dict], group_size: int, max_new_tokens: int, *,
+                temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None, decoder=None,
+                wrap_env=None) -> list:
+        """group_size Trajectories per item, prompt-major (the G of item i are consecutive), sampled
+        with seed (None: unseeded) through `decoder` when given (sampling.Decoder). wrap_env(env) wraps
+        each episode's environment (evaluation's perturbations); a single-turn task has none, so it
+        is not called."""
+        return sample_completions(model, tokenizer, items, group_size, max_new_tokens, temperature=temperature,
+                                  top_p=top_p, seed=seed, decoder=decoder)
+
+    def metrics(self, trajectories) -> dict:
+        """The task's own metrics of a batch of trajectories, one value per name in metric_names."""
+        return {}
+
+    def score(self, trajectories) -> None:
+        """The one place a reward is written: each trajectory's reward_parts (every reward function's
+        value) and reward = Σ weight·part."""
+        for traj in trajectories:
+            traj.reward_parts = {name: float(fn(traj)) for name, (fn, _) in self.reward_functions.items()}
+            traj.reward = sum(weight * traj.reward_parts[name] for name, (_, weight) in self.reward_functions.items())
+
+
+class ArithmeticTask(Task):
     """Single-turn arithmetic, the chapter's "What is 37 × 84?". The reward is 1 for the exact answer
     in the required format ("Answer: 3108") and 0 otherwise; accuracy is reported strict (that
     format) and lenient (the last number in the reply) side by side, so a policy that knows the
@@ -57,7 +111,7 @@ class ArithmeticTask:
                 "lenient": lenient_answer(trajectory.text) == trajectory.prompt["answer"]}
 
 
-class CalculatorTask:
+class CalculatorTask(Task):
     """The calculator agent as an RL task: multi-turn episodes in CalculatorEnv (envs/calculator.py).
     Reward parts: "correct" (exact final answer), "penalty" (tool calls after the answer was known) and
     "cost" (tool_cost per call, 0 unless asked for);
@@ -81,12 +135,12 @@ class CalculatorTask:
     def eval_items(self) -> list[dict]:
         return self._eval
 
-    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
-                compile=False, wrap_env=None):
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None,
+                decoder=None, wrap_env=None):
         env_seeds = random.Random(seed)  # the flaky tool's failures are part of the replayable run
         return run_episodes(model, tokenizer, lambda: CalculatorEnv(self.flaky, env_seeds.random(), self.tool_cost),
                             items, group_size, self.max_turns, max_new_tokens, temperature=temperature, top_p=top_p,
-                            seed=seed, compile=compile, wrap_env=wrap_env)
+                            seed=seed, decoder=decoder, wrap_env=wrap_env)
 
     def accuracy(self, trajectory) -> dict:
         return {"strict": bool(trajectory.info["correct"]),
@@ -96,7 +150,7 @@ class CalculatorTask:
         return {k: v for k, v in agent_metrics(trajectories).items() if k in self.metric_names}
 
 
-class CodeTask:
+class CodeTask(Task):
     """The code agent as an RL task (envs/code.py): fix a bug in a tiny repository with read_file, edit_file
     and run_test. Reward parts: "fraction" of the original tests passing (guarded: tampering with the
     tests scores 0) and "penalty" (−0.2 for re-reading a file in a loop). `reward="naive"` scores the
@@ -118,11 +172,11 @@ class CodeTask:
     def eval_items(self) -> list[dict]:
         return self._eval
 
-    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
-                compile=False, wrap_env=None):
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None,
+                decoder=None, wrap_env=None):
         return run_episodes(model, tokenizer, lambda: CodeEnv(reward=self.reward), items, group_size, self.max_turns,
-                            max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                            compile=compile, wrap_env=wrap_env)
+                            max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, decoder=decoder,
+                            wrap_env=wrap_env)
 
     def accuracy(self, trajectory) -> dict:
         return {"strict": trajectory.info["fraction"] == 1.0 and not trajectory.info["hacked"],
@@ -138,7 +192,7 @@ class CodeTask:
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
-class JsonlTask:
+class JsonlTask(Task):
     """A task read from a JSONL file: bring your own questions (GSM8K's layout works as it is).
 
     Each line is one item:
@@ -229,10 +283,10 @@ class JsonlTask:
     def eval_items(self) -> list[dict]:
         return self._eval
 
-    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
-                compile=False, wrap_env=None):
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None,
+                decoder=None, wrap_env=None):
         return run_episodes(model, tokenizer, lambda: AnswerEnv(self.conventions), items, group_size, self.max_turns,
-                            max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, compile=compile,
+                            max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, decoder=decoder,
                             wrap_env=wrap_env)
 
     def accuracy(self, trajectory) -> dict:
@@ -244,7 +298,7 @@ class JsonlTask:
                 "tool_use": sum(t.info["used_tool"] for t in trajectories) / n}
 
 
-class ProgramTask:
+class ProgramTask(Task):
     """HumanEval-format problems (envs/program.py): write the function, its tests are the reward. Read
     from the file openai/human-eval ships (HumanEval.jsonl.gz) or any file of its layout; every
     problem is held out (an evaluation set, not training data); `sample` draws from them too, for a
@@ -252,7 +306,6 @@ class ProgramTask:
     tests pass."""
 
     name = "humaneval"
-    metric_names = []
 
     def __init__(self, path: str, seed: int = 0, timeout: float = 5.0):
         self.problems = read_problems(path)
@@ -266,29 +319,19 @@ class ProgramTask:
     def eval_items(self) -> list[dict]:
         return self._items
 
-    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None,
-                compile=False, wrap_env=None):
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None,
+                decoder=None, wrap_env=None):
         return run_episodes(model, tokenizer, lambda: ProgramEnv(self.timeout), items, group_size, 1, max_new_tokens,
-                            temperature=temperature, top_p=top_p, seed=seed, compile=compile, wrap_env=wrap_env)
+                            temperature=temperature, top_p=top_p, seed=seed, decoder=decoder, wrap_env=wrap_env)
 
     def accuracy(self, trajectory) -> dict:
         passed = bool(trajectory.info["correct"])
         return {"strict": passed, "lenient": passed}
 
-    def metrics(self, trajectories) -> dict:
-        return {}
-
 
 TASKS = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask, "code": CodeTask, "jsonl": JsonlTask,
          "humaneval": ProgramTask}
 DATA_TASKS = ("jsonl", "humaneval")  # read their items from --data
-
-
-def score(task, trajectories) -> None:
-    """reward = Σ weight·fn(τ) over the task's reward functions, each part kept for the logs."""
-    for traj in trajectories:
-        traj.reward_parts = {name: float(fn(traj)) for name, (fn, _) in task.reward_functions.items()}
-        traj.reward = sum(weight * traj.reward_parts[name] for name, (_, weight) in task.reward_functions.items())
 
 
 def parse_options(pairs) -> dict:

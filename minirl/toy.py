@@ -10,9 +10,14 @@ import random
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
+from tqdm import tqdm
 
 from .config import Qwen2Config
-from .tokenizer import Tokenizer
+from .envs.calculator import CalculatorEnv, play, tool_call_message
+from .envs.tools import CALCULATOR_SPEC
+from .model import random_model
+from .tokenizer import Tokenizer, render_chat_template
+from .weights import save_pretrained
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # special: skipped by decode(skip_special_tokens)
 TOOL_TOKENS = ["<tool_call>", "</tool_call>"]  # added but not special, as in Qwen2.5
@@ -60,9 +65,6 @@ def build_checkpoint(folder: str, seed: int = 0, initializer_range: float = 0.02
     """Train the toy tokenizer, build a random tiny Qwen2 and save both as a checkpoint folder.
     A wide initializer_range (e.g. 0.2) gives logits a usable scale from the start: LoRA cannot
     grow the frozen embeddings, so it needs that to fit data on a random base."""
-    from .model import random_model
-    from .weights import save_pretrained
-
     tokenizer = train_tokenizer(arithmetic_corpus(seed=seed), vocab_size=512)
     config = tiny_config(tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
                          initializer_range=initializer_range, **config_overrides)
@@ -72,9 +74,6 @@ def build_checkpoint(folder: str, seed: int = 0, initializer_range: float = 0.02
 
 def calculator_conversation(a: int, b: int, op: str = "*") -> dict:
     """One demonstration of the calculator agent: the question, a tool call, its result, the answer."""
-    from .envs.calculator import tool_call_message
-    from .envs.tools import CALCULATOR_SPEC
-
     value = {"+": a + b, "-": a - b, "*": a * b}[op]
     return {"messages": [{"role": "user", "content": f"What is {a} {op} {b}?"},
                          tool_call_message(f"{a} {op} {b}"),
@@ -85,7 +84,6 @@ def calculator_conversation(a: int, b: int, op: str = "*") -> dict:
 
 def arithmetic_corpus(n: int = 400, seed: int = 0) -> list[str]:
     """Chat-formatted arithmetic questions and answers: the text the toy tokenizer is trained on."""
-    from .tokenizer import render_chat_template
     rng = random.Random(seed)
     texts = []
     for _ in range(n):
@@ -109,8 +107,6 @@ def demonstrator(tool_rate_hard: float = 0.3, double_call_rate: float = 0.2, mem
     - after a tool error it never retries: it answers from memory.
     Each question's choices come from a generator seeded by the question, so a conversation is consistent
     across its turns. Returns policy(task, messages) -> the next assistant message."""
-    from .envs.calculator import tool_call_message
-
     def choices(task):
         rng = random.Random(f"{seed}/{task['question']}")
         return {"tool": rng.random() < tool_rate_hard, "double": rng.random() < double_call_rate,
@@ -142,10 +138,6 @@ def demonstrations(tasks: list[dict], policy, flaky: float = 0.0, seed: int = 0,
                    progress: bool = False) -> tuple[list[dict], float]:
     """Play `policy` on each task in the calculator environment: the SFT data ({"messages", "tools"} per
     conversation) and the policy's measured accuracy."""
-    from tqdm import tqdm
-
-    from .envs.calculator import CalculatorEnv, play
-
     conversations, correct = [], 0.0
     for i, task in enumerate(tqdm(tasks, desc="demonstrations", disable=not progress)):
         messages, _, info = play(CalculatorEnv(flaky=flaky, seed=seed * 100003 + i), task, policy)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import Linear
+from . import cpu_matmul
 
 NEAR_DUPLICATE_COSINE = 0.999  # rows this close in direction are the same vector up to quantization
 UNTRAINED_NEIGHBOURS = 8  # a row with at least this many near-duplicates is an unused placeholder
@@ -78,7 +78,7 @@ class TokenEmbedding(nn.Embedding):
         return torch.where((which >= 0)[..., None], rows, out)
 
 
-class TokenHead(Linear):
+class TokenHead(nn.Linear):
     """The tied output layer (same `weight`) with the embedding's adapter: logits of the trained ids
     get h · (new − old)ᵀ added. The adapter is held in a list so it is not a second state_dict entry."""
 
@@ -93,7 +93,7 @@ class TokenHead(Linear):
         return self._adapter[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = super().forward(x)  # (..., V)
+        y = cpu_matmul.linear(x, self.weight, self.bias)  # (..., V)
         adapter = self.token_adapter
         if not adapter.active:
             return y
@@ -155,9 +155,9 @@ def remove_trainable_tokens(model):
     embedding.weight = model.model.embed_tokens.weight
     model.model.embed_tokens = embedding
     if isinstance(model.lm_head, TokenHead):
-        head = Linear(model.config.hidden_size, model.config.vocab_size, bias=False, device="meta")
+        head = nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False, device="meta")
         head.weight = model.lm_head.weight
-        model.lm_head = head
+        model.lm_head = cpu_matmul.use_few_row_products(head)  # as model.py builds it
     return model
 
 

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from .config import Qwen2Config
 from .model import Qwen2
+from .tokenizer import Tokenizer
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -137,7 +138,6 @@ def run_dtype(name: str, device, full: bool) -> torch.dtype:
 
 def load_pretrained(path: str, dtype=torch.float32, device="cpu"):
     """(model, tokenizer) from a Qwen2.5 checkpoint folder as published on the model hub."""
-    from .tokenizer import Tokenizer
 
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: not a folder; pass the checkpoint folder (config.json, "

@@ -2,6 +2,8 @@
 and the opt-in real checkpoint (MINIRL_REAL_MODEL=DIR pytest -m real)."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -57,3 +59,15 @@ def real_model_dir():
     if not folder:
         pytest.skip("set MINIRL_REAL_MODEL=/path/to/Qwen2.5-Instruct-folder to run the real-weights tier")
     return folder
+
+
+@pytest.fixture(scope="session")
+def fast_pipeline(tmp_path_factory):
+    """lessons/09_two_stage_pipeline.py --fast, run once for the session: the quickstart pipeline in its
+    fast mode, with the lesson's own checks. Returns (its folder, the finished process);
+    tests/test_quickstart.py checks the folder, lesson 10's test evaluates its checkpoints."""
+    out = tmp_path_factory.mktemp("pipeline") / "run"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, os.path.join(root, "lessons", "09_two_stage_pipeline.py"), "--fast",
+                             "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=root)
+    return out, result

@@ -21,6 +21,7 @@ from minirl.learner import learning_batch
 from minirl.lora import add_lora
 from minirl.losses import group_advantages
 from minirl.rollout import sample_completions
+from minirl.tasks import Task
 
 PROMPTS, G = 4, 4
 # (aggregation, how many of the 16 rollouts rank 0 takes; rank 1 takes the rest): even halves, an
@@ -72,7 +73,7 @@ def learn_once(base: str, aggregation: str, split: int) -> dict:
             "stats": stats, "moved": max((p - b).abs().max().item() for p, b in zip(params, before))}
 
 
-class RankTask:
+class RankTask(Task):
     """A learnable reward (the first token's parity) and a zero-weight part that is each rank's number:
     its logged mean is 0.5 on two ranks only if the metrics cover both ranks' trajectories."""
     name = "rank"

@@ -4,25 +4,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_bench_sample_tiny_runs_and_matches_transformers():
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sample.py"), "--tiny", "--repeats", "1"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "identical greedy outputs: 8/8 rows" in result.stdout
-    assert "ratio minirl / transformers" in result.stdout
-
-
-def test_bench_sample_lora_folded_in_vs_unmerged():
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sample.py"), "--tiny", "--repeats", "1",
-                             "--lora", "4"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    # float32: folding B A into W changes the sums' rounding only, so greedy tokens agree
-    assert "ratio minirl merged / minirl unmerged" in result.stdout and "identical greedy outputs: 8/8" in result.stdout
-
-
+@pytest.mark.slow
 def test_bench_sft_step_tiny_runs_and_matches_peft():
     result = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sft_step.py"), "--tiny", "--repeats", "1"],
                             capture_output=True, text=True, timeout=300)
@@ -35,8 +22,10 @@ def test_bench_sft_step_tiny_runs_and_matches_peft():
             assert worst < 1e-4, line
 
 
+@pytest.mark.slow
 def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
-    """bench/gpu_suite.sh --tiny: every script of the GPU suite, with the suite's flags, on a tiny model."""
+    """bench/gpu_suite.sh --tiny: every script of the GPU suite on a tiny model, sample.py's smoke runs
+    among them (greedy against transformers, LoRA folded in against unmerged: the same tokens)."""
     table = tmp_path / "suite.md"
     result = subprocess.run(["bash", os.path.join(ROOT, "bench", "gpu_suite.sh"), "--tiny", str(table)],
                             capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHON": sys.executable})
@@ -45,7 +34,10 @@ def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
     assert [row.split("|")[1].strip() for row in rows] == ["sample.py", "sample.py", "sample.py", "grpo_step.py",
                                                            "grpo_step.py", "memory.py"]
     assert not any("FAILED" in row for row in rows)
+    assert "identical greedy outputs: 8/8 rows" in rows[0] and "transformers" in rows[0]
     assert "compile" in rows[1] and "LoRA r=4" in rows[2] and "minirl merged" in rows[2]
+    # float32: folding B A into W changes the sums' rounding only, so greedy tokens agree
+    assert "identical greedy outputs: 8/8 rows" in rows[2]
     assert "full fine-tuning" in rows[4] and "estimate" in rows[5]
 
 

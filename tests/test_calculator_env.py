@@ -66,9 +66,8 @@ def test_the_flaky_tool_rewards_retrying():
 
 def test_agent_metrics_by_hand():
     def traj(difficulty, used, correct, errors, calls):
-        return Trajectory({}, [], [], [], [], "answer", info={"difficulty": difficulty, "used_tool": used,
-                                                               "correct": correct, "tool_errors": errors,
-                                                               "calls": calls})
+        return Trajectory({}, [], [], [], [], "answer", tool_errors=errors,
+                          info={"difficulty": difficulty, "used_tool": used, "correct": correct, "calls": calls})
     m = agent_metrics([traj("easy", False, 1.0, 0, 0), traj("easy", True, 1.0, 0, 1),
                        traj("hard", True, 1.0, 1, 2), traj("hard", True, 0.0, 2, 3)])
     assert m == {"accuracy": 0.75, "tool_use_easy": 0.5, "tool_use_hard": 1.0, "recovery_rate": 0.5,

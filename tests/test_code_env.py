@@ -9,9 +9,10 @@ import pytest
 
 from minirl.envs.code import (SCRIPTED_POLICIES, CodeEnv, buggy_source, load_templates, make_task, run_scripted,
                               template_test_file)
+from minirl.envs.sandbox import run_tests
 from minirl.envs.tools import ToolCall
-from minirl.rewards import guarded_test_reward, looping_penalty, naive_test_reward, run_tests
-from minirl.rewards import tests_passed_fraction as passed_fraction  # under its own name pytest would collect it
+from minirl.envs.rewards import guarded_test_reward, looping_penalty, naive_test_reward
+from minirl.envs.rewards import tests_passed_fraction as passed_fraction  # under its own name pytest would collect it
 from minirl.tokenizer import render_chat_template
 
 TEMPLATES = load_templates()

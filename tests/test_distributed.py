@@ -58,6 +58,7 @@ def base(tmp_path_factory):
     return build_checkpoint(str(tmp_path_factory.mktemp("dist") / "tiny"), seed=0, initializer_range=0.2)
 
 
+@pytest.mark.slow
 def test_one_sft_step_on_two_ranks_equals_one_rank(base, tmp_path):
     # 5 conversations, micro-batches of 4 then 1 (--grad-accum 2): one optimizer step in which rank 1
     # has no conversation in the second micro-batch; the mean is over the step's trained tokens
@@ -84,6 +85,7 @@ def test_one_sft_step_on_two_ranks_equals_one_rank(base, tmp_path):
     assert float(a["grad_norm"]) == pytest.approx(float(b["grad_norm"]), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_one_grpo_update_on_fixed_rollouts_on_two_ranks_equals_one_rank(base, tmp_path):
     check(torchrun("tests/dist_worker.py", "learn", base, str(tmp_path)))
     two = torch.load(tmp_path / "learn.pt")
@@ -98,6 +100,7 @@ def test_one_grpo_update_on_fixed_rollouts_on_two_ranks_equals_one_rank(base, tm
             assert got["stats"][key] == pytest.approx(want["stats"][key], rel=1e-4, abs=1e-6), (aggregation, key)
 
 
+@pytest.mark.slow
 def test_a_grpo_run_on_two_ranks_logs_and_resumes(base, tmp_path):
     check(torchrun("tests/dist_worker.py", "grpo", base, str(tmp_path)))
     whole, resumed = rows(tmp_path / "whole"), rows(tmp_path / "resumed")

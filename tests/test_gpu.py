@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from minirl import generate, random_model
+from minirl.sampling import Decoder
 from minirl.config import preset
 from minirl.memory import estimate
 
@@ -23,8 +24,9 @@ def test_compiled_cuda_graph_decoding_equals_eager():
     prompts = [[5, 17, 42, 9, 100, 3, 77], [200, 3], [11, 12, 13, 14, 15]]
     eager = generate(model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[])
     static = generate(model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], static_cache=True)
-    compiled = generate(model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], compile=True)
-    again = generate(model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], compile=True)
+    decoder = Decoder(model, compile=True)  # keeps its cache, and so its CUDA graph, between the two calls
+    compiled = generate(model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], decoder=decoder)
+    again = generate(model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], decoder=decoder)
     for e, s, c, a in zip(eager, static, compiled, again):
         assert s.tokens == e.tokens
         # bfloat16 kernels inside a compiled graph may round differently: compare the first tokens,
@@ -34,8 +36,8 @@ def test_compiled_cuda_graph_decoding_equals_eager():
 
 
 def test_compiled_decoding_records_its_cuda_graph_once(monkeypatch):
-    """Calls after the first replay the recorded graph on the kept cache: no new recording per call
-    (a new cache per call would record one each time, and slow every later step down)."""
+    """Calls after the first replay the recorded graph on the cache their Decoder keeps: no new recording
+    per call (a new cache per call would record one each time, and slow every later step down)."""
     from torch._inductor import cudagraph_trees
 
     from minirl.lora import add_lora, merged_adapters
@@ -45,10 +47,11 @@ def test_compiled_decoding_records_its_cuda_graph_once(monkeypatch):
                         lambda self, *args, **kwargs: recorded.append(1) or original(self, *args, **kwargs))
     config = preset("0.5b", num_hidden_layers=2, vocab_size=4096)
     model = add_lora(random_model(config, dtype=torch.bfloat16, device="cuda", seed=1), r=8, alpha=16)
+    decoder = Decoder(model, compile=True)  # held across calls, as the GRPO loop holds one
     for call in range(4):  # as GRPO samples: adapters folded in place, prompts of other lengths each time
         with merged_adapters(model):
             outs = generate(model, [[5 + call] * (3 + call), [7, 8]], max_new_tokens=20, temperature=1.0, seed=call,
-                            num_samples=4, stop_token_ids=[], compile=True)
+                            num_samples=4, stop_token_ids=[], decoder=decoder)
         assert [len(o.tokens) for o in outs] == [20] * 8
         if call == 0:
             first = len(recorded)
@@ -60,8 +63,8 @@ def test_memory_estimate_within_15_percent_of_a_measured_grpo_step():
 
     args = parser().parse_args(["--device", "cuda", "--preset", "0.5b", "--group", "8", "--prompts", "1",
                                 "--prompt-len", "256", "--new-tokens", "256", "--minibatch", "8"])
-    model, ref_model, cfg, optimizer, scheduler, params, device = build(args)
-    step = grpo_step(model, ref_model, cfg, optimizer, scheduler, params, device,
+    model, ref_model, cfg, optimizer, scheduler, device = build(args)
+    step = grpo_step(model, ref_model, cfg, optimizer, scheduler, device,
                      prompts_for(model, 1, 256, 0), 0, False)
     plan = estimate(model.config, lora_r=16, group_size=8, prompts_per_step=1, prompt_len=256, max_new_tokens=256,
                     dtype_bytes=2, minibatch_size=8)

@@ -19,13 +19,14 @@ from minirl.lora import PEFT_PREFIX, add_lora, lora_layers, lora_state_dict, mer
 from minirl.losses import group_advantages
 from minirl.rollout import Trajectory, sample_completions
 from minirl.answers import lenient_answer, strict_answer
-from minirl.tasks import ArithmeticTask
+from minirl.sampling import Decoder
+from minirl.tasks import ArithmeticTask, Task
 from minirl.toy import build_checkpoint
 
 TIMING = {"t_sample", "t_score", "t_learn", "tokens_per_s"}
 
 
-class FirstTokenTask:
+class FirstTokenTask(Task):
     """A trivially learnable reward: 1 when the first sampled token id is a multiple of 4."""
     name = "first-token"
 
@@ -59,6 +60,7 @@ def rows(out) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_a_learnable_reward_rises_and_every_adapter_weight_moves(base, tmp_path):
     train(config(base, tmp_path / "run"))
     reward = [float(r["reward_mean"]) for r in rows(tmp_path / "run")]
@@ -79,6 +81,7 @@ def test_a_learnable_reward_rises_and_every_adapter_weight_moves(base, tmp_path)
     assert summary["items"] == 4 and summary["samples_per_item"] == 1  # FirstTokenTask.eval_items()
 
 
+@pytest.mark.slow
 def test_resume_reproduces_the_metrics(base, tmp_path):
     train(config(base, tmp_path / "a", steps=8, save_every=3, inner_steps=2, minibatch_size=12))
     train(config(base, tmp_path / "b", steps=8, save_every=3, inner_steps=2, minibatch_size=12, stop_after=4))
@@ -196,13 +199,15 @@ def test_compile_reaches_the_sampler(base, tmp_path, monkeypatch):
     import minirl.rollout
     calls, original = [], minirl.rollout.generate
 
-    def spy(*args, compile=False, **kwargs):
-        calls.append(compile)
-        return original(*args, static_cache=compile, **kwargs)
+    def spy(model, *args, decoder=None, **kwargs):
+        calls.append(decoder)
+        eager = Decoder(model, static_cache=True) if decoder is not None and decoder.compile else decoder
+        return original(model, *args, decoder=eager, **kwargs)
 
     monkeypatch.setattr(minirl.rollout, "generate", spy)
     train(config(base, tmp_path / "compiled", steps=1, compile=True))
-    assert calls and calls[0] is True  # the step's rollouts (the final evaluation samples greedily, uncompiled)
+    assert calls[0].compile  # the step's rollouts (the final evaluation samples greedily, uncompiled)
+    assert calls[-1] is None
 
 
 @pytest.mark.parametrize("merge_lora", ["on", "auto"])

@@ -9,9 +9,13 @@ import torch
 from conftest import hf_tiny_model
 from safetensors.torch import load_file
 
-from minirl import load_model, random_model
+from torch import nn
+
+from minirl import cpu_matmul, load_model, random_model
+from minirl.cpu_matmul import FewRowsLinear
 from minirl.lora import (LoRALinear, add_lora, disable_adapters, load_adapter, lora_layers, lora_state_dict,
-                         merge_lora, merged_adapters, merged_for_sampling, save_adapter, unmerge_lora)
+                         merge_and_unload, merge_lora, merged_adapters, merged_for_sampling, save_adapter,
+                         unmerge_lora)
 from minirl.toy import tiny_config
 
 V = 97
@@ -51,7 +55,7 @@ def test_fresh_adapter_is_exact_then_B_changes_the_output():
     assert (adapted - before).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("rows", [1, 5, 300])  # 2-128 rows take Linear's CPU fast path; 1 and 300 do not
+@pytest.mark.parametrize("rows", [1, 5, 300])  # 2-128 rows take cpu_matmul's product; 1 and 300 do not
 @pytest.mark.parametrize("rslora", [False, True])
 def test_layer_output_is_the_lora_formula(rows, rslora):
     model = add_lora(base_model(), r=4, alpha=8, rslora=rslora)
@@ -63,6 +67,25 @@ def test_layer_output_is_the_lora_formula(rows, rslora):
     with torch.no_grad():
         got = layer(x.float())
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
+
+
+def test_base_product_and_unloaded_layers_keep_the_cpu_few_rows_product(monkeypatch):
+    """The speed-up the model's plain layers have (cpu_matmul.py) stays with LoRA: LoRALinear's W x + b
+    goes through cpu_matmul.linear, and merge_and_unload puts FewRowsLinear layers back."""
+    model = randomize_lora_B(add_lora(base_model(), r=4, alpha=8)).eval()
+    ids = ids_batch()
+    calls = []
+    original = cpu_matmul.linear
+    monkeypatch.setattr(cpu_matmul, "linear", lambda x, w, b=None: calls.append(w) or original(x, w, b))
+    with torch.no_grad():
+        adapted = model(ids)
+    adapted_weights = {id(layer.weight) for layer in lora_layers(model).values()}
+    assert adapted_weights <= {id(w) for w in calls}  # every adapted layer's base product
+    merge_and_unload(model)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is FewRowsLinear for m in linears)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), adapted, atol=1e-5, rtol=1e-5)
 
 
 def test_only_lora_params_train_and_B_zero_gives_A_no_gradient():

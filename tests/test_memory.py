@@ -185,6 +185,7 @@ def extra_peak_gb(kind, B, T):
     return float(out.stdout.strip())
 
 
+@pytest.mark.slow
 def test_chunked_logprobs_peak_stays_small_on_a_real_vocabulary():
     """8 x 1024 positions x 151,936 tokens: full float32 logits alone would be 5 GB (a narrow hidden size
     keeps it fast; the logits do not depend on it). Measured as the

@@ -5,18 +5,20 @@ rollout viewer page."""
 import json
 import os
 import random
+import sys
 
 import pytest
 
 from minirl import load_pretrained
 from minirl.chat import render
 from minirl.envs.calculator import CalculatorEnv, make_questions, play
-from minirl.quickstart import run
 from minirl.tokenizer import chat_pieces, render_chat_template
 from minirl.toy import demonstrations, demonstrator, train_tokenizer
 from minirl.viewer import write_page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from figures.make_figures import main  # noqa: E402  (figures/ is a folder of scripts, not a package)
 
 
 def test_the_demonstrator_has_the_specified_habits():
@@ -61,26 +63,24 @@ def test_the_toy_tokenizer_never_merges_across_a_turn_boundary():
         assert sum(mask) > 0
 
 
-def test_quickstart_fast_runs_end_to_end(tmp_path):
-    figure = tmp_path / "quickstart.png"
-    summary = run(out_dir=str(tmp_path / "qs"), seed=0, fast=True, figure=str(figure))
+def test_quickstart_fast_runs_end_to_end(fast_pipeline, tmp_path):
+    """quickstart.run(fast=True), as lesson 09 runs it (once per session: conftest.fast_pipeline)."""
+    qs, result = fast_pipeline
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = json.load(open(qs / "summary.json"))
     for key in ("demonstrator_accuracy", "sft_accuracy", "grpo_accuracy", "tool_use_rate_sft", "tool_use_rate_grpo"):
         assert 0 <= summary[key] <= 1, key
     assert summary["seconds"] > 0  # timed, not bounded: a loaded machine is slower
-    assert json.load(open(tmp_path / "qs" / "summary.json")) == summary
+    figure = qs / "pipeline.png"
     assert figure.stat().st_size > 10_000 and figure.read_bytes()[:4] == b"\x89PNG"
     for stage in ("base", os.path.join("sft", "model"), os.path.join("grpo", "model")):
-        load_pretrained(str(tmp_path / "qs" / stage))
+        load_pretrained(str(qs / stage))
     # python -m minirl view on the quickstart's folder: its GRPO rollouts and the three-way comparison
-    page = open(write_page(str(tmp_path / "qs"), str(tmp_path / "view.html")), encoding="utf-8").read()
+    page = open(write_page(str(qs), str(tmp_path / "view.html")), encoding="utf-8").read()
     assert 'id="comparison-section"' in page and page.count('<svg class="curve"') >= 5
     # figures/make_figures.py redraws it from the run's CSV and JSON alone
-    import sys
-    sys.path.insert(0, ROOT)
-    from figures.make_figures import main
     main(runs_root=str(tmp_path / "root"), out_dir=str(tmp_path))  # no run there: skipped, no error
     os.makedirs(tmp_path / "root" / "runs")
-    os.symlink(tmp_path / "qs", tmp_path / "root" / "runs" / "quickstart")
-    os.remove(figure)
+    os.symlink(qs, tmp_path / "root" / "runs" / "quickstart")
     main(runs_root=str(tmp_path / "root"), out_dir=str(tmp_path))
-    assert figure.exists()
+    assert (tmp_path / "quickstart.png").exists()

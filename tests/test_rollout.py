@@ -11,8 +11,10 @@ from minirl.envs.calculator import CalculatorEnv, agent_metrics, make_question
 from minirl.losses import token_logprobs
 from minirl.rollout import Trajectory, run_episodes
 from minirl.sampling import Completion
+from minirl.tasks import CalculatorTask
 from minirl.toy import build_checkpoint
 
+CALCULATOR_TASK = CalculatorTask(eval_size=1)  # its reward functions weigh the episode's record (Task.score)
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 84"}}\n</tool_call>'
 
 
@@ -52,6 +54,8 @@ def test_rollout_tokens_are_what_training_renders(toy, monkeypatch):
     model, tokenizer = toy
     scripted(tokenizer, model, [CALL, "37 * 84 = 3108."], monkeypatch)
     (traj,) = run_episodes(model, tokenizer, CalculatorEnv, [task_37_84()], max_turns=4)
+    assert traj.reward == 0.0 and traj.info["correct"] == 1.0  # the episode's record; the task weighs it:
+    CALCULATOR_TASK.score([traj])
     assert traj.finish_reason == "answer" and traj.turns == 2 and traj.reward == 1.0
     messages = [{"role": "user", "content": "What is 37 * 84?"},
                 {"role": "assistant", "content": "", "tool_calls": [
@@ -66,7 +70,7 @@ def test_rollout_tokens_are_what_training_renders(toy, monkeypatch):
     assert len(traj.completion_ids) == len(traj.action_mask) == len(traj.logprobs)
     assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.action_mask) if m == 0)
     assert [m["role"] for m in traj.messages] == ["user", "assistant", "tool", "assistant"]
-    assert traj.info["calls"] == 1 and traj.info["tool_calls"] == [{"name": "calculator", "arguments": {"expression": "37 * 84"}, "result": "3108"}]
+    assert traj.info["calls"] == 1 and traj.tool_calls == [{"name": "calculator", "arguments": {"expression": "37 * 84"}, "result": "3108"}]
 
 
 def test_a_malformed_call_is_an_observation_the_policy_can_recover_from(toy, monkeypatch):
@@ -75,7 +79,7 @@ def test_a_malformed_call_is_an_observation_the_policy_can_recover_from(toy, mon
                                 CALL, "3108"], monkeypatch)
     (traj,) = run_episodes(model, tokenizer, CalculatorEnv, [task_37_84()], max_turns=4)
     assert traj.messages[2]["role"] == "tool" and traj.messages[2]["content"].startswith("Error:")
-    assert traj.finish_reason == "answer" and traj.info["correct"] == 1.0 and traj.info["tool_errors"] == 1
+    assert traj.finish_reason == "answer" and traj.info["correct"] == 1.0 and traj.tool_errors == 1
     assert agent_metrics([traj])["recovery_rate"] == 1.0
 
 
@@ -87,6 +91,7 @@ def test_the_turn_budget_ends_an_episode(toy, monkeypatch, max_turns):
     assert traj.finish_reason == "max_turns" and traj.turns == max_turns and traj.info["correct"] == 0.0
     # after the first result (3108) every further call is redundant
     assert traj.info["redundant_calls"] == max_turns - 1
+    CALCULATOR_TASK.score([traj])
     assert traj.reward == pytest.approx(-0.1 * (max_turns - 1))
 
 
@@ -94,6 +99,7 @@ def test_truncated_turns_and_the_context_limit(toy, monkeypatch):
     model, tokenizer = toy
     scripted(tokenizer, model, ["The answer is a very long story"], monkeypatch, truncate_last=True)
     (traj,) = run_episodes(model, tokenizer, CalculatorEnv, [task_37_84()], max_new_tokens=3)
+    CALCULATOR_TASK.score([traj])
     assert traj.finish_reason == "length" and traj.reward == 0.0
     scripted(tokenizer, model, [CALL, CALL], monkeypatch)
     prompt_len = len(tokenizer.encode(tokenizer.apply_chat_template(

@@ -14,12 +14,13 @@ from minirl.chat import tool_turn_text
 from minirl.grpo import GRPOConfig, train
 from minirl.rollout import Trajectory
 from minirl.rollout_log import RolloutLog, rollout_records, token_pieces
+from minirl.tasks import Task
 from minirl.toy import build_checkpoint
 
 PER_TOKEN = ["sampler_logprob", "logprob", "old_logprob", "ref_logprob", "ratio", "kl"]
 
 
-class FirstTokenTask:
+class FirstTokenTask(Task):
     """Reward: the first token id is a multiple of 4; NaN for "What is 0 + 1?", each step's first prompt,
     so the first group of every step is dropped (non-finite reward) and the others are learned from."""
     name = "first-token"
@@ -98,7 +99,7 @@ def test_observations_have_no_log_probs_and_values_map_to_their_rows(toy_tokeniz
     prompt = toy_tokenizer.encode("<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n<|im_start|>assistant\n")
     mask = [1] * len(act1) + [0] * len(obs) + [1] * len(act2)
     episode = Trajectory({"answer": 42}, prompt, act1 + obs + act2, mask, [-0.5 if m else 0.0 for m in mask], "answer",
-                         reward=float("nan"), info={"tool_calls": [{"name": "calculator", "arguments": {}, "result": "42"}]},
+                         reward=float("nan"), tool_calls=[{"name": "calculator", "arguments": {}, "result": "42"}],
                          turns=2)
     trajectories = [episode] * 4  # 2 groups of G = 2
     Lc = len(mask)

@@ -1,6 +1,7 @@
 """Batched KV-cache sampling: the cache against a full forward pass, batches against single prompts,
 greedy decoding against transformers' generate, the sampling distribution against hand numbers."""
 
+import copy
 import math
 
 import pytest
@@ -9,7 +10,8 @@ import torch
 from minirl import generate, load_model, stream
 from minirl.kv_cache import KVCache, StaticKVCache
 from minirl import sampling
-from minirl.sampling import SYNC_EVERY, _static_decode_steps, inverse_cdf_draw, release_decode_caches, sample_next
+from minirl.next_token import inverse_cdf_draw, sample_next
+from minirl.sampling import SYNC_EVERY, Decoder
 
 PROMPTS = [[5, 17, 42, 9, 100, 3, 77, 12, 8], [200, 3], [11, 12, 13, 14, 15]]
 
@@ -252,14 +254,76 @@ def test_static_cache_decoding_equals_the_dynamic_one(tiny, kwargs):
         torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(d.logprobs), atol=1e-5, rtol=0)
 
 
+def test_one_loop_compacts_or_keeps_its_shapes_with_the_same_tokens(tiny, monkeypatch):
+    """The compacting and the fixed-shape Decoder run one loop: the same greedy tokens and log-probs,
+    and only the batch differs (stopped rows leave it, or every row stays to the end)."""
+    _, model = tiny
+    free = generate(model, PROMPTS, max_new_tokens=15, temperature=0, stop_token_ids=[])
+    stops = [free[0].tokens[0], free[1].tokens[1]]  # rows 0 and 1 stop early
+    batch_sizes = []
+    step = sampling._decode_step
+    monkeypatch.setattr(sampling, "_decode_step", lambda m, tokens, cache: batch_sizes.append(len(tokens))
+                        or step(m, tokens, cache))
+    compacting = Decoder(model).generate(PROMPTS, max_new_tokens=15, temperature=0, stop_token_ids=stops)
+    compacting_sizes, batch_sizes[:] = list(batch_sizes), []
+    fixed = Decoder(model, static_cache=True).generate(PROMPTS, max_new_tokens=15, temperature=0,
+                                                        stop_token_ids=stops)
+    assert [(o.tokens, o.finish_reason) for o in compacting] == [(o.tokens, o.finish_reason) for o in fixed]
+    for c, f in zip(compacting, fixed):
+        torch.testing.assert_close(torch.tensor(f.logprobs), torch.tensor(c.logprobs), atol=1e-5, rtol=0)
+    assert min(compacting_sizes) < len(PROMPTS) and compacting_sizes == sorted(compacting_sizes, reverse=True)
+    assert set(batch_sizes) == {len(PROMPTS)}
+
+
+def test_decoder_keeps_one_static_cache_per_batch_size_until_released(tiny):
+    _, model = tiny
+    decoder = Decoder(model, static_cache=True)
+    first = decoder.generate(PROMPTS, max_new_tokens=8, temperature=0, stop_token_ids=[])
+    (cache,) = decoder.caches.values()
+    again = decoder.generate(PROMPTS, max_new_tokens=8, temperature=0, stop_token_ids=[])
+    assert list(decoder.caches.values()) == [cache]  # the same batch size decodes in the same cache
+    assert [o.tokens for o in again] == [o.tokens for o in first]
+    assert list(decoder.stream(PROMPTS[0], max_new_tokens=8, temperature=0, stop_token_ids=[])) == first[0].tokens
+    decoder.generate(PROMPTS, max_new_tokens=4, seed=0, num_samples=2)
+    assert sorted(key[0] for key in decoder.caches) == [1, 3, 6]  # one per batch size
+    decoder.release()
+    assert decoder.caches == {}
+    assert [o.tokens for o in decoder.generate(PROMPTS, max_new_tokens=8, temperature=0, stop_token_ids=[])] == \
+           [o.tokens for o in first]
+    assert list(decoder.caches.values()) != [cache]  # a new one after release()
+    assert Decoder(model).generate(PROMPTS, max_new_tokens=4, seed=0) and Decoder(model).caches == {}
+
+
+def test_a_decoder_serves_only_its_own_model_and_mode(tiny):
+    _, model = tiny
+    decoder = Decoder(model)
+    twin = copy.deepcopy(model)
+    with pytest.raises(ValueError, match="another model"):
+        generate(twin, PROMPTS, decoder=decoder)
+    with pytest.raises(ValueError, match="another model"):
+        stream(twin, PROMPTS[0], decoder=decoder)
+    with pytest.raises(ValueError, match="static_cache=True, compile=False disagree"):
+        generate(model, PROMPTS, static_cache=True, decoder=decoder)
+    with pytest.raises(ValueError, match="compile=True disagree"):
+        generate(model, PROMPTS, compile=True, decoder=Decoder(model, static_cache=True))
+    agreeing = generate(model, PROMPTS, max_new_tokens=4, temperature=0, static_cache=True,
+                        decoder=Decoder(model, static_cache=True))
+    assert [o.tokens for o in agreeing] == [o.tokens for o in generate(model, PROMPTS, max_new_tokens=4, temperature=0)]
+    assert Decoder(model, compile=True).static_cache  # compile implies the fixed shapes
+    with pytest.raises(TypeError):  # the options are keyword-only
+        generate(model, PROMPTS, 8)
+    with pytest.raises(TypeError):
+        sample_next(PROBS.log(), 0.0)
+
+
 @pytest.fixture
 def eager_compile(monkeypatch):
     """compile=True's code path (kept caches and all) with the eager step: the logic without the compiler."""
     monkeypatch.setattr(sampling, "_compiled_decode_step", lambda mode: sampling._decode_step)
 
 
-def kept(model):
-    return dict(sampling._kept_caches.get(model, {}))
+def kept(decoder):
+    return dict(decoder.caches)
 
 
 def test_compiled_decoding_keeps_its_cache_between_calls(tiny, eager_compile):
@@ -267,43 +331,45 @@ def test_compiled_decoding_keeps_its_cache_between_calls(tiny, eager_compile):
     buffers (and the stale keys left by the last call must change nothing)."""
     _, model = tiny
     model.config.max_position_embeddings = 1024  # RoPE is computed per position: room for a longer cache
-    generate(model, PROMPTS, max_new_tokens=20, temperature=1.0, seed=0, stop_token_ids=[], compile=True)
-    (cache,) = kept(model).values()
+    decoder = Decoder(model, compile=True)
+    generate(model, PROMPTS, max_new_tokens=20, temperature=1.0, seed=0, stop_token_ids=[], decoder=decoder)
+    (cache,) = kept(decoder).values()
     address = cache.keys.data_ptr()
     others = [[9, 8, 7], [1], [4, 4, 4, 4]]
     fresh = generate(model, others, max_new_tokens=6, temperature=0.7, seed=4, static_cache=True)
-    again = generate(model, others, max_new_tokens=6, temperature=0.7, seed=4, compile=True)
+    again = generate(model, others, max_new_tokens=6, temperature=0.7, seed=4, compile=True, decoder=decoder)
     assert [o.tokens for o in again] == [o.tokens for o in fresh]
     torch.testing.assert_close(torch.tensor([o.logprobs for o in again]), torch.tensor([o.logprobs for o in fresh]),
                                atol=0, rtol=0)
-    assert list(kept(model).values()) == [cache] and cache.keys.data_ptr() == address
+    assert list(kept(decoder).values()) == [cache] and cache.keys.data_ptr() == address
     # a call that needs more slots replaces it with a longer cache; another batch size gets its own
-    generate(model, PROMPTS, max_new_tokens=300, temperature=1.0, seed=0, stop_token_ids=[], compile=True)
-    (longer,) = kept(model).values()
+    decoder.generate(PROMPTS, max_new_tokens=300, temperature=1.0, seed=0, stop_token_ids=[])
+    (longer,) = kept(decoder).values()
     assert longer is not cache and longer.max_len == 512
-    generate(model, PROMPTS, max_new_tokens=4, seed=0, num_samples=2, compile=True)
-    assert sorted(key[0] for key in kept(model)) == [3, 6]
-    release_decode_caches(model)
-    assert kept(model) == {}
+    decoder.generate(PROMPTS, max_new_tokens=4, seed=0, num_samples=2)
+    assert sorted(key[0] for key in kept(decoder)) == [3, 6]
+    decoder.release()
+    assert kept(decoder) == {}
 
 
 def test_kept_caches_are_bounded_and_never_shared_by_two_loops(tiny, eager_compile):
     _, model = tiny
+    decoder = Decoder(model, compile=True)
     for rows in range(1, sampling.KEPT_CACHES + 3):
-        generate(model, [[5, 6]] * rows, max_new_tokens=2, seed=0, compile=True)
-    assert sorted(key[0] for key in kept(model)) == list(range(3, sampling.KEPT_CACHES + 3))  # the newest
+        generate(model, [[5, 6]] * rows, max_new_tokens=2, seed=0, decoder=decoder)
+    assert sorted(key[0] for key in kept(decoder)) == list(range(3, sampling.KEPT_CACHES + 3))  # the newest
     # a stream still running holds its cache; a call of the same batch size meanwhile decodes on its own
-    expected = list(stream(model, PROMPTS[0], max_new_tokens=10, seed=1, stop_token_ids=[], compile=True))
-    tokens = stream(model, PROMPTS[0], max_new_tokens=10, seed=1, stop_token_ids=[], compile=True)
+    expected = list(stream(model, PROMPTS[0], max_new_tokens=10, seed=1, stop_token_ids=[], decoder=decoder))
+    tokens = stream(model, PROMPTS[0], max_new_tokens=10, seed=1, stop_token_ids=[], decoder=decoder)
     first = [next(tokens) for _ in range(5)]
-    held = kept(model)[(1, model.dtype, model.device)]
-    assert held.in_use
-    other = generate(model, [[3, 3, 3]], max_new_tokens=10, seed=2, stop_token_ids=[], compile=True)
-    assert kept(model)[(1, model.dtype, model.device)] is held
+    held = kept(decoder)[(1, model.dtype, model.device)]
+    assert held in decoder._busy
+    other = decoder.generate([[3, 3, 3]], max_new_tokens=10, seed=2, stop_token_ids=[])
+    assert kept(decoder)[(1, model.dtype, model.device)] is held
     assert first + list(tokens) == expected
-    assert not held.in_use
+    assert held not in decoder._busy
     assert other[0].tokens == generate(model, [[3, 3, 3]], max_new_tokens=10, seed=2, stop_token_ids=[])[0].tokens
-    release_decode_caches(model)
+    decoder.release()
 
 
 def test_static_decoding_asks_the_device_only_every_few_tokens(tiny, monkeypatch):
@@ -313,7 +379,8 @@ def test_static_decoding_asks_the_device_only_every_few_tokens(tiny, monkeypatch
     for name in ("__bool__", "item", "tolist"):
         original = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _f=original, _n=name: reads.append(_n) or _f(self, *a))
-    steps = _static_decode_steps(model, PROMPTS, 32, 1.0, 1.0, 0, [], torch.Generator().manual_seed(0), 2, False)
+    steps = Decoder(model, static_cache=True)._steps(PROMPTS, 32, 2, [], torch.Generator().manual_seed(0),
+                                                      temperature=1.0, top_k=0, top_p=1.0)
     for _ in steps:
         pass
     assert len(reads) == 32 // SYNC_EVERY - 1  # after tokens 8, 16, 24; the last step needs none
@@ -324,14 +391,15 @@ def test_compiled_decoding_equals_eager(hf_checkpoint):
     _, folder = hf_checkpoint(num_hidden_layers=1)
     model = load_model(folder)
     eager = generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[])
-    compiled = generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[], compile=True)
+    decoder = Decoder(model, compile=True)
+    compiled = generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[], decoder=decoder)
     for e, c in zip(eager, compiled):
         assert e.tokens == c.tokens
         torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(e.logprobs), atol=1e-4, rtol=0)
     # a new call (other prompt lengths, sampling) replays the same compiled step on the same cache
-    (cache,) = sampling._kept_caches[model].values()
+    (cache,) = decoder.caches.values()
     with torch._dynamo.config.patch(error_on_recompile=True):
         again = generate(model, [[3, 4, 5, 6, 7, 8, 9], [2], [6, 5]], max_new_tokens=12, temperature=1.0, seed=1,
-                         stop_token_ids=[], compile=True)
+                         stop_token_ids=[], decoder=decoder)
     assert [len(o.tokens) for o in again] == [12, 12, 12]
-    assert list(sampling._kept_caches[model].values()) == [cache]
+    assert list(decoder.caches.values()) == [cache]

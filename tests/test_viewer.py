@@ -19,6 +19,7 @@ from minirl.cli import main
 from minirl.grpo import GRPOConfig, train
 from minirl.rollout import Trajectory, sample_completions
 from minirl.rollout_log import RolloutLog, rollout_records
+from minirl.tasks import Task
 from minirl.toy import build_checkpoint
 from minirl.viewer import build_page, keep_steps, token_roles, write_page
 
@@ -27,7 +28,7 @@ HOSTILE = ('<script>window.pwned = 1</script>"><img src=x onerror="window.pwned 
            '<!-- </script><script>window.pwned = 3</script>')
 
 
-class ScriptedTask:
+class ScriptedTask(Task):
     """Real samples, except two members of each group: a calculator episode (tool call, observation,
     answer) and a completion of hostile HTML."""
     name = "scripted"
@@ -43,9 +44,8 @@ class ScriptedTask:
     def accuracy(self, t):
         return {"strict": "42" in t.text, "lenient": "42" in t.text}
 
-    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, temperature=1.0, top_p=1.0, seed=None):
-        trajectories = sample_completions(model, tokenizer, items, group_size, max_new_tokens, temperature, top_p,
-                                          seed=seed)
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, **options):
+        trajectories = sample_completions(model, tokenizer, items, group_size, max_new_tokens, **options)
         call, answer = (tokenizer.encode(s) for s in ('<tool_call>\n{"name": "calculator", "arguments": '
                                                       '{"expression": "6 * 7"}}\n</tool_call><|im_end|>', "42<|im_end|>"))
         observation = tokenizer.encode(tool_turn_text(["42"]))
@@ -56,7 +56,7 @@ class ScriptedTask:
             tool.action_mask = [1] * len(call) + [0] * len(observation) + [1] * len(answer)
             tool.logprobs = [-0.5 if m else 0.0 for m in tool.action_mask]
             tool.finish_reason, tool.turns, tool.text = "answer", 2, "42"
-            tool.info = {"tool_calls": [{"name": "calculator", "arguments": {"expression": "6 * 7"}, "result": "42"}]}
+            tool.tool_calls = [{"name": "calculator", "arguments": {"expression": "6 * 7"}, "result": "42"}]
             bad.completion_ids, bad.action_mask, bad.logprobs = hostile, [1] * len(hostile), [-1.0] * len(hostile)
             bad.text = HOSTILE
         return trajectories

@@ -1,13 +1,39 @@
-"""Agent environments: the world a tool-using policy acts in.
+"""Agent environments: the world a tool-using policy acts in, and nothing of the model.
 
-The protocol (one environment object per episode, so it may keep state such as a workspace):
+An environment object plays one episode (so it may keep state, such as a workspace folder):
 
-    class Env:
-        def reset(self, task: dict) -> tuple[list[dict], list[dict]]:   # the opening messages and tool specs
-        def step(self, call: ToolCall) -> str:                          # run one tool call, return the observation
-        def reward(self, trajectory) -> tuple[float, dict]:             # the episode's reward and its parts
+    env.reset(item) -> (messages, tools)   the opening messages and tool specs of the episode
+    env.step(call) -> str                  run one tool call (tools.ToolCall), return the observation
+    env.reward(trajectory) -> (reward, info)   when the episode ends: the reward and its record
+    env.close()                            release what the episode held (its folder, ...)
 
 `step` never raises on a bad call: an unknown tool, bad arguments or a failing tool come back as an
-observation starting with "Error:", which the policy can read and recover from. `reward` returns the
-total and an info dict whose numeric entries listed in the environment's `reward_parts` sum to it.
+observation starting with "Error:", which the policy can read and recover from. `reward` reads the
+finished trajectory (its final `text` and `finish_reason`, rollout.py) and the environment's own
+state; `info` is the episode's record, the reward parts named in `reward_parts` (whose sum is
+`reward`) and facts for metrics (calls, difficulty, ...), each environment's reward() docstring
+listing its keys. The rollout stores it as `trajectory.info`; the task's reward functions weigh its
+parts (tasks.Task.score), the environment's total is for scripted plays without a task.
+
+The files, from the ground up: tools.py (the tool-call parser and the calculator), sandbox.py
+(running tests in a child process), rewards.py (the code agent's test rewards), then one file per
+environment (answer.py, calculator.py, code.py, program.py) and perturb.py (robustness wrappers).
 """
+
+
+class Env:
+    """The base of every environment: subclasses give reward_parts, reset, step and reward."""
+
+    reward_parts: tuple = ()
+
+    def reset(self, item: dict) -> tuple[list[dict], list[dict] | None]:
+        raise NotImplementedError
+
+    def step(self, call) -> str:
+        raise NotImplementedError
+
+    def reward(self, trajectory) -> tuple[float, dict]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Nothing to release unless the environment holds something (CodeEnv: its folder)."""

@@ -8,10 +8,11 @@ in the text does, or, for a text answer, when the text contains it.
 """
 
 from ..answers import CONVENTIONS, lenient_answer, strict_answer
+from . import Env
 from .tools import TOOLS, execute
 
 
-class AnswerEnv:
+class AnswerEnv(Env):
     """One episode on one item (see envs/__init__.py for the protocol)."""
 
     reward_parts = ("correct",)

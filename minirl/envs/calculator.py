@@ -7,9 +7,11 @@ probability p, and only an agent that retries can still earn the reward.
 """
 
 import random
+from types import SimpleNamespace
 
 from ..answers import lenient_answer
-from .tools import CALCULATOR_SPEC, calculator, execute
+from . import Env
+from .tools import CALCULATOR_SPEC, ToolCall, calculator, execute
 
 REDUNDANT_CALL_PENALTY = 0.1
 FLAKY_ERROR = "Error: the calculator is temporarily unavailable; please try again"
@@ -59,7 +61,7 @@ def final_number(text: str):
     return lenient_answer(text)
 
 
-class CalculatorEnv:
+class CalculatorEnv(Env):
     """One episode of the calculator agent (see envs/__init__.py for the protocol)."""
 
     reward_parts = ("correct", "penalty", "cost")
@@ -111,7 +113,7 @@ def agent_metrics(trajectories) -> dict:
         return sum(values) / len(values) if values else float("nan")
     easy = [t for t in trajectories if t.info["difficulty"] == "easy"]
     hard = [t for t in trajectories if t.info["difficulty"] == "hard"]
-    troubled = [t for t in trajectories if t.info["tool_errors"]]
+    troubled = [t for t in trajectories if t.tool_errors]
     return {"accuracy": rate(t.info["correct"] for t in trajectories),
             "tool_use_easy": rate(t.info["used_tool"] for t in easy),
             "tool_use_hard": rate(t.info["used_tool"] for t in hard),
@@ -140,10 +142,6 @@ def play(env, task: dict, policy, max_turns: int = 4) -> tuple[list[dict], float
     """Run a scripted policy (task, messages) -> assistant message in an environment, without a model.
     Returns the structured conversation (tool calls as `tool_calls`, ready for SFT data), the reward and
     its info."""
-    from types import SimpleNamespace
-
-    from .tools import ToolCall
-
     messages, _ = env.reset(task)
     messages, finish = list(messages), "max_turns"
     for _ in range(max_turns):

@@ -15,7 +15,7 @@ plus the §5 reward hacker, who empties the test file: 1.0 under `CodeEnv(reward
 the default guarded reward (info["hacked"] is True).
 
 Every path the agent names is resolved inside the task folder; absolute paths, `..` and symlinks
-that lead out are refused. The tests run in a sandboxed child process (see rewards.run_tests for what
+that lead out are refused. The tests run in a sandboxed child process (see sandbox.run_tests for what
 that does and does not protect against).
 """
 
@@ -29,7 +29,9 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..rewards import guarded_test_reward, looping_penalty, naive_test_reward, run_tests
+from . import Env
+from .rewards import guarded_test_reward, looping_penalty, naive_test_reward
+from .sandbox import run_tests
 from .tools import ToolCall
 
 DEFAULT_TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "code_tasks.json"
@@ -134,7 +136,7 @@ def format_summary(summary: dict) -> str:
     return text
 
 
-class CodeEnv:
+class CodeEnv(Env):
     """One episode's repository in a temporary folder; see the module docstring. Use as a context
     manager, or call close(), to delete the folder (it is also deleted when the object is collected)."""
 

@@ -24,6 +24,8 @@ so a run is replayable and two checkpoints meet the same faults as long as they 
 import random
 import re
 
+from . import Env
+
 FLAKY_P = 0.3
 TRUNCATE_AT = 80
 ENV_PERTURBATIONS = ("flaky_tool", "tool_error", "truncated_observations", "noisy_observations")
@@ -65,7 +67,7 @@ def reword(item: dict, rng: random.Random) -> tuple[dict, bool]:
     return {**item, "messages": messages}, new != text
 
 
-class PerturbedEnv:
+class PerturbedEnv(Env):
     """An environment (envs/__init__.py's protocol) whose tool results are perturbed by `kind`; the
     reward is the wrapped environment's, its info gains "perturbed": how often the perturbation fired."""
 
@@ -99,5 +101,4 @@ class PerturbedEnv:
         return reward, {**info, "perturbed": self.fired}
 
     def close(self):
-        if hasattr(self.env, "close"):
-            self.env.close()
+        self.env.close()

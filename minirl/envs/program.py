@@ -9,7 +9,7 @@ models), and its program is
     the prompt's import lines + the last ```python block of the reply that defines the entry point
     (else the whole reply when it does, else the prompt followed by the reply: a completion of its body)
 
-which runs against the problem's tests in the project's sandbox (rewards.run_tests: a child process
+which runs against the problem's tests in the project's sandbox (sandbox.run_tests: a child process
 with wall-clock, memory, CPU-time and output limits, so a completion that loops, prints 100 MB or
 calls exit() fails within them). The reward is 1 when `check(entry_point)` passes.
 """
@@ -20,7 +20,8 @@ import re
 import tempfile
 
 from ..data import read_jsonl
-from ..rewards import run_tests
+from . import Env
+from .sandbox import run_tests
 
 INSTRUCTION = "Please provide a self-contained Python script that solves the following problem in a markdown code block:"
 FIELDS = ("task_id", "prompt", "entry_point", "test")
@@ -91,7 +92,7 @@ def run_program(program: str, problem: dict, timeout: float = 5.0, memory_mb: in
     return {"passed": passed, "error": None if passed else error}
 
 
-class ProgramEnv:
+class ProgramEnv(Env):
     """One episode on one problem: a single turn (no tools), rewarded by the problem's tests
     (see envs/__init__.py for the protocol)."""
 

@@ -1,0 +1,77 @@
+"""The Task protocol (tasks.Task): every task has the same methods, the reward is written once (by
+Task.score) and weighs the environment's record to the total the environment itself defines."""
+
+import random
+
+import pytest
+
+from minirl import load_pretrained
+from minirl.envs.calculator import CalculatorEnv, expert_policy, play
+from minirl.envs.code import SCRIPTED_POLICIES, CodeEnv, load_templates, make_task, run_scripted
+from minirl.rollout import Trajectory
+from minirl.tasks import TASKS, ArithmeticTask, CalculatorTask, CodeTask, Task
+from minirl.toy import build_checkpoint
+
+
+def test_every_task_is_a_task_with_the_whole_protocol():
+    for cls in TASKS.values():
+        assert issubclass(cls, Task), cls
+        for method in ("sample", "eval_items", "rollout", "accuracy", "metrics", "score"):
+            assert callable(getattr(cls, method)), (cls, method)
+
+
+def test_a_task_missing_part_of_the_protocol_cannot_be_made():
+    class NoAccuracy(Task):
+        reward_functions = {}
+
+        def sample(self, n, rng):
+            return []
+
+        def eval_items(self):
+            return []
+
+    with pytest.raises(TypeError, match="accuracy"):
+        NoAccuracy()
+
+
+def test_a_task_is_named_by_its_class_unless_it_says():
+    class Mine(ArithmeticTask):
+        pass
+
+    class Unnamed(Mine):
+        name = Task.name  # the default: the class name
+
+    assert Mine(eval_size=1).name == "arithmetic" and Unnamed(eval_size=1).name == "Unnamed"
+
+
+def test_calculator_reward_is_the_environment_total_weighed_once():
+    task = CalculatorTask(eval_size=24, flaky=0.5)
+    for i, item in enumerate(task.eval_items()):
+        policy = expert_policy if i % 2 else (lambda t, m: {"role": "assistant", "content": "I think 12."})
+        _, env_total, info = play(CalculatorEnv(flaky=0.5, seed=i, tool_cost=0.05), item, policy)
+        episode = Trajectory(item, [], [], [], [], "answer", info=info)
+        task.score([episode])
+        assert episode.reward == pytest.approx(env_total)
+        assert set(episode.reward_parts) == set(CalculatorEnv.reward_parts)
+
+
+@pytest.mark.parametrize("reward", ["guarded", "naive"])
+def test_code_reward_is_the_environment_total_weighed_once(reward):
+    task, template = CodeTask(eval_size=1, reward=reward), load_templates()[0]
+    for name, policy in SCRIPTED_POLICIES.items():
+        with CodeEnv(reward=reward) as env:
+            env_total, info, _ = run_scripted(env, make_task(template), policy(template))
+        episode = Trajectory({}, [], [], [], [], "answer", info=info)
+        task.score([episode])
+        assert episode.reward == pytest.approx(env_total), name
+
+
+def test_the_single_turn_rollout_gives_g_completions_per_item_prompt_major(tmp_path):
+    model, tokenizer = load_pretrained(build_checkpoint(str(tmp_path / "tiny"), seed=0))
+    task = ArithmeticTask(eval_size=2)
+    items = task.sample(3, random.Random(0))
+    trajectories = task.rollout(model, tokenizer, items, 2, 4, temperature=1.0, seed=0)
+    assert [t.prompt for t in trajectories] == [items[0], items[0], items[1], items[1], items[2], items[2]]
+    assert all(t.reward == 0.0 and not t.reward_parts for t in trajectories)  # nothing scored before score()
+    task.score(trajectories)
+    assert all(set(t.reward_parts) == {"correct"} and t.reward == t.reward_parts["correct"] for t in trajectories)
