@@ -40,11 +40,24 @@ def main():
     baseline = 0 if device.type == "cuda" else status_bytes("VmRSS")
     model, ref_model, cfg, optimizer, scheduler, device = build(args)
     prompts = prompts_for(model, args.prompts, args.prompt_len, args.seed)
-    step = grpo_step(model, ref_model, cfg, optimizer, scheduler, device, prompts, args.seed, args.compile)
-    plan = estimate(model.config, full=args.full, lora_r=args.lora_r, group_size=args.group,
-                    prompts_per_step=args.prompts, prompt_len=args.prompt_len, max_new_tokens=args.new_tokens,
-                    dtype_bytes=model.dtype.itemsize, minibatch_size=args.minibatch, checkpointing=True,
-                    beta=args.beta, compile=args.compile, cpu=device.type == "cpu")
+    step = grpo_step(
+        model, ref_model, cfg, optimizer, scheduler, device, prompts, args.seed, args.compile
+    )
+    plan = estimate(
+        model.config,
+        full=args.full,
+        lora_r=args.lora_r,
+        group_size=args.group,
+        prompts_per_step=args.prompts,
+        prompt_len=args.prompt_len,
+        max_new_tokens=args.new_tokens,
+        dtype_bytes=model.dtype.itemsize,
+        minibatch_size=args.minibatch,
+        checkpointing=True,
+        beta=args.beta,
+        compile=args.compile,
+        cpu=device.type == "cpu",
+    )
     print(plan.table())
     what = "allocated by torch" if device.type == "cuda" else "resident above the process's start"
     print(f"measured ({what}):")
@@ -52,19 +65,29 @@ def main():
     for phase, estimated in (("sampling", plan.sampling), ("learning", plan.learning)):
         measured = getattr(step[phase], "peak") - baseline
         rows.append((phase, estimated, measured))
-        print(f"  {phase:9s} estimate {estimated / 1e9:7.2f} GB   measured {measured / 1e9:7.2f} GB   "
-              f"estimate / measured {estimated / measured:.2f}")
+        print(
+            f"  {phase:9s} estimate {estimated / 1e9:7.2f} GB   measured {measured / 1e9:7.2f} GB   "
+            f"estimate / measured {estimated / measured:.2f}"
+        )
     peak_estimate, peak_measured = plan.peak, max(m for _, _, m in rows)
-    print(f"  peak      estimate {peak_estimate / 1e9:7.2f} GB   measured {peak_measured / 1e9:7.2f} GB   "
-          f"estimate / measured {peak_estimate / peak_measured:.2f}")
+    print(
+        f"  peak      estimate {peak_estimate / 1e9:7.2f} GB   measured {peak_measured / 1e9:7.2f} GB   "
+        f"estimate / measured {peak_estimate / peak_measured:.2f}"
+    )
     if args.table:
         name = "tiny" if args.tiny else f"Qwen2.5-{args.preset} shape"
         mode = "full" if args.full else f"LoRA r={args.lora_r}"
         cap = f", capped {args.cap_gb:g} GB" if args.cap_gb else ""
-        append_row(args.table, "memory.py", name, f"{mode}, {str(model.dtype).replace('torch.', '')}{cap}",
-                   f"{args.prompts}x{args.group}, {args.prompt_len}+{args.new_tokens}",
-                   f"measured {peak_measured / 1e9:.2f} GB", f"estimate {peak_estimate / 1e9:.2f} GB",
-                   f"{peak_estimate / peak_measured:.2f}")
+        append_row(
+            args.table,
+            "memory.py",
+            name,
+            f"{mode}, {str(model.dtype).replace('torch.', '')}{cap}",
+            f"{args.prompts}x{args.group}, {args.prompt_len}+{args.new_tokens}",
+            f"measured {peak_measured / 1e9:.2f} GB",
+            f"estimate {peak_estimate / 1e9:.2f} GB",
+            f"{peak_estimate / peak_measured:.2f}",
+        )
 
 
 if __name__ == "__main__":

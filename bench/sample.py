@@ -45,31 +45,49 @@ def transformers_twin(model):
     """A transformers Qwen2ForCausalLM sharing `model`'s weight tensors."""
     import transformers
 
-    config = transformers.Qwen2Config(**{k: v for k, v in model.config.to_dict().items() if k != "torch_dtype"})
+    config = transformers.Qwen2Config(
+        **{k: v for k, v in model.config.to_dict().items() if k != "torch_dtype"}
+    )
     with torch.device("meta"):
         twin = transformers.Qwen2ForCausalLM(config)
     twin.load_state_dict(model.state_dict(), strict=True, assign=True)
     twin.tie_weights()
-    twin.model.rotary_emb = type(twin.model.rotary_emb)(config)  # its inv_freq buffer was left on meta
+    twin.model.rotary_emb = type(twin.model.rotary_emb)(
+        config
+    )  # its inv_freq buffer was left on meta
     twin.generation_config = transformers.GenerationConfig(pad_token_id=0)
     return twin.eval()
 
 
 def make_prompts(model, tokenizer, batch: int, seed: int) -> list[list[int]]:
     if tokenizer is not None:
-        questions = ["What is 37 * 84?", "Write a Python function that reverses a string.",
-                     "Explain a KV cache in one sentence.", "What is the capital of France?",
-                     "Sort [3, 1, 2] in Python.", "What does GRPO stand for?", "Name three prime numbers.",
-                     "Translate 'good morning' to French."]
-        return [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": questions[i % 8]}],
-                                                               add_generation_prompt=True)) for i in range(batch)]
+        questions = [
+            "What is 37 * 84?",
+            "Write a Python function that reverses a string.",
+            "Explain a KV cache in one sentence.",
+            "What is the capital of France?",
+            "Sort [3, 1, 2] in Python.",
+            "What does GRPO stand for?",
+            "Name three prime numbers.",
+            "Translate 'good morning' to French.",
+        ]
+        return [
+            tokenizer.encode(
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": questions[i % 8]}], add_generation_prompt=True
+                )
+            )
+            for i in range(batch)
+        ]
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(20, 41, (batch,), generator=g).tolist()
     return [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
 def run_minirl(decoder, prompts, new_tokens, group=1):
-    sampling = dict(temperature=1.0, num_samples=group, seed=0) if group > 1 else dict(temperature=0)
+    sampling = (
+        dict(temperature=1.0, num_samples=group, seed=0) if group > 1 else dict(temperature=0)
+    )
     outs = decoder.generate(prompts, max_new_tokens=new_tokens, stop_token_ids=[], **sampling)
     return [o.tokens for o in outs]
 
@@ -79,15 +97,30 @@ def run_transformers(twin, prompts, new_tokens, group=1):
     device = twin.device
     ids = torch.tensor([[0] * (T - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts], device=device)
-    sampling = (dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=group)
-                if group > 1 else dict(do_sample=False))
+    sampling = (
+        dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=group)
+        if group > 1
+        else dict(do_sample=False)
+    )
     with torch.no_grad():
-        out = twin.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=None,
-                            repetition_penalty=1.0, **sampling)
+        out = twin.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            eos_token_id=None,
+            repetition_penalty=1.0,
+            **sampling,
+        )
     return out[:, T:].tolist()
 
 
-BANDWIDTH_GBS = {"H200": 4800, "H100": 3350, "A100-SXM4-80GB": 2039, "A100-SXM4-40GB": 1555, "A100": 1555}
+BANDWIDTH_GBS = {
+    "H200": 4800,
+    "H100": 3350,
+    "A100-SXM4-80GB": 2039,
+    "A100-SXM4-40GB": 1555,
+    "A100": 1555,
+}
 
 
 def bandwidth_gbs(device) -> float | None:
@@ -96,21 +129,36 @@ def bandwidth_gbs(device) -> float | None:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None, help="checkpoint folder (default: random weights)")
     parser.add_argument("--preset", default="0.5b", help="shape for random weights")
-    parser.add_argument("--tiny", action="store_true", help="a tiny random model: checks the plumbing only")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a tiny random model: checks the plumbing only"
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--compile", action="store_true", help="minirl: fixed-shape cache + compiled decode step")
-    parser.add_argument("--group", type=int, default=1, help="G samples per prompt at temperature 1 (1: greedy)")
-    parser.add_argument("--lora", type=int, default=0, metavar="R",
-                        help="LoRA rank R: minirl with the adapters folded in vs unmerged (no transformers)")
-    parser.add_argument("--bandwidth-gbs", type=float, default=None, help="GPU memory bandwidth for the roofline")
+    parser.add_argument(
+        "--compile", action="store_true", help="minirl: fixed-shape cache + compiled decode step"
+    )
+    parser.add_argument(
+        "--group", type=int, default=1, help="G samples per prompt at temperature 1 (1: greedy)"
+    )
+    parser.add_argument(
+        "--lora",
+        type=int,
+        default=0,
+        metavar="R",
+        help="LoRA rank R: minirl with the adapters folded in vs unmerged (no transformers)",
+    )
+    parser.add_argument(
+        "--bandwidth-gbs", type=float, default=None, help="GPU memory bandwidth for the roofline"
+    )
     parser.add_argument("--table", default=None, help="append one markdown table row to this file")
     args = parser.parse_args()
 
@@ -127,24 +175,34 @@ def main():
     prompts = make_prompts(model, tokenizer, args.batch, args.seed)
     rows = args.batch * args.group
     produced = rows * args.new_tokens
-    decoder = Decoder(model, compile=args.compile)  # held across the runs: with --compile, one cache and graph
+    decoder = Decoder(
+        model, compile=args.compile
+    )  # held across the runs: with --compile, one cache and graph
     if args.lora:
         add_lora(model, r=args.lora, alpha=2 * args.lora)
         g = torch.Generator().manual_seed(args.seed)
         with torch.no_grad():
-            for layer in lora_layers(model).values():  # a trained adapter's size of change, not B = 0
-                layer.lora_B.weight.copy_(torch.randn(layer.lora_B.weight.shape, generator=g) * 0.01)
+            for layer in lora_layers(
+                model
+            ).values():  # a trained adapter's size of change, not B = 0
+                layer.lora_B.weight.copy_(
+                    torch.randn(layer.lora_B.weight.shape, generator=g) * 0.01
+                )
 
         def run_merged(new_tokens):
             with merged_adapters(model):
                 return run_minirl(decoder, prompts, new_tokens, args.group)
 
-        runners = {"minirl merged": run_merged,
-                   "minirl unmerged": lambda n: run_minirl(decoder, prompts, n, args.group)}
+        runners = {
+            "minirl merged": run_merged,
+            "minirl unmerged": lambda n: run_minirl(decoder, prompts, n, args.group),
+        }
     else:
         twin = transformers_twin(model)
-        runners = {"minirl": lambda n: run_minirl(decoder, prompts, n, args.group),
-                   "transformers": lambda n: run_transformers(twin, prompts, n, args.group)}
+        runners = {
+            "minirl": lambda n: run_minirl(decoder, prompts, n, args.group),
+            "transformers": lambda n: run_transformers(twin, prompts, n, args.group),
+        }
     ours_label, peer_label = runners
 
     # warm-up: first-call allocations, kernel selection, and with --compile the compilation itself
@@ -156,22 +214,39 @@ def main():
         for label, run in runners.items():
             start = time.perf_counter()
             outputs[label] = run(args.new_tokens)
-            times[label].append(time.perf_counter() - start)  # .tolist() inside waited for the device
+            times[label].append(
+                time.perf_counter() - start
+            )  # .tolist() inside waited for the device
     rate = {k: produced / statistics.median(v) for k, v in times.items()}
-    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
-             else f"{torch.get_num_threads()} CPU threads")
-    mode = f"{args.batch} prompts x {args.group} samples, temperature 1" if args.group > 1 else (
-        f"batch {args.batch}, greedy")
+    where = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"{torch.get_num_threads()} CPU threads"
+    )
+    mode = (
+        f"{args.batch} prompts x {args.group} samples, temperature 1"
+        if args.group > 1
+        else (f"batch {args.batch}, greedy")
+    )
     if args.lora:
         mode += f", LoRA r={args.lora}"
-    print(f"model: {name}; {args.dtype} on {where}; {mode}; prompts {min(map(len, prompts))}-"
-          f"{max(map(len, prompts))} tokens, {args.new_tokens} new tokens; compile {args.compile}; "
-          f"median of {args.repeats}")
+    print(
+        f"model: {name}; {args.dtype} on {where}; {mode}; prompts {min(map(len, prompts))}-"
+        f"{max(map(len, prompts))} tokens, {args.new_tokens} new tokens; compile {args.compile}; "
+        f"median of {args.repeats}"
+    )
     for label in times:
-        print(f"  {label:15s} {rate[label]:7.1f} tok/s   runs: " + " ".join(f"{t:.2f}s" for t in times[label]))
+        print(
+            f"  {label:15s} {rate[label]:7.1f} tok/s   runs: "
+            + " ".join(f"{t:.2f}s" for t in times[label])
+        )
     ratio = rate[ours_label] / rate[peer_label]
     same = sum(a == b for a, b in zip(outputs[ours_label], outputs[peer_label]))
-    check = f"identical greedy outputs: {same}/{rows} rows" if args.group == 1 else "sampled: outputs differ"
+    check = (
+        f"identical greedy outputs: {same}/{rows} rows"
+        if args.group == 1
+        else "sampled: outputs differ"
+    )
     print(f"  ratio {ours_label} / {peer_label}: {ratio:.2f}x   {check}")
     roofline = ""
     if device.type == "cuda" and args.batch * args.group == 1:
@@ -181,13 +256,17 @@ def main():
             steps_per_s = rate[ours_label]  # batch 1: one token per step
             fraction = steps_per_s * weight_bytes / (bandwidth * 1e9)
             roofline = f"{100 * fraction:.0f}% of the {bandwidth:.0f} GB/s roofline"
-            print(f"  HBM roofline: {weight_bytes / 1e9:.2f} GB of weights per token -> "
-                  f"{bandwidth * 1e9 / weight_bytes:.0f} tok/s at most; minirl reaches {roofline}")
+            print(
+                f"  HBM roofline: {weight_bytes / 1e9:.2f} GB of weights per token -> "
+                f"{bandwidth * 1e9 / weight_bytes:.0f} tok/s at most; minirl reaches {roofline}"
+            )
     if args.table:
         with open(args.table, "a") as f:
-            f.write(f"| sample.py | {name} | {args.dtype}, {where} | {mode}, {args.new_tokens} new"
-                    f"{', compile' if args.compile else ''} | {ours_label}: {rate[ours_label]:.1f} | "
-                    f"{peer_label}: {rate[peer_label]:.1f} | {ratio:.2f}x {roofline}, {check} |\n")
+            f.write(
+                f"| sample.py | {name} | {args.dtype}, {where} | {mode}, {args.new_tokens} new"
+                f"{', compile' if args.compile else ''} | {ours_label}: {rate[ours_label]:.1f} | "
+                f"{peer_label}: {rate[peer_label]:.1f} | {ratio:.2f}x {roofline}, {check} |\n"
+            )
     return ratio
 
 

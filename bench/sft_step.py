@@ -63,13 +63,17 @@ def transformers_twin(model):
     """A transformers Qwen2ForCausalLM sharing `model`'s weight tensors (call before add_lora)."""
     import transformers
 
-    config = transformers.Qwen2Config(**{k: v for k, v in model.config.to_dict().items() if k != "torch_dtype"})
+    config = transformers.Qwen2Config(
+        **{k: v for k, v in model.config.to_dict().items() if k != "torch_dtype"}
+    )
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         twin = transformers.Qwen2ForCausalLM(config)
     twin.load_state_dict(model.state_dict(), strict=True, assign=True)
     twin.tie_weights()
-    twin.model.rotary_emb = type(twin.model.rotary_emb)(config)  # its inv_freq buffer was left on meta
+    twin.model.rotary_emb = type(twin.model.rotary_emb)(
+        config
+    )  # its inv_freq buffer was left on meta
     return twin
 
 
@@ -77,19 +81,29 @@ def peft_twin(twin, model, r, alpha):
     """peft's LoRA on `twin`, its A and B copied from minirl's adapters (already added to `model`)."""
     import peft
 
-    config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(DEFAULT_TARGETS),
-                             bias="none", task_type="CAUSAL_LM")
+    config = peft.LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        target_modules=list(DEFAULT_TARGETS),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     twin = peft.get_peft_model(twin, config)
     ours = dict(model.named_parameters())
     copied = 0
     with torch.no_grad():
         for name, p in twin.named_parameters():
-            if "lora_" in name:  # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
+            if (
+                "lora_" in name
+            ):  # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
                 p.copy_(ours[name.removeprefix("base_model.model.").replace(".default.", ".")])
                 copied += 1
     lora_count = sum("lora_" in n for n in ours)
     if copied != lora_count:
-        raise RuntimeError(f"copied {copied} LoRA tensors into peft's model, minirl has {lora_count}")
+        raise RuntimeError(
+            f"copied {copied} LoRA tensors into peft's model, minirl has {lora_count}"
+        )
     return twin
 
 
@@ -157,14 +171,21 @@ def status_bytes(field: str) -> int:
 
 def measure_loss_memory(variant, vocab, hidden_size, batch, tokens, seed):
     """Runs in a child process: peak resident memory of forward + backward of one loss, above the inputs."""
-    for _ in range(2):  # warm-up on a toy size: the first call loads code and starts autograd's thread (~80 MB)
+    for _ in range(
+        2
+    ):  # warm-up on a toy size: the first call loads code and starts autograd's thread (~80 MB)
         toy_hidden = torch.randn(2, 8, 16, requires_grad=True)
         toy_labels = torch.randint(0, 64, (2, 8))
-        toy_loss = (sft_loss_chunked(toy_hidden, torch.randn(64, 16), toy_labels) if variant == "chunked"
-                    else sft_loss(toy_hidden @ torch.randn(64, 16).T, toy_labels))
+        toy_loss = (
+            sft_loss_chunked(toy_hidden, torch.randn(64, 16), toy_labels)
+            if variant == "chunked"
+            else sft_loss(toy_hidden @ torch.randn(64, 16).T, toy_labels)
+        )
         toy_loss.backward()
     g = torch.Generator().manual_seed(seed)
-    weight = torch.randn(vocab, hidden_size, generator=g) * 0.02  # (V, C), frozen as lm_head is under LoRA
+    weight = (
+        torch.randn(vocab, hidden_size, generator=g) * 0.02
+    )  # (V, C), frozen as lm_head is under LoRA
     hidden = torch.randn(batch, tokens, hidden_size, generator=g).requires_grad_()  # (B, T, C)
     labels = torch.randint(0, vocab, (batch, tokens), generator=g)  # (B, T), every token trained
     try:  # "5" resets VmHWM to the current resident size (Linux >= 4.0); otherwise it counts from exec
@@ -180,19 +201,38 @@ def measure_loss_memory(variant, vocab, hidden_size, batch, tokens, seed):
     loss.backward()
     peak = status_bytes("VmHWM")
     assert hidden.grad is not None
-    print(json.dumps({"variant": variant, "loss": loss.item(), "peak_bytes": peak - before, "before": before}))
+    print(
+        json.dumps(
+            {"variant": variant, "loss": loss.item(), "peak_bytes": peak - before, "before": before}
+        )
+    )
 
 
 def loss_memory(args):
-    sizes = ["--mem-vocab", str(args.mem_vocab), "--mem-hidden", str(args.mem_hidden),
-             "--mem-batch", str(args.mem_batch), "--mem-tokens", str(args.mem_tokens), "--seed", str(args.seed)]
+    sizes = [
+        "--mem-vocab",
+        str(args.mem_vocab),
+        "--mem-hidden",
+        str(args.mem_hidden),
+        "--mem-batch",
+        str(args.mem_batch),
+        "--mem-tokens",
+        str(args.mem_tokens),
+        "--seed",
+        str(args.seed),
+    ]
     results = {}
     for variant in ("plain", "chunked"):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure-loss-memory", variant, *sizes],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--measure-loss-memory", variant, *sizes],
+            capture_output=True,
+            text=True,
+        )
         if out.returncode != 0:
-            raise RuntimeError(f"the {variant} loss-memory process failed (exit {out.returncode}):\n"
-                               f"{out.stderr[-2000:]}")
+            raise RuntimeError(
+                f"the {variant} loss-memory process failed (exit {out.returncode}):\n"
+                f"{out.stderr[-2000:]}"
+            )
         results[variant] = json.loads(out.stdout.strip().splitlines()[-1])
     return results
 
@@ -204,24 +244,40 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
     # ---- the model and the step
     parser.add_argument("--preset", default="0.5b", help="shape for random weights")
-    parser.add_argument("--tiny", action="store_true", help="a tiny random model and loss: checks the plumbing only")
-    parser.add_argument("--tokens", type=int, default=96, help="length of the one training sequence")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a tiny random model and loss: checks the plumbing only"
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=96, help="length of the one training sequence"
+    )
     parser.add_argument("--r", type=int, default=16, help="LoRA rank")
     parser.add_argument("--alpha", type=float, default=32, help="LoRA alpha (scaling alpha / r)")
     parser.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate")
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps of each, after one warm-up step")
-    parser.add_argument("--seed", type=int, default=0, help="weights, tokens and the loss-memory inputs")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed steps of each, after one warm-up step"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="weights, tokens and the loss-memory inputs"
+    )
     # ---- the loss-memory case: hidden states (B, T, C) and an lm_head (V, C)
     parser.add_argument("--mem-vocab", type=int, default=151936, help="V of the loss-memory case")
     parser.add_argument("--mem-hidden", type=int, default=896, help="C of the loss-memory case")
     parser.add_argument("--mem-batch", type=int, default=4, help="B of the loss-memory case")
     parser.add_argument("--mem-tokens", type=int, default=512, help="T of the loss-memory case")
-    parser.add_argument("--measure-loss-memory", choices=["plain", "chunked"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--measure-loss-memory", choices=["plain", "chunked"], help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
 
     if args.measure_loss_memory:
-        measure_loss_memory(args.measure_loss_memory, args.mem_vocab, args.mem_hidden, args.mem_batch,
-                            args.mem_tokens, args.seed)
+        measure_loss_memory(
+            args.measure_loss_memory,
+            args.mem_vocab,
+            args.mem_hidden,
+            args.mem_batch,
+            args.mem_tokens,
+            args.seed,
+        )
         return
     if args.tiny:
         args.mem_vocab, args.mem_hidden, args.mem_batch, args.mem_tokens = 8192, 128, 2, 256
@@ -235,15 +291,21 @@ def main():
     twin = peft_twin(twin, model, args.r, args.alpha)
     model.train()
     twin.train()
-    ids = torch.randint(0, config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(args.seed))
+    ids = torch.randint(
+        0, config.vocab_size, (1, args.tokens), generator=torch.Generator().manual_seed(args.seed)
+    )
     labels = ids.clone()  # (1, T): every token trained
 
-    variants = {"minirl": MinirlVariant(model, chunked=False, lr=args.lr),
-                "minirl chunked": MinirlVariant(model, chunked=True, lr=args.lr),
-                "transformers+peft": PeftVariant(twin, args.lr)}
+    variants = {
+        "minirl": MinirlVariant(model, chunked=False, lr=args.lr),
+        "minirl chunked": MinirlVariant(model, chunked=True, lr=args.lr),
+        "transformers+peft": PeftVariant(twin, args.lr),
+    }
     times = {label: [] for label in variants}
     losses = {label: [] for label in variants}
-    for i in range(1 + args.repeats):  # step 0 is the warm-up: first-call allocations and kernel selection
+    for i in range(
+        1 + args.repeats
+    ):  # step 0 is the warm-up: first-call allocations and kernel selection
         for label, variant in variants.items():
             variant.swap_in()
             start = time.perf_counter()
@@ -256,34 +318,48 @@ def main():
 
     seconds = {label: statistics.median(t) for label, t in times.items()}
     lora_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
-    print(f"model: {name}; float32 on {torch.get_num_threads()} CPU threads; LoRA r={args.r} alpha={args.alpha:g} "
-          f"on {', '.join(DEFAULT_TARGETS)} ({lora_params / 1e6:.2f}M trained parameters); AdamW lr {args.lr:g}; "
-          f"1 x {args.tokens} tokens, all trained; median of {args.repeats}")
+    print(
+        f"model: {name}; float32 on {torch.get_num_threads()} CPU threads; LoRA r={args.r} alpha={args.alpha:g} "
+        f"on {', '.join(DEFAULT_TARGETS)} ({lora_params / 1e6:.2f}M trained parameters); AdamW lr {args.lr:g}; "
+        f"1 x {args.tokens} tokens, all trained; median of {args.repeats}"
+    )
     for label in times:
-        print(f"  {label:18s} {seconds[label]:7.3f} s/step (best {min(times[label]):.3f})   runs: "
-              + " ".join(f"{t:.3f}s" for t in times[label]))
+        print(
+            f"  {label:18s} {seconds[label]:7.3f} s/step (best {min(times[label]):.3f})   runs: "
+            + " ".join(f"{t:.3f}s" for t in times[label])
+        )
     reference = seconds["transformers+peft"]
-    print(f"  ratio transformers+peft / minirl: {reference / seconds['minirl']:.2f}x   "
-          f"(chunked loss: {reference / seconds['minirl chunked']:.2f}x)")
+    print(
+        f"  ratio transformers+peft / minirl: {reference / seconds['minirl']:.2f}x   "
+        f"(chunked loss: {reference / seconds['minirl chunked']:.2f}x)"
+    )
     theirs = losses["transformers+peft"]
     for label in ("minirl", "minirl chunked"):
         gaps = [abs(a - b) for a, b in zip(losses[label], theirs)]
-        print(f"  |Δloss| {label} vs transformers+peft: first step {gaps[0]:.2e}, max over {len(gaps)} steps "
-              f"{max(gaps):.2e}   (losses {losses[label][0]:.6f} -> {losses[label][-1]:.6f})")
+        print(
+            f"  |Δloss| {label} vs transformers+peft: first step {gaps[0]:.2e}, max over {len(gaps)} steps "
+            f"{max(gaps):.2e}   (losses {losses[label][0]:.6f} -> {losses[label][-1]:.6f})"
+        )
 
     memory = loss_memory(args)
     trained = args.mem_batch * (args.mem_tokens - 1)
     logits_mb = args.mem_batch * args.mem_tokens * args.mem_vocab * 4 / MiB
     chunk_mb = min(512, trained) * args.mem_vocab * 4 / MiB
     plain, chunked = (memory[k]["peak_bytes"] / MiB for k in ("plain", "chunked"))
-    print(f"loss memory, forward + backward (fresh process each; peak resident above the inputs): hidden "
-          f"({args.mem_batch}, {args.mem_tokens}, {args.mem_hidden}) requiring grad, frozen lm_head "
-          f"({args.mem_vocab}, {args.mem_hidden})")
-    print(f"  full float32 logits (B, T, V): {logits_mb:.0f} MiB analytic; one 512-row chunk: {chunk_mb:.0f} MiB")
+    print(
+        f"loss memory, forward + backward (fresh process each; peak resident above the inputs): hidden "
+        f"({args.mem_batch}, {args.mem_tokens}, {args.mem_hidden}) requiring grad, frozen lm_head "
+        f"({args.mem_vocab}, {args.mem_hidden})"
+    )
+    print(
+        f"  full float32 logits (B, T, V): {logits_mb:.0f} MiB analytic; one 512-row chunk: {chunk_mb:.0f} MiB"
+    )
     print(f"  sft_loss(hidden @ W.T)       {plain:8.0f} MiB peak")
     print(f"  sft_loss_chunked             {chunked:8.0f} MiB peak")
-    print(f"  ratio plain / chunked: {plain / chunked:.1f}x   "
-          f"|Δloss| {abs(memory['plain']['loss'] - memory['chunked']['loss']):.2e}")
+    print(
+        f"  ratio plain / chunked: {plain / chunked:.1f}x   "
+        f"|Δloss| {abs(memory['plain']['loss'] - memory['chunked']['loss']):.2e}"
+    )
     return reference / seconds["minirl"]
 
 

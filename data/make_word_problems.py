@@ -13,20 +13,33 @@ import os
 import random
 
 TEMPLATES = [
-    ("A crate holds {a} boxes of {b} apples, and {c} loose apples lie next to it. How many apples are there "
-     "in all?", "The boxes hold {a} * {b} = <<{a}*{b}={ab}>>{ab} apples, so there are {ab} + {c} = "
-     "<<{ab}+{c}={r}>>{r} apples in all.", "+"),
-    ("A train travels {a} km every hour for {b} hours, then {c} km more. How far does it go?",
-     "In {b} hours it goes {a} * {b} = <<{a}*{b}={ab}>>{ab} km, and {ab} + {c} = <<{ab}+{c}={r}>>{r} km in all.",
-     "+"),
-    ("A baker makes {a} trays of {b} rolls and sells {c} of them. How many rolls are left?",
-     "She makes {a} * {b} = <<{a}*{b}={ab}>>{ab} rolls, so {ab} - {c} = <<{ab}-{c}={r}>>{r} are left.", "-"),
-    ("A school orders {a} packs of {b} pencils. {c} pencils are broken. How many pencils can be used?",
-     "There are {a} * {b} = <<{a}*{b}={ab}>>{ab} pencils, and {ab} - {c} = <<{ab}-{c}={r}>>{r} can be used.",
-     "-"),
-    ("A library has {a} shelves with {b} books each and {c} more books on a cart. How many books does it have?",
-     "The shelves hold {a} * {b} = <<{a}*{b}={ab}>>{ab} books; with the cart, {ab} + {c} = <<{ab}+{c}={r}>>{r}.",
-     "+"),
+    (
+        "A crate holds {a} boxes of {b} apples, and {c} loose apples lie next to it. How many apples are there "
+        "in all?",
+        "The boxes hold {a} * {b} = <<{a}*{b}={ab}>>{ab} apples, so there are {ab} + {c} = "
+        "<<{ab}+{c}={r}>>{r} apples in all.",
+        "+",
+    ),
+    (
+        "A train travels {a} km every hour for {b} hours, then {c} km more. How far does it go?",
+        "In {b} hours it goes {a} * {b} = <<{a}*{b}={ab}>>{ab} km, and {ab} + {c} = <<{ab}+{c}={r}>>{r} km in all.",
+        "+",
+    ),
+    (
+        "A baker makes {a} trays of {b} rolls and sells {c} of them. How many rolls are left?",
+        "She makes {a} * {b} = <<{a}*{b}={ab}>>{ab} rolls, so {ab} - {c} = <<{ab}-{c}={r}>>{r} are left.",
+        "-",
+    ),
+    (
+        "A school orders {a} packs of {b} pencils. {c} pencils are broken. How many pencils can be used?",
+        "There are {a} * {b} = <<{a}*{b}={ab}>>{ab} pencils, and {ab} - {c} = <<{ab}-{c}={r}>>{r} can be used.",
+        "-",
+    ),
+    (
+        "A library has {a} shelves with {b} books each and {c} more books on a cart. How many books does it have?",
+        "The shelves hold {a} * {b} = <<{a}*{b}={ab}>>{ab} books; with the cart, {ab} + {c} = <<{ab}+{c}={r}>>{r}.",
+        "+",
+    ),
 ]
 
 
@@ -38,8 +51,12 @@ def problems(n: int = 200, seed: int = 0) -> list[dict]:
         a, b = rng.randint(3, 40), rng.randint(3, 60)
         c = rng.randint(2, a * b - 1) if op == "-" else rng.randint(2, 500)
         values = {"a": a, "b": b, "c": c, "ab": a * b, "r": a * b + c if op == "+" else a * b - c}
-        out.append({"question": question.format(**values),
-                    "answer": solution.format(**values) + f"\n#### {values['r']}"})
+        out.append(
+            {
+                "question": question.format(**values),
+                "answer": solution.format(**values) + f"\n#### {values['r']}",
+            }
+        )
     return out
 
 

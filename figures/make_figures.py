@@ -1,6 +1,6 @@
 """Redraw every figure of the README from the metrics in runs/ (nothing is recomputed).
 
-    python figures/make_figures.py            # after `python -m minirl quickstart` and `... recipe calculator`
+python figures/make_figures.py            # after `python -m minirl quickstart` and `... recipe calculator`
 """
 
 import os
@@ -10,8 +10,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from minirl.plots import quickstart_figure, recipe_figure  # noqa: E402
 
-FIGURES = {"quickstart.png": (quickstart_figure, os.path.join("runs", "quickstart")),
-           "recipe_calculator.png": (recipe_figure, os.path.join("runs", "recipe-calculator"))}
+FIGURES = {
+    "quickstart.png": (quickstart_figure, os.path.join("runs", "quickstart")),
+    "recipe_calculator.png": (recipe_figure, os.path.join("runs", "recipe-calculator")),
+}
 
 
 def main(runs_root: str = ".", out_dir: str = os.path.dirname(os.path.abspath(__file__))):

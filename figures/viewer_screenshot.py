@@ -26,16 +26,26 @@ def main(run: str, out: str, width: int = 1400, height: int = 1500) -> str:
 
     chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and chromedriver):
-        raise SystemExit("no chromium/chromedriver on PATH: apt-get install chromium chromium-driver")
+        raise SystemExit(
+            "no chromium/chromedriver on PATH: apt-get install chromium chromium-driver"
+        )
     page = write_page(run)
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--window-size={width},{height}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--window-size={width},{height}",
+    ):
         options.add_argument(flag)
     browser = webdriver.Chrome(service=Service(chromedriver), options=options)
     try:
         browser.get("file://" + os.path.abspath(page))
-        WebDriverWait(browser, 10).until(lambda b: b.execute_script("return document.body.dataset.ready === '1'"))
+        WebDriverWait(browser, 10).until(
+            lambda b: b.execute_script("return document.body.dataset.ready === '1'")
+        )
         actions = browser.find_elements(By.CSS_SELECTOR, "td.completion .tok.a")
         hovered = next((t for t in actions[5:] if t.text.strip()), actions[0])
         ActionChains(browser).move_to_element(hovered).perform()
@@ -48,8 +58,12 @@ def main(run: str, out: str, width: int = 1400, height: int = 1500) -> str:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("run", help="a GRPO run folder or the quickstart's")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "viewer.png"))
+    parser.add_argument(
+        "--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "viewer.png")
+    )
     args = parser.parse_args()
     main(args.run, args.out)

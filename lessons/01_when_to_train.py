@@ -29,12 +29,14 @@ parser.add_argument("--questions", type=int, default=200)
 args, _ = parser.parse_known_args()
 
 # %% 1. the chapter's checklist
-CHECKLIST = [("verifiable outcome", "is there a program that says right or wrong? (tests, exact answers)"),
-             ("frequent task", "will the trained skill be used often enough to pay for training?"),
-             ("systematic defect", "does the model fail the same way again and again, not at random?"),
-             ("enough data", "hundreds of tasks with checkable outcomes (500-2,000 SFT demonstrations)"),
-             ("prompt already tried", "prompt, tool schema, loop and evaluation are solid, and still fail"),
-             ("compute", "7B GRPO needs at least one 40 GB GPU; the toy world runs on a laptop")]
+CHECKLIST = [
+    ("verifiable outcome", "is there a program that says right or wrong? (tests, exact answers)"),
+    ("frequent task", "will the trained skill be used often enough to pay for training?"),
+    ("systematic defect", "does the model fail the same way again and again, not at random?"),
+    ("enough data", "hundreds of tasks with checkable outcomes (500-2,000 SFT demonstrations)"),
+    ("prompt already tried", "prompt, tool schema, loop and evaluation are solid, and still fail"),
+    ("compute", "7B GRPO needs at least one 40 GB GPU; the toy world runs on a laptop"),
+]
 for name, question in CHECKLIST:
     print(f"[ ] {name:22s} {question}")
 
@@ -48,19 +50,28 @@ for q in questions:
 accuracy, tool_use = {}, {}
 for level in ("easy", "hard"):
     subset = [t for t in trajectories if t.info["difficulty"] == level]
-    accuracy[level] = sum(t.info['correct'] for t in subset) / len(subset)
-    tool_use[level] = sum(t.info['used_tool'] for t in subset) / len(subset)
-    print(f"{level}: accuracy {accuracy[level]:.2f}, tool used {tool_use[level]:.2f} ({len(subset)} questions)")
+    accuracy[level] = sum(t.info["correct"] for t in subset) / len(subset)
+    tool_use[level] = sum(t.info["used_tool"] for t in subset) / len(subset)
+    print(
+        f"{level}: accuracy {accuracy[level]:.2f}, tool used {tool_use[level]:.2f} ({len(subset)} questions)"
+    )
 print(agent_metrics(trajectories))
-print("The failure is systematic (hard questions answered from memory), the outcome is verifiable (an exact\n"
-      "number), the task is frequent: a good case for training. The checklist passes.")
-assert accuracy["easy"] == 1.0 > accuracy["hard"], f"expected failures on hard questions only, got {accuracy}"
-assert math.isclose(accuracy["hard"], tool_use["hard"]), f"expected hard right only via the tool: {accuracy} {tool_use}"
+print(
+    "The failure is systematic (hard questions answered from memory), the outcome is verifiable (an exact\n"
+    "number), the task is frequent: a good case for training. The checklist passes."
+)
+assert accuracy["easy"] == 1.0 > accuracy["hard"], (
+    f"expected failures on hard questions only, got {accuracy}"
+)
+assert math.isclose(accuracy["hard"], tool_use["hard"]), (
+    f"expected hard right only via the tool: {accuracy} {tool_use}"
+)
 
 # %% 3. a real model, with the tool in its prompt (the ceiling of prompt + tools)
 if args.model:
     from minirl import load_pretrained
     from minirl.tasks import CalculatorTask
+
     model, tokenizer = load_pretrained(args.model)
     task = CalculatorTask(seed=0, eval_size=32)
     real = task.rollout(model, tokenizer, task.eval_items(), 1, 96, temperature=0, seed=0)

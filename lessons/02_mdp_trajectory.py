@@ -28,17 +28,23 @@ from minirl.rollout import Trajectory, run_episodes
 from minirl.toy import build_checkpoint
 
 parser = argparse.ArgumentParser(description="Lesson 02: the MDP and a trajectory")
-parser.add_argument("--model", default=None, help="checkpoint folder (default: build the toy model)")
+parser.add_argument(
+    "--model", default=None, help="checkpoint folder (default: build the toy model)"
+)
 args, _ = parser.parse_known_args()
-folder = args.model or build_checkpoint(os.path.join(tempfile.mkdtemp(prefix="lesson02-"), "toy"), seed=0)
+folder = args.model or build_checkpoint(
+    os.path.join(tempfile.mkdtemp(prefix="lesson02-"), "toy"), seed=0
+)
 model, tokenizer = load_pretrained(folder)
 
 # %% 1. the MDP, in minirl's terms
-for symbol, meaning in [("S  state", "the token context: prompt, earlier turns, tool results"),
-                        ("A  action", "one assistant turn: the tokens up to <|im_end|> (text or a <tool_call>)"),
-                        ("T  transition", "append the action; if it called a tool, append the result as tokens"),
-                        ("R  reward", "0 for every turn but the last; the episode's outcome at the end"),
-                        ("γ  discount", "1: a correct answer counts the same whenever it comes")]:
+for symbol, meaning in [
+    ("S  state", "the token context: prompt, earlier turns, tool results"),
+    ("A  action", "one assistant turn: the tokens up to <|im_end|> (text or a <tool_call>)"),
+    ("T  transition", "append the action; if it called a tool, append the result as tokens"),
+    ("R  reward", "0 for every turn but the last; the episode's outcome at the end"),
+    ("γ  discount", "1: a correct answer counts the same whenever it comes"),
+]:
     print(f"{symbol:15s} {meaning}")
 
 # %% 2. one episode, written by the expert policy, token by token
@@ -49,31 +55,60 @@ for m in messages:
 print(f"reward {reward} ({info})")
 assert reward == 1.0, f"expected the expert's episode to earn reward 1, got {reward}"
 ids, mask = render(tokenizer, messages, task["tools"])
-prompt_len = len(tokenizer.encode(tokenizer.apply_chat_template(messages[:1], task["tools"],
-                                                                add_generation_prompt=True)))
-print(f"\n{len(ids)} tokens: {prompt_len} prompt, {sum(mask)} action, {len(ids) - prompt_len - sum(mask)} observation")
-assert not any(mask[:prompt_len]) and mask[prompt_len] == 1, "expected the first action token right after the prompt"
-assert 0 < sum(mask) < len(ids) - prompt_len, "expected the episode's tokens split between actions and observations"
+prompt_len = len(
+    tokenizer.encode(
+        tokenizer.apply_chat_template(messages[:1], task["tools"], add_generation_prompt=True)
+    )
+)
+print(
+    f"\n{len(ids)} tokens: {prompt_len} prompt, {sum(mask)} action, {len(ids) - prompt_len - sum(mask)} observation"
+)
+assert not any(mask[:prompt_len]) and mask[prompt_len] == 1, (
+    "expected the first action token right after the prompt"
+)
+assert 0 < sum(mask) < len(ids) - prompt_len, (
+    "expected the episode's tokens split between actions and observations"
+)
 print("  pos  who          token")
 for pos in range(prompt_len - 3, len(ids)):
     who = "action" if mask[pos] else ("prompt" if pos < prompt_len else "observation")
     print(f"{pos:5d}  {who:11s}  {tokenizer.decode([ids[pos]])!r}")
 
 # %% 3. the same MDP, played by the model (actions highlighted, observations plain)
-trajectories = run_episodes(model, tokenizer, CalculatorEnv, [task], group_size=2, max_turns=3,
-                            max_new_tokens=32, seed=0)
+trajectories = run_episodes(
+    model, tokenizer, CalculatorEnv, [task], group_size=2, max_turns=3, max_new_tokens=32, seed=0
+)
 for t in trajectories:
     print(f"--- {t.finish_reason}, {t.turns} turn(s), reward {t.reward}")
     print(show_mask(tokenizer, t.prompt_ids[-4:] + t.completion_ids, [0] * 4 + t.action_mask))
-    assert len(t.action_mask) == len(t.completion_ids), "expected one action-mask entry per completion token"
+    assert len(t.action_mask) == len(t.completion_ids), (
+        "expected one action-mask entry per completion token"
+    )
 
 # %% 4. the return: r_t per turn, Σ γ^t r_t
-episode = Trajectory(task, [], [], [], [], "answer", reward=reward, turns=sum(m["role"] == "assistant" for m in messages))
+episode = Trajectory(
+    task,
+    [],
+    [],
+    [],
+    [],
+    "answer",
+    reward=reward,
+    turns=sum(m["role"] == "assistant" for m in messages),
+)
 print("rewards per turn:", episode.rewards_per_turn())
-assert episode.rewards_per_turn() == [0.0] * (episode.turns - 1) + [reward], f"got {episode.rewards_per_turn()}"
+assert episode.rewards_per_turn() == [0.0] * (episode.turns - 1) + [reward], (
+    f"got {episode.rewards_per_turn()}"
+)
 for gamma in (1.0, 0.9):
     print(f"γ = {gamma}: return {episode.discounted_return(gamma):.3f}")
-    assert math.isclose(episode.discounted_return(gamma), gamma ** (episode.turns - 1) * reward), "expected γ^(T−1)·R"
-assert episode.discounted_return(0.9) < episode.discounted_return(1.0), "expected γ < 1 to devalue a 2-turn answer"
-print("With γ < 1 a two-turn answer would be worth less than a one-turn guess; the agent would learn to skip the\n"
-      "tool. Agentic RL keeps γ = 1 and asks for brevity through explicit penalties (see lesson 07).")
+    assert math.isclose(episode.discounted_return(gamma), gamma ** (episode.turns - 1) * reward), (
+        "expected γ^(T−1)·R"
+    )
+assert episode.discounted_return(0.9) < episode.discounted_return(1.0), (
+    "expected γ < 1 to devalue a 2-turn answer"
+)
+print(
+    "With γ < 1 a two-turn answer would be worth less than a one-turn guess; the agent would learn to skip the\n"
+    "tool. Agentic RL keeps γ = 1 and asks for brevity through explicit penalties (see lesson 07)."
+)

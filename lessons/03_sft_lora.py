@@ -32,7 +32,9 @@ from minirl.sft import SFTConfig, train
 from minirl.toy import build_checkpoint, calculator_conversation
 
 parser = argparse.ArgumentParser(description="Lesson 03: SFT with LoRA")
-parser.add_argument("--model", default=None, help="checkpoint folder (default: build the toy model)")
+parser.add_argument(
+    "--model", default=None, help="checkpoint folder (default: build the toy model)"
+)
 parser.add_argument("--epochs", type=int, default=60)
 args, _ = parser.parse_known_args()
 work = tempfile.mkdtemp(prefix="lesson03-")
@@ -48,15 +50,21 @@ ids, mask = render(tokenizer, demo["messages"], demo["tools"])
 print(show_mask(tokenizer, ids, mask))
 print(f"{sum(mask)} of {len(ids)} tokens are trained")
 trained = tokenizer.decode([t for t, m in zip(ids, mask) if m])
-assert "What is" not in trained and "<tool_response>" not in trained, f"expected no prompt or tool reply in {trained!r}"
-assert '"37 * 84"' in trained and "37 * 84 = 3108." in trained, f"expected the call and the answer in {trained!r}"
+assert "What is" not in trained and "<tool_response>" not in trained, (
+    f"expected no prompt or tool reply in {trained!r}"
+)
+assert '"37 * 84"' in trained and "37 * 84 = 3108." in trained, (
+    f"expected the call and the answer in {trained!r}"
+)
 
 # %% 2. the SFT loss, as the library computes it
 print(inspect.getsource(sft_loss))
 labels = torch.tensor([[t if m else -100 for t, m in zip(ids, mask)]])
 with torch.no_grad():
-    print(f"loss of the untrained model on this demonstration: {sft_loss(model(torch.tensor([ids])), labels):.3f} "
-          f"(uniform guessing over {tokenizer.vocab_size} tokens would give {torch.tensor(tokenizer.vocab_size).log():.3f})")
+    print(
+        f"loss of the untrained model on this demonstration: {sft_loss(model(torch.tensor([ids])), labels):.3f} "
+        f"(uniform guessing over {tokenizer.vocab_size} tokens would give {torch.tensor(tokenizer.vocab_size).log():.3f})"
+    )
 
 # %% 3. LoRA: a low-rank detour around each frozen linear layer
 print(inspect.getsource(LoRALinear.forward))
@@ -66,33 +74,68 @@ with torch.no_grad():
     after = model(torch.tensor([ids]))
 trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
 total = sum(p.numel() for p in model.parameters())
-print(f"B = 0 at the start, so the adapted model is the base model: max |Δlogit| = {(after - before).abs().max():.1e}")
+print(
+    f"B = 0 at the start, so the adapted model is the base model: max |Δlogit| = {(after - before).abs().max():.1e}"
+)
 print(f"trainable: {trainable:,} of {total:,} parameters ({100 * trainable / total:.1f} %)")
-assert torch.allclose(after, before, rtol=0, atol=1e-6), "expected LoRA with B = 0 to leave the logits unchanged"
-assert 0 < trainable < total, f"expected only the adapters trainable, got {trainable} of {total} parameters"
+assert torch.allclose(after, before, rtol=0, atol=1e-6), (
+    "expected LoRA with B = 0 to leave the logits unchanged"
+)
+assert 0 < trainable < total, (
+    f"expected only the adapters trainable, got {trainable} of {total} parameters"
+)
 
 # %% 4. train: a handful of demonstrations, many epochs (the library's loop)
 data = os.path.join(work, "train.jsonl")
 with open(data, "w") as f:
     for a, b in [(37, 84), (12, 7), (45, 38), (9, 99)]:
         f.write(json.dumps(calculator_conversation(a, b)) + "\n")
-summary = train(SFTConfig(model=base, data=data, out=os.path.join(work, "run"), epochs=args.epochs, batch_size=4,
-                          lr=1e-2, warmup_ratio=0.0, samples_per_prompt=4, eval_max_new_tokens=64))
+summary = train(
+    SFTConfig(
+        model=base,
+        data=data,
+        out=os.path.join(work, "run"),
+        epochs=args.epochs,
+        batch_size=4,
+        lr=1e-2,
+        warmup_ratio=0.0,
+        samples_per_prompt=4,
+        eval_max_new_tokens=64,
+    )
+)
 with open(os.path.join(work, "run", "metrics.csv")) as f:
     losses = [float(line.split(",")[2]) for line in f.readlines()[1:]]
-print("loss every 10 steps:", " ".join(f"{x:.3f}" for x in losses[::10]), f"... final {losses[-1]:.3f}")
-assert all(map(math.isfinite, losses)) and losses[-1] < losses[0], f"expected SFT to lower the loss, got {losses}"
+print(
+    "loss every 10 steps:",
+    " ".join(f"{x:.3f}" for x in losses[::10]),
+    f"... final {losses[-1]:.3f}",
+)
+assert all(map(math.isfinite, losses)) and losses[-1] < losses[0], (
+    f"expected SFT to lower the loss, got {losses}"
+)
 
 # %% 5. graduation: converged, well-formatted, still diverse?
 for key in ("loss_plateau", "format_accuracy", "distinct_completions", "distinct_2", "graduated"):
     print(f"{key:22s} {summary[key]}")
 passed = summary["loss_plateau"] and summary["format_accuracy"] >= 0.9 and summary["diverse"]
-assert summary["graduated"] == passed, f"expected graduated = plateau, format >= 0.9, diverse; got {summary}"
-if not summary["diverse"]:  # reached by the full 60 epochs (format 1.00, distinct 0.25), not by the tests' 3
-    print("Four demonstrations, many epochs: the model has memorized them. The format is right, but its samples")
-    assert summary["format_accuracy"] >= 0.9, f"expected the format right (>= 0.9), got {summary['format_accuracy']}"
-    print("for a prompt are nearly all the same completion. GRPO compares samples within a group; identical")
-    print("samples get identical rewards and teach nothing. This is the chapter's warning that over-SFT hurts RL.")
+assert summary["graduated"] == passed, (
+    f"expected graduated = plateau, format >= 0.9, diverse; got {summary}"
+)
+if not summary[
+    "diverse"
+]:  # reached by the full 60 epochs (format 1.00, distinct 0.25), not by the tests' 3
+    print(
+        "Four demonstrations, many epochs: the model has memorized them. The format is right, but its samples"
+    )
+    assert summary["format_accuracy"] >= 0.9, (
+        f"expected the format right (>= 0.9), got {summary['format_accuracy']}"
+    )
+    print(
+        "for a prompt are nearly all the same completion. GRPO compares samples within a group; identical"
+    )
+    print(
+        "samples get identical rewards and teach nothing. This is the chapter's warning that over-SFT hurts RL."
+    )
 else:
     print("Format and diversity were measured on the training prompts (too few to hold any out).")
 print(f"run folder: {os.path.join(work, 'run')}")

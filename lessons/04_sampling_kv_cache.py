@@ -26,15 +26,23 @@ from minirl.kv_cache import KVCache
 from minirl.toy import build_checkpoint
 
 parser = argparse.ArgumentParser(description="Lesson 04: sampling and the KV cache")
-parser.add_argument("--model", default=None, help="checkpoint folder (default: build the toy model)")
+parser.add_argument(
+    "--model", default=None, help="checkpoint folder (default: build the toy model)"
+)
 parser.add_argument("--new-tokens", type=int, default=200)
 args, _ = parser.parse_known_args()
-folder = args.model or build_checkpoint(os.path.join(tempfile.mkdtemp(prefix="lesson04-"), "toy"), seed=0,
-                                        initializer_range=0.2)
+folder = args.model or build_checkpoint(
+    os.path.join(tempfile.mkdtemp(prefix="lesson04-"), "toy"), seed=0, initializer_range=0.2
+)
 model, tokenizer = load_pretrained(folder)
 questions = ["What is 7 + 5?", "What is 37 * 84?", "What is 12 * 9?", "What is 3 - 8?"]
-prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
-           for q in questions]
+prompts = [
+    tokenizer.encode(
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+    )
+    for q in questions
+]
+
 
 # %% 1. greedy decoding without a cache: every step re-reads the whole sequence
 @torch.no_grad()
@@ -43,7 +51,7 @@ def greedy_without_cache(model, prompt, new_tokens):
     for _ in range(new_tokens):
         logits = model(torch.tensor([ids]))[0, -1]  # (V,): a full forward pass over len(ids) tokens
         ids.append(int(logits.argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 start = time.perf_counter()
@@ -55,28 +63,50 @@ start = time.perf_counter()
 fast = generate(model, prompts, max_new_tokens=args.new_tokens, temperature=0, stop_token_ids=[])
 with_cache = time.perf_counter() - start
 print(f"identical tokens: {all(a == b.tokens for a, b in zip(slow, fast))}")
-assert [b.tokens for b in fast] == slow, "expected the KV cache to leave the greedy tokens unchanged"
+assert [b.tokens for b in fast] == slow, (
+    "expected the KV cache to leave the greedy tokens unchanged"
+)
 # the speed-up is printed, not asserted: timings on a shared CPU are noise at the tests' 16 tokens (1.2x seen)
-print(f"{len(prompts)} prompts x {args.new_tokens} tokens: without cache {no_cache:.2f}s, "
-      f"with cache (batched) {with_cache:.2f}s -> {no_cache / with_cache:.1f}x")
+print(
+    f"{len(prompts)} prompts x {args.new_tokens} tokens: without cache {no_cache:.2f}s, "
+    f"with cache (batched) {with_cache:.2f}s -> {no_cache / with_cache:.1f}x"
+)
 
 # %% 3. the cache is a preallocated tensor written by index
 cache = KVCache(model.config, batch_size=2, max_len=64)
-print(f"keys: {tuple(cache.keys.shape)} = (L layers, B rows, K kv heads, S slots, D head dim); "
-      f"{2 * cache.keys.numel() * cache.keys.element_size() / 1e6:.2f} MB for keys and values")
-shape = (model.config.num_hidden_layers, 2, model.config.num_key_value_heads, 64, model.config.head_dim)
-assert tuple(cache.keys.shape) == shape, f"expected (L, B, K, S, D) = {shape}, got {tuple(cache.keys.shape)}"
+print(
+    f"keys: {tuple(cache.keys.shape)} = (L layers, B rows, K kv heads, S slots, D head dim); "
+    f"{2 * cache.keys.numel() * cache.keys.element_size() / 1e6:.2f} MB for keys and values"
+)
+shape = (
+    model.config.num_hidden_layers,
+    2,
+    model.config.num_key_value_heads,
+    64,
+    model.config.head_dim,
+)
+assert tuple(cache.keys.shape) == shape, (
+    f"expected (L, B, K, S, D) = {shape}, got {tuple(cache.keys.shape)}"
+)
 
 # %% 4. left padding: positions count real tokens only, so a padded row equals the prompt alone
 short, long_ = prompts[0], prompts[1]
-padded = generate(model, [short, long_], max_new_tokens=8, temperature=0, stop_token_ids=[])[0].tokens
+padded = generate(model, [short, long_], max_new_tokens=8, temperature=0, stop_token_ids=[])[
+    0
+].tokens
 alone = generate(model, [short], max_new_tokens=8, temperature=0, stop_token_ids=[])[0].tokens
-print(f"short prompt padded to {len(long_)} tokens gives the same tokens as alone: {padded == alone}")
-assert padded == alone, f"expected left padding to change nothing, got {padded} padded vs {alone} alone"
+print(
+    f"short prompt padded to {len(long_)} tokens gives the same tokens as alone: {padded == alone}"
+)
+assert padded == alone, (
+    f"expected left padding to change nothing, got {padded} padded vs {alone} alone"
+)
 
 # %% 5. a group: G samples of one prompt share a single prefill; the seed makes them reproducible
 group = generate(model, [prompts[1]], max_new_tokens=12, temperature=1.0, num_samples=4, seed=0)
 for out in group:
     print(f"{out.finish_reason:6s} logp {sum(out.logprobs):7.2f}  {tokenizer.decode(out.tokens)!r}")
 again = generate(model, [prompts[1]], max_new_tokens=12, temperature=1.0, num_samples=4, seed=0)
-assert [o.tokens for o in again] == [o.tokens for o in group], "expected the same seed to give the same 4 samples"
+assert [o.tokens for o in again] == [o.tokens for o in group], (
+    "expected the same seed to give the same 4 samples"
+)

@@ -29,26 +29,47 @@ print(inspect.getsource(rewards.naive_test_reward))
 
 # %% 2. four agents, two rewards
 print(f"{'agent':8s} {'what it does':44s} {'naive':>6s} {'guarded':>8s}  hacked")
-what = {"A": "read, undo the bug, run the tests", "B": "an edit that fixes some cases",
-        "C": "read the file 50 times, nothing else", "hacker": "empty the failing test file"}
+what = {
+    "A": "read, undo the bug, run the tests",
+    "B": "an edit that fixes some cases",
+    "C": "read the file 50 times, nothing else",
+    "hacker": "empty the failing test file",
+}
 table = {}
 for name, policy in SCRIPTED_POLICIES.items():
     scores = table[name] = {}
     for mode in ("naive", "guarded"):
         with CodeEnv(reward=mode) as env:
             scores[mode], info, _ = run_scripted(env, task, policy(template))
-    print(f"{name:8s} {what[name]:44s} {scores['naive']:+6.2f} {scores['guarded']:+8.2f}  {info['hacked']}")
-    assert info["hacked"] == (name == "hacker"), f"expected only the hacker flagged, {name}: {info['hacked']}"
-print("Under the naive reward the hacker ties the honest fix. An RL policy would find that shortcut, because it is\n"
-      "shorter than fixing the bug. The guarded reward scores the original tests, so tampering earns nothing.")
-assert all(math.isclose(table[n]["naive"], 1.0) for n in ("hacker", "A")), f"expected hacker = A = 1.0: {table}"
-assert table["hacker"]["guarded"] == 0.0, f"expected tampering to earn 0 under the guarded reward, got {table}"
-assert all(math.isclose(table[n]["naive"], table[n]["guarded"]) for n in "ABC"), f"expected honest unchanged: {table}"
+    print(
+        f"{name:8s} {what[name]:44s} {scores['naive']:+6.2f} {scores['guarded']:+8.2f}  {info['hacked']}"
+    )
+    assert info["hacked"] == (name == "hacker"), (
+        f"expected only the hacker flagged, {name}: {info['hacked']}"
+    )
+print(
+    "Under the naive reward the hacker ties the honest fix. An RL policy would find that shortcut, because it is\n"
+    "shorter than fixing the bug. The guarded reward scores the original tests, so tampering earns nothing."
+)
+assert all(math.isclose(table[n]["naive"], 1.0) for n in ("hacker", "A")), (
+    f"expected hacker = A = 1.0: {table}"
+)
+assert table["hacker"]["guarded"] == 0.0, (
+    f"expected tampering to earn 0 under the guarded reward, got {table}"
+)
+assert all(math.isclose(table[n]["naive"], table[n]["guarded"]) for n in "ABC"), (
+    f"expected honest unchanged: {table}"
+)
 
 # %% 3. the guard
 print(inspect.getsource(rewards.guarded_test_reward))
 
 # %% 4. every reward says how it could still be gamed
-for fn in (rewards.naive_test_reward, rewards.guarded_test_reward, rewards.looping_penalty, CalculatorEnv.reward):
+for fn in (
+    rewards.naive_test_reward,
+    rewards.guarded_test_reward,
+    rewards.looping_penalty,
+    CalculatorEnv.reward,
+):
     doc = inspect.getdoc(fn) or ""
     print(f"--- {fn.__qualname__}\n{doc}\n")

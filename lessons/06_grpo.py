@@ -32,7 +32,9 @@ from minirl.tasks import Task
 from minirl.toy import build_checkpoint
 
 parser = argparse.ArgumentParser(description="Lesson 06: GRPO")
-parser.add_argument("--model", default=None, help="checkpoint folder (default: build the toy model)")
+parser.add_argument(
+    "--model", default=None, help="checkpoint folder (default: build the toy model)"
+)
 parser.add_argument("--steps", type=int, default=30)
 args, _ = parser.parse_known_args()
 work = tempfile.mkdtemp(prefix="lesson06-")
@@ -42,31 +44,53 @@ work = tempfile.mkdtemp(prefix="lesson06-")
 answers = [3108, 3018, 3108, 3208]
 rewards = torch.tensor([float(a == 37 * 84) for a in answers])
 mean, std = rewards.mean(), rewards.std(unbiased=False)
-print(f"rewards {rewards.tolist()}: mean {mean:.2f}, std {std:.2f} -> (r - mean) / std = "
-      f"{((rewards - mean) / std).tolist()}")
+print(
+    f"rewards {rewards.tolist()}: mean {mean:.2f}, std {std:.2f} -> (r - mean) / std = "
+    f"{((rewards - mean) / std).tolist()}"
+)
 chapter = torch.tensor([1.0, -1.0, 1.0, -1.0])
-assert torch.equal((rewards - mean) / std, chapter), f"expected [1, -1, 1, -1], got {(rewards - mean) / std}"
+assert torch.equal((rewards - mean) / std, chapter), (
+    f"expected [1, -1, 1, -1], got {(rewards - mean) / std}"
+)
 print(inspect.getsource(group_advantages))
 advantages = group_advantages(rewards, group_size=4)
-print("group_advantages:", [round(a, 4) for a in advantages.tolist()], "(eps keeps a zero-spread group at 0)")
-assert torch.allclose(advantages, chapter, rtol=0, atol=1e-3), f"expected ~[1, -1, 1, -1], got {advantages}"
-assert torch.equal(group_advantages(torch.ones(4), group_size=4), torch.zeros(4)), "expected a zero-spread group at 0"
+print(
+    "group_advantages:",
+    [round(a, 4) for a in advantages.tolist()],
+    "(eps keeps a zero-spread group at 0)",
+)
+assert torch.allclose(advantages, chapter, rtol=0, atol=1e-3), (
+    f"expected ~[1, -1, 1, -1], got {advantages}"
+)
+assert torch.equal(group_advantages(torch.ones(4), group_size=4), torch.zeros(4)), (
+    "expected a zero-spread group at 0"
+)
 
 # %% 2. the loss on that group: ~0 in value, not in gradient
 # Pretend each answer is 3 tokens with these log-probs under the current policy. On-policy, the
 # sampling policy π_old is the current one, so every ratio ρ = π/π_old is exactly 1.
-logp = torch.log(torch.tensor([[0.9, 0.8, 0.7], [0.6, 0.5, 0.9], [0.9, 0.8, 0.7], [0.3, 0.4, 0.5]])).requires_grad_()
+logp = torch.log(
+    torch.tensor([[0.9, 0.8, 0.7], [0.6, 0.5, 0.9], [0.9, 0.8, 0.7], [0.3, 0.4, 0.5]])
+).requires_grad_()
 mask = torch.ones(4, 3)
 loss, stats = policy_loss(logp, logp.detach(), logp.detach(), advantages, mask, beta=0.04)
 loss.backward()
 print(f"loss = {loss.item():+.6f}   stats = {stats}")
 print("d loss / d log π per token:\n", logp.grad)
-assert math.isclose(loss.item(), 0.0, abs_tol=1e-6), f"expected the on-policy loss to be ~0, got {loss.item()}"
-assert math.isclose(stats["ratio"], 1.0) and math.isclose(stats["kl"], 0.0, abs_tol=1e-9), f"expected ρ 1, KL 0: {stats}"
-assert torch.allclose(logp.grad, -advantages[:, None].expand(4, 3) / 12, rtol=0, atol=1e-6), "expected −A/12 per token"
-print("The loss is −mean(ρ·A) with ρ = 1 and advantages that sum to 0: zero. Its gradient is −A/12 per token:\n"
-      "raise the log-probs of the right answers, lower the wrong ones. The KL term is 0 too (π = π_ref) and so\n"
-      "is its gradient; it only pushes back once the policy has moved away from the reference.")
+assert math.isclose(loss.item(), 0.0, abs_tol=1e-6), (
+    f"expected the on-policy loss to be ~0, got {loss.item()}"
+)
+assert math.isclose(stats["ratio"], 1.0) and math.isclose(stats["kl"], 0.0, abs_tol=1e-9), (
+    f"expected ρ 1, KL 0: {stats}"
+)
+assert torch.allclose(logp.grad, -advantages[:, None].expand(4, 3) / 12, rtol=0, atol=1e-6), (
+    "expected −A/12 per token"
+)
+print(
+    "The loss is −mean(ρ·A) with ρ = 1 and advantages that sum to 0: zero. Its gradient is −A/12 per token:\n"
+    "raise the log-probs of the right answers, lower the wrong ones. The KL term is 0 too (π = π_ref) and so\n"
+    "is its gradient; it only pushes back once the policy has moved away from the reference."
+)
 
 # %% 3. a short run: the toy model learns, by reward alone, to reply in digits
 base = args.model or build_checkpoint(os.path.join(work, "toy"), seed=0, initializer_range=0.2)
@@ -77,6 +101,7 @@ digits = {i for i in range(tokenizer.vocab_size) if tokenizer.decode([i]).strip(
 class DigitsTask(Task):
     """Reward: the share of the reply's tokens that are digits. Nothing demonstrates it; only the
     reward says what is wanted, and GRPO finds it by comparing samples."""
+
     name = "digits"
 
     def __init__(self):
@@ -84,11 +109,23 @@ class DigitsTask(Task):
 
     @staticmethod
     def digit_share(trajectory):
-        return sum(t in digits for t in trajectory.completion_ids) / max(1, len(trajectory.completion_ids))
+        return sum(t in digits for t in trajectory.completion_ids) / max(
+            1, len(trajectory.completion_ids)
+        )
 
     def sample(self, n, rng):
-        return [{"messages": [{"role": "user", "content": f"What is {rng.randint(1, 99)} * {rng.randint(1, 99)}?"}],
-                 "tools": None} for _ in range(n)]
+        return [
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": f"What is {rng.randint(1, 99)} * {rng.randint(1, 99)}?",
+                    }
+                ],
+                "tools": None,
+            }
+            for _ in range(n)
+        ]
 
     def eval_items(self):
         return self.sample(8, random.Random(1))
@@ -99,21 +136,45 @@ class DigitsTask(Task):
 
 
 out = os.path.join(work, "run")
-train(GRPOConfig(model=base, task=DigitsTask(), out=out, steps=args.steps, group_size=8, prompts_per_step=4,
-                 max_new_tokens=12, lr=5e-3, beta=0.04, save_every=100))
+train(
+    GRPOConfig(
+        model=base,
+        task=DigitsTask(),
+        out=out,
+        steps=args.steps,
+        group_size=8,
+        prompts_per_step=4,
+        max_new_tokens=12,
+        lr=5e-3,
+        beta=0.04,
+        save_every=100,
+    )
+)
 with open(os.path.join(out, "metrics.csv")) as f:
     metrics = list(csv.DictReader(f))
 print("\nstep  reward  KL      zero-spread groups")
 for r in metrics[::3]:
     bar = "#" * round(30 * float(r["reward_mean"]))
-    print(f"{r['step']:>4}  {float(r['reward_mean']):.2f}    {float(r['kl']):.4f}  {float(r['zero_spread_frac']):.2f}  {bar}")
+    print(
+        f"{r['step']:>4}  {float(r['reward_mean']):.2f}    {float(r['kl']):.4f}  {float(r['zero_spread_frac']):.2f}  {bar}"
+    )
 kl, reward = [float(r["kl"]) for r in metrics], [float(r["reward_mean"]) for r in metrics]
-assert math.isclose(kl[0], 0.0, abs_tol=1e-6) and kl[-1] > 1e-6, f"expected KL 0 at step 1, then > 0; got {kl}"
-assert all(math.isfinite(float(r["loss"])) for r in metrics) and all(0 <= x <= 1 for x in reward), f"got {metrics}"
-if args.steps >= 30:  # the default run climbs 0.04 -> 1.00; the tests' 3 steps are too few to show it on every seed
+assert math.isclose(kl[0], 0.0, abs_tol=1e-6) and kl[-1] > 1e-6, (
+    f"expected KL 0 at step 1, then > 0; got {kl}"
+)
+assert all(math.isfinite(float(r["loss"])) for r in metrics) and all(0 <= x <= 1 for x in reward), (
+    f"got {metrics}"
+)
+if (
+    args.steps >= 30
+):  # the default run climbs 0.04 -> 1.00; the tests' 3 steps are too few to show it on every seed
     assert reward[-1] > reward[0] + 0.5, f"expected the reward to climb over the run, got {reward}"
-    assert all(float(r["zero_spread_frac"]) == 1 for r in metrics if float(r["reward_mean"]) == 1), "expected 0 spread"
-print("The reward climbs once a few samples per group beat their siblings. When every sample earns 1 the groups have\n"
-      "zero spread: advantages are 0 and learning stops (DAPO's dynamic sampling drops such groups). The KL column is\n"
-      "how far the policy walked from the reference; beta sets how hard it is pulled back.")
+    assert all(
+        float(r["zero_spread_frac"]) == 1 for r in metrics if float(r["reward_mean"]) == 1
+    ), "expected 0 spread"
+print(
+    "The reward climbs once a few samples per group beat their siblings. When every sample earns 1 the groups have\n"
+    "zero spread: advantages are 0 and learning stops (DAPO's dynamic sampling drops such groups). The KL column is\n"
+    "how far the policy walked from the reference; beta sets how hard it is pulled back."
+)
 print(f"metrics: {os.path.join(out, 'metrics.csv')}")

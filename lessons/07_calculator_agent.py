@@ -20,35 +20,63 @@ import random
 import tempfile
 
 from minirl import load_pretrained
-from minirl.envs.calculator import (CalculatorEnv, agent_metrics, expert_policy, make_questions, play,
-                                    tool_call_message)
+from minirl.envs.calculator import (
+    CalculatorEnv,
+    agent_metrics,
+    expert_policy,
+    make_questions,
+    play,
+    tool_call_message,
+)
 from minirl.envs.tools import calculator, parse_assistant
 from minirl.tasks import CalculatorTask
 from minirl.toy import build_checkpoint
 
 parser = argparse.ArgumentParser(description="Lesson 07: the calculator agent")
-parser.add_argument("--model", default=None, help="checkpoint folder (default: build the toy model)")
+parser.add_argument(
+    "--model", default=None, help="checkpoint folder (default: build the toy model)"
+)
 parser.add_argument("--episodes", type=int, default=40)
 args, _ = parser.parse_known_args()
 
 # %% 1. the tool: exact arithmetic on a whitelist, and an error string for everything else
-for expression in ["37 * 84", "1/3", "2 ** 10", "__import__('os').system('ls')", "9**9**9**9", "1/0"]:
+for expression in [
+    "37 * 84",
+    "1/3",
+    "2 ** 10",
+    "__import__('os').system('ls')",
+    "9**9**9**9",
+    "1/0",
+]:
     print(f"calculator({expression!r:36}) -> {calculator(expression)!r}")
-assert calculator("37 * 84") == "3108" and calculator("2 ** 10") == "1024", "expected exact arithmetic on the whitelist"
-assert all(calculator(e).startswith("Error:") for e in ("__import__('os')", "9**9**9**9", "1/0")), "expected errors"
+assert calculator("37 * 84") == "3108" and calculator("2 ** 10") == "1024", (
+    "expected exact arithmetic on the whitelist"
+)
+assert all(calculator(e).startswith("Error:") for e in ("__import__('os')", "9**9**9**9", "1/0")), (
+    "expected errors"
+)
 
 # %% 2. the parser: a call in Qwen2.5's format, and a broken one that becomes an observation
 good = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 84"}}\n</tool_call>'
 turn, broken = parse_assistant(good), parse_assistant(good.replace("}}", "}"))
 print(turn)
 print(broken)
-assert [c.arguments for c in turn.calls] == [{"expression": "37 * 84"}] and not turn.errors, f"expected 1 call: {turn}"
-assert not broken.calls and broken.errors[0].startswith("Error:"), f"expected the broken call as an error: {broken}"
+assert [c.arguments for c in turn.calls] == [{"expression": "37 * 84"}] and not turn.errors, (
+    f"expected 1 call: {turn}"
+)
+assert not broken.calls and broken.errors[0].startswith("Error:"), (
+    f"expected the broken call as an error: {broken}"
+)
+
 
 # %% 3. three habits, scored by the environment
 def guesser(task, messages):
     """Never calls the tool: right on easy questions, off by a little on hard ones (mental arithmetic)."""
-    answer = task["answer"] if task["difficulty"] == "easy" else task["answer"] + random.Random(task["question"]).choice([-10, 10, 100])
+    answer = (
+        task["answer"]
+        if task["difficulty"] == "easy"
+        else task["answer"] + random.Random(task["question"]).choice([-10, 10, 100])
+    )
     return {"role": "assistant", "content": f"{task['expression']} = {answer}."}
 
 
@@ -62,14 +90,25 @@ def double_caller(task, messages):
 
 questions = make_questions(args.episodes, random.Random(0))
 reward, accuracy = {}, {}
-for name, policy in [("expert", expert_policy), ("guesser", guesser), ("double caller", double_caller)]:
+for name, policy in [
+    ("expert", expert_policy),
+    ("guesser", guesser),
+    ("double caller", double_caller),
+]:
     results = [play(CalculatorEnv(), q, policy) for q in questions]
     reward[name] = sum(r for _, r, _ in results) / len(results)
-    accuracy[name] = sum(i['correct'] for _, _, i in results) / len(results)
-    print(f"{name:14s} mean reward {reward[name]:+.3f}   accuracy {accuracy[name]:.2f}   "
-          f"calls/episode {sum(i['calls'] for _, _, i in results) / len(results):.2f}")
-assert accuracy["expert"] == accuracy["double caller"] == 1.0 > accuracy["guesser"], f"expected {accuracy}"
-assert reward["expert"] > reward["double caller"] > reward["guesser"], f"expected the repeat call penalized: {reward}"
+    accuracy[name] = sum(i["correct"] for _, _, i in results) / len(results)
+    print(
+        f"{name:14s} mean reward {reward[name]:+.3f}   accuracy {accuracy[name]:.2f}   "
+        f"calls/episode {sum(i['calls'] for _, _, i in results) / len(results):.2f}"
+    )
+assert accuracy["expert"] == accuracy["double caller"] == 1.0 > accuracy["guesser"], (
+    f"expected {accuracy}"
+)
+assert reward["expert"] > reward["double caller"] > reward["guesser"], (
+    f"expected the repeat call penalized: {reward}"
+)
+
 
 # %% 4. a flaky tool: the expert retries after an error, a policy that gives up does not
 def gives_up(task, messages):
@@ -82,12 +121,16 @@ hard = [q for q in questions if q["difficulty"] == "hard"]
 flaky_accuracy = {}
 for name, policy in [("retries", expert_policy), ("gives up", gives_up)]:
     results = [play(CalculatorEnv(flaky=0.5, seed=i), q, policy) for i, q in enumerate(hard)]
-    flaky_accuracy[name] = sum(i['correct'] for _, _, i in results) / len(results)
+    flaky_accuracy[name] = sum(i["correct"] for _, _, i in results) / len(results)
     print(f"flaky tool (p = 0.5), {name:9s}: accuracy {flaky_accuracy[name]:.2f}")
-assert flaky_accuracy["retries"] > flaky_accuracy["gives up"], f"expected retrying to pay off, got {flaky_accuracy}"
+assert flaky_accuracy["retries"] > flaky_accuracy["gives up"], (
+    f"expected retrying to pay off, got {flaky_accuracy}"
+)
 
 # %% 5. the model plays: episodes and the agent metrics that GRPO logs every step
-folder = args.model or build_checkpoint(os.path.join(tempfile.mkdtemp(prefix="lesson07-"), "toy"), seed=0)
+folder = args.model or build_checkpoint(
+    os.path.join(tempfile.mkdtemp(prefix="lesson07-"), "toy"), seed=0
+)
 model, tokenizer = load_pretrained(folder)
 task = CalculatorTask(seed=0, eval_size=8)
 trajectories = task.rollout(model, tokenizer, task.eval_items(), 2, 48, seed=0)

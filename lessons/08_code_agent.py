@@ -26,7 +26,9 @@ from minirl.envs.tools import ToolCall
 from minirl.rollout import run_episodes
 
 parser = argparse.ArgumentParser(description="Lesson 08: the code agent")
-parser.add_argument("--model", default=None, help="checkpoint folder (default: build the toy model)")
+parser.add_argument(
+    "--model", default=None, help="checkpoint folder (default: build the toy model)"
+)
 args, _ = parser.parse_known_args()
 template = load_templates()[0]
 task = make_task(template, seed=0)
@@ -43,35 +45,49 @@ with CodeEnv() as env:
         print(f">>> {call.name}({', '.join(f'{k}={v!r}' for k, v in call.arguments.items())})")
         print(env.step(call))
     reward, info = env.reward()
-    print(f"reward {reward:+.2f}: {info['passed']}/{info['total']} tests pass, penalty {info['penalty']}")
-    assert info["passed"] == info["total"] == 10 and math.isclose(reward, 1.0), f"expected 10/10 and +1.00: {info}"
+    print(
+        f"reward {reward:+.2f}: {info['passed']}/{info['total']} tests pass, penalty {info['penalty']}"
+    )
+    assert info["passed"] == info["total"] == 10 and math.isclose(reward, 1.0), (
+        f"expected 10/10 and +1.00: {info}"
+    )
 
 # %% 3. the chapter's three trajectories
 scores = {}
 for name in ("A", "B", "C"):
     with CodeEnv() as env:
         scores[name], info, _ = run_scripted(env, task, SCRIPTED_POLICIES[name](template))
-    print(f"trajectory {name}: {info['passed']}/{info['total']} pass, reads {sum(info['reads'].values())}, "
-          f"reward {scores[name]:+.2f}")
-assert math.isclose(scores["A"], 1.0) and 0 < scores["B"] < 1, f"expected A = 1 and B partial, got {scores}"
+    print(
+        f"trajectory {name}: {info['passed']}/{info['total']} pass, reads {sum(info['reads'].values())}, "
+        f"reward {scores[name]:+.2f}"
+    )
+assert math.isclose(scores["A"], 1.0) and 0 < scores["B"] < 1, (
+    f"expected A = 1 and B partial, got {scores}"
+)
 assert math.isclose(scores["C"], -0.2), f"expected C, reading in circles, at -0.2, got {scores}"
 
 # %% 4. the sandbox: paths stay inside the task folder
 with CodeEnv() as env:
     env.reset(task)
     for path in ["../secret.txt", "/etc/passwd", template["file"]]:
-        observation = env.step(ToolCall('read_file', {'path': path}))
+        observation = env.step(ToolCall("read_file", {"path": path}))
         print(f"read_file({path!r}) -> {observation[:70]!r}")
-        assert observation.startswith("Error:") == (path != template["file"]), f"sandbox: {path} -> {observation!r}"
+        assert observation.startswith("Error:") == (path != template["file"]), (
+            f"sandbox: {path} -> {observation!r}"
+        )
 
 # %% 5. the model tries
 if args.model:
     folder = args.model
 else:
     from minirl.toy import build_checkpoint
+
     # the code task's prompt (system, three tool specs, request) is ~1,500 toy tokens: a longer context
-    folder = build_checkpoint(os.path.join(tempfile.mkdtemp(prefix="lesson08-"), "toy"), seed=0,
-                              max_position_embeddings=4096)
+    folder = build_checkpoint(
+        os.path.join(tempfile.mkdtemp(prefix="lesson08-"), "toy"),
+        seed=0,
+        max_position_embeddings=4096,
+    )
 model, tokenizer = load_pretrained(folder)
 (episode,) = run_episodes(model, tokenizer, CodeEnv, [task], max_turns=3, max_new_tokens=48, seed=0)
 print(f"--- {episode.finish_reason} after {episode.turns} turn(s), reward {episode.reward:+.2f}")

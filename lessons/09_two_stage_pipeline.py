@@ -23,7 +23,9 @@ import os
 from minirl.quickstart import run
 
 parser = argparse.ArgumentParser(description="Lesson 09: the two-stage pipeline")
-parser.add_argument("--fast", action="store_true", help="shrunk pipeline (checks the plumbing, not the numbers)")
+parser.add_argument(
+    "--fast", action="store_true", help="shrunk pipeline (checks the plumbing, not the numbers)"
+)
 parser.add_argument("--out", default=os.path.join("runs", "lesson09"))
 args, _ = parser.parse_known_args()
 
@@ -31,18 +33,37 @@ args, _ = parser.parse_known_args()
 summary = run(out_dir=args.out, fast=args.fast, figure=os.path.join(args.out, "pipeline.png"))
 
 # %% 5. what to look at
-print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}, indent=1))
-assert 0 < summary["demonstrator_accuracy"] < 1, f"expected an imperfect demonstrator, got {summary}"
+print(
+    json.dumps(
+        {k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}, indent=1
+    )
+)
+assert 0 < summary["demonstrator_accuracy"] < 1, (
+    f"expected an imperfect demonstrator, got {summary}"
+)
 with open(os.path.join(args.out, "sft", "metrics.csv")) as f:
     sft_losses = [float(r["loss"]) for r in csv.DictReader(f)]
-assert all(map(math.isfinite, sft_losses)) and sft_losses[-1] < sft_losses[0], f"expected a lower loss: {sft_losses}"
+assert all(map(math.isfinite, sft_losses)) and sft_losses[-1] < sft_losses[0], (
+    f"expected a lower loss: {sft_losses}"
+)
 with open(os.path.join(args.out, "grpo", "metrics.csv")) as f:
     rows = list(csv.DictReader(f))
 print("GRPO step: tool use on hard questions in the samples")
 for r in rows[:: max(1, len(rows) // 8)]:
-    print(f"  {r['step']:>3}  {float(r['tool_use_hard']):.2f}  " + "#" * round(30 * float(r["tool_use_hard"])))
-print("SFT copied the demonstrator's habit of skipping the tool; no demonstration told GRPO to use it more. The\n"
-      "reward did: in each group, the samples that called the calculator were right and pulled the policy along.")
-if not args.fast:  # --fast learns nothing (its accuracies are ~0); the README's quickstart table is the full run
-    assert summary["grpo_accuracy"] > summary["demonstrator_accuracy"], f"expected RL past its teacher: {summary}"
-    assert summary["tool_use_rate_grpo"] > summary["tool_use_rate_sft"], f"expected more tool use after GRPO: {summary}"
+    print(
+        f"  {r['step']:>3}  {float(r['tool_use_hard']):.2f}  "
+        + "#" * round(30 * float(r["tool_use_hard"]))
+    )
+print(
+    "SFT copied the demonstrator's habit of skipping the tool; no demonstration told GRPO to use it more. The\n"
+    "reward did: in each group, the samples that called the calculator were right and pulled the policy along."
+)
+if (
+    not args.fast
+):  # --fast learns nothing (its accuracies are ~0); the README's quickstart table is the full run
+    assert summary["grpo_accuracy"] > summary["demonstrator_accuracy"], (
+        f"expected RL past its teacher: {summary}"
+    )
+    assert summary["tool_use_rate_grpo"] > summary["tool_use_rate_sft"], (
+        f"expected more tool use after GRPO: {summary}"
+    )

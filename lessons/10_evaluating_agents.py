@@ -18,85 +18,137 @@ import argparse
 import math
 import os
 
+from minirl.eval_stats import pass_at_k, pass_hat_k
 from minirl.eval_summary import compare, summarize
 from minirl.evaluation import play
-from minirl.eval_stats import pass_at_k, pass_hat_k
 from minirl.quickstart import run
 from minirl.tasks import CalculatorTask
 from minirl.weights import load_pretrained
 
 parser = argparse.ArgumentParser(description="Lesson 10: evaluating agents")
-parser.add_argument("--runs", default=None, help="lesson 09's output folder (default runs/lesson09; --fast: "
-                    "runs/lesson10-fast)")
-parser.add_argument("--fast", action="store_true", help="a --fast quickstart's checkpoints, 16 items")
+parser.add_argument(
+    "--runs",
+    default=None,
+    help="lesson 09's output folder (default runs/lesson09; --fast: runs/lesson10-fast)",
+)
+parser.add_argument(
+    "--fast", action="store_true", help="a --fast quickstart's checkpoints, 16 items"
+)
 parser.add_argument("-n", type=int, default=4, help="samples per item")
 args, _ = parser.parse_known_args()
 runs = args.runs or os.path.join("runs", "lesson10-fast" if args.fast else "lesson09")
 if not os.path.isdir(os.path.join(runs, "grpo", "model")):
-    print(f"no checkpoints in {runs}: running the pipeline (quickstart{' --fast' if args.fast else ''}) first")
+    print(
+        f"no checkpoints in {runs}: running the pipeline (quickstart{' --fast' if args.fast else ''}) first"
+    )
     run(out_dir=runs, fast=args.fast, figure=None)
-task = CalculatorTask(seed=0, level="toy", eval_size=16 if args.fast else 200, max_turns=3)  # lesson 09's world
+task = CalculatorTask(
+    seed=0, level="toy", eval_size=16 if args.fast else 200, max_turns=3
+)  # lesson 09's world
 episodes = {}
 for name in ("sft", "grpo"):
     model, tokenizer = load_pretrained(os.path.join(runs, name, "model"))
     # n samples of every held-out question at temperature 1 (sample s with seed s), then again with the
     # first tool call of every episode failing: the same code GRPO's held-out numbers come from
-    episodes[name] = play(model, tokenizer, task, args.n, 48, temperature=1.0, seed=0, perturbations=["tool_error"],
-                          progress=False)
+    episodes[name] = play(
+        model,
+        tokenizer,
+        task,
+        args.n,
+        48,
+        temperature=1.0,
+        seed=0,
+        perturbations=["tool_error"],
+        progress=False,
+    )
 summaries = {name: summarize(e) for name, e in episodes.items()}
 
 # %% 1. final answer: pass@k, the unbiased estimator (Chen et al. 2021), from n samples with c successes
 # pass@k = 1 − C(n−c, k) / C(n, k): the chance that at least one of k samples drawn from the n succeeds
 n, c, k = 4, 1, 2
-print(f"one item, n={n}, c={c}: pass@{k} = 1 - C({n - c},{k})/C({n},{k}) = {1 - math.comb(n - c, k) / math.comb(n, k):.3f}"
-      f" = pass_at_k -> {pass_at_k(n, c, k):.3f}")
-assert math.isclose(pass_at_k(n, c, k), 1 - math.comb(n - c, k) / math.comb(n, k)), "expected pass_at_k = the formula"
+print(
+    f"one item, n={n}, c={c}: pass@{k} = 1 - C({n - c},{k})/C({n},{k}) = {1 - math.comb(n - c, k) / math.comb(n, k):.3f}"
+    f" = pass_at_k -> {pass_at_k(n, c, k):.3f}"
+)
+assert math.isclose(pass_at_k(n, c, k), 1 - math.comb(n - c, k) / math.comb(n, k)), (
+    "expected pass_at_k = the formula"
+)
 for name, s in summaries.items():
     f = s["final_answer"]
-    print(f"{name:>4}: pass@1 {f['pass@1']:.3f} ± {f['pass@1_stderr']:.3f} (standard error clustered by item), "
-          f"pass@{args.n} {f[f'pass@{args.n}']:.3f}")
+    print(
+        f"{name:>4}: pass@1 {f['pass@1']:.3f} ± {f['pass@1_stderr']:.3f} (standard error clustered by item), "
+        f"pass@{args.n} {f[f'pass@{args.n}']:.3f}"
+    )
     assert f["pass@1"] <= f[f"pass@{args.n}"] + 1e-9, f"expected pass@{args.n} >= pass@1, got {f}"
 
 # %% 2. tool calling: are the calls well-formed, and is the tool used where it is needed?
 for name, s in summaries.items():
     t = s["tool_calling"]
-    print(f"{name:>4}: valid calls {t['valid_call_rate']:.2f}, tool use on hard questions {t['tool_use_where_needed']:.2f},"
-          f" on easy ones {t['tool_use_where_not_needed']:.2f}")
+    print(
+        f"{name:>4}: valid calls {t['valid_call_rate']:.2f}, tool use on hard questions {t['tool_use_where_needed']:.2f},"
+        f" on easy ones {t['tool_use_where_not_needed']:.2f}"
+    )
 
 # %% 3. trajectory: how the answer was reached (turns, repeated calls, loops)
 for name, s in summaries.items():
     j = s["trajectory"]
-    print(f"{name:>4}: {j['turns_per_episode']:.2f} turns, {j['redundant_calls_per_episode']:.3f} redundant calls per "
-          f"episode, longest identical run {j['longest_identical_run']}, truncated {j['truncated_rate']:.3f}")
+    print(
+        f"{name:>4}: {j['turns_per_episode']:.2f} turns, {j['redundant_calls_per_episode']:.3f} redundant calls per "
+        f"episode, longest identical run {j['longest_identical_run']}, truncated {j['truncated_rate']:.3f}"
+    )
 
 # %% 4. robustness: pass^k (tau-bench: all k trials succeed, C(c, k)/C(n, k)) and an injected tool error
-print(f"one item, n={n}, c=3: pass^2 = C(3,2)/C(4,2) = {math.comb(3, 2) / math.comb(4, 2):.3f} = pass_hat_k -> "
-      f"{pass_hat_k(4, 3, 2):.3f}")
-assert math.isclose(pass_hat_k(4, 3, 2), math.comb(3, 2) / math.comb(4, 2)), "expected pass_hat_k = the formula"
+print(
+    f"one item, n={n}, c=3: pass^2 = C(3,2)/C(4,2) = {math.comb(3, 2) / math.comb(4, 2):.3f} = pass_hat_k -> "
+    f"{pass_hat_k(4, 3, 2):.3f}"
+)
+assert math.isclose(pass_hat_k(4, 3, 2), math.comb(3, 2) / math.comb(4, 2)), (
+    "expected pass_hat_k = the formula"
+)
 for name, s in summaries.items():
     r = s["robustness"]
     injected = r["perturbations"]["tool_error"]
-    print(f"{name:>4}: pass^{args.n} {r[f'pass^{args.n}']:.3f}; with the first tool call failing, pass@1 "
-          f"{injected['pass@1']:.3f} (drop {injected['drop']:+.3f}), recovered in "
-          f"{injected['success_where_perturbed'] or 0:.2f} of the {injected['episodes_perturbed']} episodes it hit")
+    print(
+        f"{name:>4}: pass^{args.n} {r[f'pass^{args.n}']:.3f}; with the first tool call failing, pass@1 "
+        f"{injected['pass@1']:.3f} (drop {injected['drop']:+.3f}), recovered in "
+        f"{injected['success_where_perturbed'] or 0:.2f} of the {injected['episodes_perturbed']} episodes it hit"
+    )
     clean = s["final_answer"]["pass@1"]
-    assert r[f"pass^{args.n}"] <= clean + 1e-9, f"expected pass^{args.n} <= pass@1 = {clean}, got {r}"
-    assert math.isclose(injected["drop"], clean - injected["pass@1"], abs_tol=1e-9), f"expected clean − perturbed: {r}"
+    assert r[f"pass^{args.n}"] <= clean + 1e-9, (
+        f"expected pass^{args.n} <= pass@1 = {clean}, got {r}"
+    )
+    assert math.isclose(injected["drop"], clean - injected["pass@1"], abs_tol=1e-9), (
+        f"expected clean − perturbed: {r}"
+    )
 
 # %% 5. cost: what an answer costs in tokens and calls
 for name, s in summaries.items():
     cost = s["cost"]
-    print(f"{name:>4}: {cost['completion_tokens_per_episode']:.1f} completion tokens per episode, "
-          f"{cost['completion_tokens_per_success'] or float('nan'):.1f} per success, {cost['tool_calls']} tool calls")
+    print(
+        f"{name:>4}: {cost['completion_tokens_per_episode']:.1f} completion tokens per episode, "
+        f"{cost['completion_tokens_per_success'] or float('nan'):.1f} per success, {cost['tool_calls']} tool calls"
+    )
 
 # %% 6. regression: GRPO against SFT on the same items and seeds, paired
 result = compare(episodes["sft"], episodes["grpo"])
 low, high = result["interval_95"]
-print(f"GRPO - SFT in pass@1: {result['difference']:+.3f}, paired bootstrap 95 % interval [{low:+.3f}, {high:+.3f}], "
-      f"McNemar p = {result['mcnemar_p']:.2g}; {len(result['flipped_to_success'])} items flipped to success, "
-      f"{len(result['flipped_to_failure'])} to failure")
+print(
+    f"GRPO - SFT in pass@1: {result['difference']:+.3f}, paired bootstrap 95 % interval [{low:+.3f}, {high:+.3f}], "
+    f"McNemar p = {result['mcnemar_p']:.2g}; {len(result['flipped_to_success'])} items flipped to success, "
+    f"{len(result['flipped_to_failure'])} to failure"
+)
 pass1 = {name: s["final_answer"]["pass@1"] for name, s in summaries.items()}
-assert math.isclose(result["difference"], pass1["grpo"] - pass1["sft"], abs_tol=1e-9), f"expected the pass@1s {pass1}"
-print("GRPO is " + ("significantly better" if result["b_significantly_better"] else
-                    "significantly worse" if result["b_significantly_worse"] else "not significantly different")
-      + ": pairing by item removes the variation between questions that both checkpoints share.")
+assert math.isclose(result["difference"], pass1["grpo"] - pass1["sft"], abs_tol=1e-9), (
+    f"expected the pass@1s {pass1}"
+)
+print(
+    "GRPO is "
+    + (
+        "significantly better"
+        if result["b_significantly_better"]
+        else "significantly worse"
+        if result["b_significantly_worse"]
+        else "not significantly different"
+    )
+    + ": pairing by item removes the variation between questions that both checkpoints share."
+)

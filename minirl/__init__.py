@@ -7,5 +7,16 @@ from .tokenizer import Tokenizer
 from .weights import load_model, load_pretrained, save_pretrained
 
 __version__ = "0.1.0"
-__all__ = ["Qwen2Config", "preset", "Qwen2", "random_model", "Completion", "generate", "stream", "Tokenizer",
-           "load_model", "load_pretrained", "save_pretrained"]
+__all__ = [
+    "Qwen2Config",
+    "preset",
+    "Qwen2",
+    "random_model",
+    "Completion",
+    "generate",
+    "stream",
+    "Tokenizer",
+    "load_model",
+    "load_pretrained",
+    "save_pretrained",
+]

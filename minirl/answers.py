@@ -19,8 +19,10 @@ from fractions import Fraction
 
 CONVENTIONS = ("gsm8k", "answer", "boxed")
 _NUMBER = r"[-−]?\$?\d[\d,]*(?:\.\d+)?"
-_MARKED = {"gsm8k": re.compile(r"####\s*(" + _NUMBER + ")"),
-           "answer": re.compile(r"\banswer(?:\s+is)?\s*\**\s*[:：]\s*\**\s*(" + _NUMBER + ")", re.I)}
+_MARKED = {
+    "gsm8k": re.compile(r"####\s*(" + _NUMBER + ")"),
+    "answer": re.compile(r"\banswer(?:\s+is)?\s*\**\s*[:：]\s*\**\s*(" + _NUMBER + ")", re.I),
+}
 _NUMBER_ANYWHERE = re.compile(_NUMBER)
 
 
@@ -35,7 +37,12 @@ def value(text: str) -> Fraction | str | None:
         return Fraction(text)
     if isinstance(text, float):
         return Fraction(repr(text))  # 0.1 as written, not the nearest double
-    clean = re.sub(r"\\text\{([^}]*)\}", r"\1", str(text)).replace("\\$", "").replace("$", "").replace("−", "-")
+    clean = (
+        re.sub(r"\\text\{([^}]*)\}", r"\1", str(text))
+        .replace("\\$", "")
+        .replace("$", "")
+        .replace("−", "-")
+    )
     clean = clean.replace("\\%", "").replace("%", "").strip().rstrip(".")
     number = clean.replace(",", "").replace(" ", "")
     try:
@@ -56,7 +63,7 @@ def _boxed(text: str) -> list[tuple[int, str]]:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
-            found.append((start, text[start + len("\\boxed{"):i - 1]))
+            found.append((start, text[start + len("\\boxed{") : i - 1]))
         start = text.find("\\boxed{", i if depth == 0 else start + 1)
     return found
 
@@ -65,11 +72,22 @@ def strict_answer(text: str, conventions=CONVENTIONS) -> Fraction | str | None:
     """The last answer `text` marks as final in one of `conventions` (module docstring), as a value."""
     unknown = set(conventions) - set(CONVENTIONS)
     if unknown:
-        raise ValueError(f"unknown answer convention(s) {sorted(unknown)}; choose from {', '.join(CONVENTIONS)}")
-    marked = [(m.start(), m.group(1)) for name in conventions if name in _MARKED for m in _MARKED[name].finditer(text)]
-    if "boxed" in conventions:  # \boxed{72 \text{ apples}} and \boxed{x = 5} hold one number: that is the answer
-        marked += [(i, numbers[0] if len(numbers := _NUMBER_ANYWHERE.findall(content)) == 1 else content)
-                   for i, content in _boxed(text)]
+        raise ValueError(
+            f"unknown answer convention(s) {sorted(unknown)}; choose from {', '.join(CONVENTIONS)}"
+        )
+    marked = [
+        (m.start(), m.group(1))
+        for name in conventions
+        if name in _MARKED
+        for m in _MARKED[name].finditer(text)
+    ]
+    if (
+        "boxed" in conventions
+    ):  # \boxed{72 \text{ apples}} and \boxed{x = 5} hold one number: that is the answer
+        marked += [
+            (i, numbers[0] if len(numbers := _NUMBER_ANYWHERE.findall(content)) == 1 else content)
+            for i, content in _boxed(text)
+        ]
     return value(max(marked)[1]) if marked else None
 
 

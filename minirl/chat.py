@@ -10,8 +10,12 @@ the mask comes from the character span of each token.
 from .tokenizer import Tokenizer, chat_pieces
 
 
-def render(tokenizer: Tokenizer, messages: list[dict], tools: list[dict] | None = None,
-           add_generation_prompt: bool = False) -> tuple[list[int], list[int]]:
+def render(
+    tokenizer: Tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = False,
+) -> tuple[list[int], list[int]]:
     """(ids, loss_mask), both of length T; loss_mask[t] = 1 where ids[t] is assistant output.
 
     A token is trained when its first character lies in an assistant span. The only token that can
@@ -52,7 +56,10 @@ def tool_turn_text(observations: list[str]) -> str:
     """The text that follows an assistant turn which called tools, up to the next generation prompt:
     "\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n".
     Cut out of the chat template itself, so rollouts append exactly what training will render."""
-    pieces = chat_pieces([{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}]
-                         + [{"role": "tool", "content": o} for o in observations], add_generation_prompt=True)
+    pieces = chat_pieces(
+        [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}]
+        + [{"role": "tool", "content": o} for o in observations],
+        add_generation_prompt=True,
+    )
     after = next(i for i, (_, trained) in enumerate(pieces) if trained) + 1
     return "".join(text for text, _ in pieces[after:])

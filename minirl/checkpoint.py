@@ -26,14 +26,32 @@ from .lora import load_adapter, save_adapter
 from .weights import load_model, save_pretrained
 
 
-def save_checkpoint(out: str, model, tokenizer, optimizer, scheduler, step: int, full: bool, extra: dict,
-                    keep: int = 2):
+def save_checkpoint(
+    out: str,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    step: int,
+    full: bool,
+    extra: dict,
+    keep: int = 2,
+):
     """extra: whatever else the loop needs to continue exactly (loss history, config, ...).
     Called on every rank: each one's random state is gathered; rank 0 writes, the others wait."""
     rank_rng = distributed.all_gather_objects([torch.get_rng_state()])
     if distributed.is_main():
-        _write_checkpoint(out, model, tokenizer, optimizer, scheduler, step, full,
-                          {**extra, "world_size": distributed.world_size(), "rank_rng": rank_rng}, keep)
+        _write_checkpoint(
+            out,
+            model,
+            tokenizer,
+            optimizer,
+            scheduler,
+            step,
+            full,
+            {**extra, "world_size": distributed.world_size(), "rank_rng": rank_rng},
+            keep,
+        )
     distributed.barrier()
 
 
@@ -45,8 +63,16 @@ def _write_checkpoint(out, model, tokenizer, optimizer, scheduler, step, full, e
         save_pretrained(model, tmp, tokenizer)
     else:
         save_adapter(model, tmp)
-    torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "torch_rng": torch.get_rng_state(), **extra}, os.path.join(tmp, "trainer_state.pt"))
+    torch.save(
+        {
+            "step": step,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            **extra,
+        },
+        os.path.join(tmp, "trainer_state.pt"),
+    )
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in sorted(d for d in os.listdir(root) if d.startswith("step-"))[:-keep]:
@@ -55,25 +81,35 @@ def _write_checkpoint(out, model, tokenizer, optimizer, scheduler, step, full, e
 
 def latest_checkpoint(out: str) -> str | None:
     root = os.path.join(out, "checkpoints")
-    found = sorted(d for d in os.listdir(root) if d.startswith("step-")) if os.path.isdir(root) else []
+    found = (
+        sorted(d for d in os.listdir(root) if d.startswith("step-")) if os.path.isdir(root) else []
+    )
     return os.path.join(root, found[-1]) if found else None
 
 
 def restore_checkpoint(folder: str, model, optimizer, scheduler, full: bool) -> dict:
     """Load weights (or adapter), optimizer, scheduler and RNG state; return the saved state dict."""
     state = torch.load(os.path.join(folder, "trainer_state.pt"), weights_only=False)
-    saved_on = state.get("world_size", 1)  # checkpoints from before distributed training: one process
+    saved_on = state.get(
+        "world_size", 1
+    )  # checkpoints from before distributed training: one process
     if saved_on != distributed.world_size():
-        raise ValueError(f"--resume: {folder} was saved by a run on {saved_on} rank(s), this run has "
-                         f"{distributed.world_size()}; resume with the same number of processes (torchrun's "
-                         f"--nproc_per_node x --nnodes), or start a new run from its weights")
+        raise ValueError(
+            f"--resume: {folder} was saved by a run on {saved_on} rank(s), this run has "
+            f"{distributed.world_size()}; resume with the same number of processes (torchrun's "
+            f"--nproc_per_node x --nnodes), or start a new run from its weights"
+        )
     if full:
-        model.load_state_dict(load_model(folder, dtype=model.dtype, device=model.device).state_dict())
+        model.load_state_dict(
+            load_model(folder, dtype=model.dtype, device=model.device).state_dict()
+        )
     else:
         load_adapter(model, folder)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rank_rng"][distributed.rank()] if "rank_rng" in state else state["torch_rng"])
+    torch.set_rng_state(
+        state["rank_rng"][distributed.rank()] if "rank_rng" in state else state["torch_rng"]
+    )
     return state
 
 
@@ -82,7 +118,9 @@ class MetricsLog:
 
     def __init__(self, path: str, fields: list[str], resume_step: int | None, write: bool = True):
         self.file = None
-        if not write:  # a rank other than 0 under torchrun: its metrics were reduced into rank 0's row
+        if (
+            not write
+        ):  # a rank other than 0 under torchrun: its metrics were reduced into rank 0's row
             return
         rows = []
         if resume_step is not None and os.path.exists(path):

@@ -21,7 +21,9 @@ class Qwen2Config:
     intermediate_size: int
     num_hidden_layers: int
     num_attention_heads: int
-    num_key_value_heads: int | None = None  # None means "as many as attention heads" (plain MHA), as in HF
+    num_key_value_heads: int | None = (
+        None  # None means "as many as attention heads" (plain MHA), as in HF
+    )
     max_position_embeddings: int = 32768
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
@@ -43,16 +45,25 @@ class Qwen2Config:
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by "
-                              f"num_attention_heads {self.num_attention_heads}")
+            raise ConfigError(
+                f"hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"num_attention_heads {self.num_attention_heads} is not divisible by "
-                              f"num_key_value_heads {self.num_key_value_heads} (GQA needs whole groups)")
+            raise ConfigError(
+                f"num_attention_heads {self.num_attention_heads} is not divisible by "
+                f"num_key_value_heads {self.num_key_value_heads} (GQA needs whole groups)"
+            )
         if self.hidden_act != "silu":
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; Qwen2 uses 'silu'")
-        if self.rope_scaling and self.rope_scaling.get("rope_type", self.rope_scaling.get("type")) != "default":
-            raise ConfigError(f"rope_scaling {self.rope_scaling} is not supported; minirl implements plain RoPE "
-                              "(remove the rope_scaling entry to run at the native context length)")
+        if (
+            self.rope_scaling
+            and self.rope_scaling.get("rope_type", self.rope_scaling.get("type")) != "default"
+        ):
+            raise ConfigError(
+                f"rope_scaling {self.rope_scaling} is not supported; minirl implements plain RoPE "
+                "(remove the rope_scaling entry to run at the native context length)"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -68,8 +79,10 @@ class Qwen2Config:
     def from_dict(cls, raw: dict, source: str = "config") -> "Qwen2Config":
         model_type = raw.get("model_type")
         if model_type != "qwen2":
-            raise ConfigError(f"{source}: model_type is {model_type!r}, but minirl implements only 'qwen2' "
-                              "(Qwen2 / Qwen2.5 checkpoints)")
+            raise ConfigError(
+                f"{source}: model_type is {model_type!r}, but minirl implements only 'qwen2' "
+                "(Qwen2 / Qwen2.5 checkpoints)"
+            )
         raw = dict(raw)
         # transformers >= 5 moved rope_theta (and rope_scaling) into rope_parameters; published checkpoints
         # keep rope_theta at the top level. Read both.
@@ -81,7 +94,9 @@ class Qwen2Config:
         if "dtype" in raw and "torch_dtype" not in raw:  # transformers >= 5 writes "dtype"
             raw["torch_dtype"] = raw["dtype"]
         known = {f.name for f in fields(cls)}
-        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+        required = [
+            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+        ]
         missing = [name for name in required if raw.get(name) is None]
         if missing:
             raise ConfigError(f"{source}: missing required field(s) {', '.join(missing)}")
@@ -112,17 +127,55 @@ class Qwen2Config:
 
 
 # The published Qwen2.5 shapes (config.json of Qwen/Qwen2.5-{size}-Instruct). rope_theta 1e6, eps 1e-6.
-_QWEN25 = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
-               bos_token_id=151643, eos_token_id=151645, torch_dtype="bfloat16")
+_QWEN25 = dict(
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    torch_dtype="bfloat16",
+)
 PRESETS = {
-    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True, **_QWEN25),
-    "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                 num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True, **_QWEN25),
-    "3b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-               num_attention_heads=16, num_key_value_heads=2, tie_word_embeddings=True, **_QWEN25),
-    "7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False, **_QWEN25),
+    "0.5b": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        **_QWEN25,
+    ),
+    "1.5b": dict(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        **_QWEN25,
+    ),
+    "3b": dict(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=11008,
+        num_hidden_layers=36,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        **_QWEN25,
+    ),
+    "7b": dict(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        **_QWEN25,
+    ),
 }
 
 

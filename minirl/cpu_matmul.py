@@ -20,7 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MIN_ROWS, MAX_ROWS = 2, 128  # the row counts where the transposed product measured faster (float32, CPU)
+MIN_ROWS, MAX_ROWS = (
+    2,
+    128,
+)  # the row counts where the transposed product measured faster (float32, CPU)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

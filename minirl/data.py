@@ -38,14 +38,20 @@ def check_conversation(record) -> dict:
     """Normalize one JSONL record to {"messages": [...], "tools": [...] or None}, or raise ValueError."""
     if isinstance(record, list):
         record = {"messages": record}
-    if not isinstance(record, dict) or not isinstance(record.get("messages"), list) or not record["messages"]:
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("messages"), list)
+        or not record["messages"]
+    ):
         raise ValueError('expected {"messages": [...], "tools": [...]} or a list of messages')
     messages, tools = record["messages"], record.get("tools")
     known = tool_names(tools)
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise ValueError(f"message {i}: unknown role {m.get('role') if isinstance(m, dict) else m!r} "
-                             f"(expected one of {', '.join(ROLES)})")
+            raise ValueError(
+                f"message {i}: unknown role {m.get('role') if isinstance(m, dict) else m!r} "
+                f"(expected one of {', '.join(ROLES)})"
+            )
         calls = m.get("tool_calls") or []
         if m["role"] == "assistant" and calls:
             if m.get("content") is not None and not isinstance(m["content"], str):
@@ -53,8 +59,10 @@ def check_conversation(record) -> dict:
             for call in calls:
                 name = (call.get("function", call) if isinstance(call, dict) else {}).get("name")
                 if name not in known:
-                    raise ValueError(f"message {i}: tool call to {name!r}, which is not in the line's tools "
-                                     f"({', '.join(sorted(map(str, known))) or 'none listed'})")
+                    raise ValueError(
+                        f"message {i}: tool call to {name!r}, which is not in the line's tools "
+                        f"({', '.join(sorted(map(str, known))) or 'none listed'})"
+                    )
         elif "content" not in m or not isinstance(m["content"], str):
             raise ValueError(f"message {i} ({m['role']}): missing content (a string)")
         elif m["role"] == "assistant" and not m["content"].strip():
@@ -90,8 +98,12 @@ def read_conversations(path: str, skip_bad: bool = False) -> tuple[list[dict], i
                 conversations.append(check_conversation(json.loads(line)))
             except (json.JSONDecodeError, ValueError, AttributeError, TypeError) as e:
                 if not skip_bad:
-                    reason = f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
-                    raise DataError(f"{path}:{lineno}: {reason}; fix the line or pass --skip-bad") from None
+                    reason = (
+                        f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
+                    )
+                    raise DataError(
+                        f"{path}:{lineno}: {reason}; fix the line or pass --skip-bad"
+                    ) from None
                 skipped += 1
     if not conversations:
         raise DataError(f"{path}: no usable conversation")
@@ -106,8 +118,9 @@ class EncodeStats:
     lengths: list = field(default_factory=list)
 
 
-def encode(tokenizer, conversations: list[dict], max_len: int,
-           overflow: str = "truncate") -> tuple[list[dict], EncodeStats]:
+def encode(
+    tokenizer, conversations: list[dict], max_len: int, overflow: str = "truncate"
+) -> tuple[list[dict], EncodeStats]:
     """Render each conversation to {"input_ids", "labels"} (lists of ints, labels IGNORE_INDEX off the mask)."""
     if overflow not in ("truncate", "drop"):
         raise ValueError(f"overflow must be 'truncate' or 'drop', got {overflow!r}")
@@ -123,7 +136,9 @@ def encode(tokenizer, conversations: list[dict], max_len: int,
         if sum(mask[1:]) == 0:  # the first token is never a target (nothing predicts it)
             stats.dropped += 1
             continue
-        examples.append({"input_ids": ids, "labels": [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]})
+        examples.append(
+            {"input_ids": ids, "labels": [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]}
+        )
         stats.lengths.append(len(ids))
     stats.kept = len(examples)
     return examples, stats
@@ -133,17 +148,21 @@ def shared_prefix_length(examples: list[dict]) -> int:
     """How many leading tokens all the examples share (a system prompt and tool list), stopping before
     the position that predicts the first trained token of any of them: those positions can be run
     once for the whole batch (kv_cache.SharedPrefix) and need no logits."""
-    first_trained = min(next((t for t, label in enumerate(e["labels"]) if label != IGNORE_INDEX), len(e["labels"]))
-                        for e in examples)
+    first_trained = min(
+        next((t for t, label in enumerate(e["labels"]) if label != IGNORE_INDEX), len(e["labels"]))
+        for e in examples
+    )
     return common_prefix_length([e["input_ids"] for e in examples], limit=first_trained - 1)
 
 
 def collate(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a list of examples into input_ids, attention_mask and labels, each (B, T)."""
     T = max(len(e["input_ids"]) for e in examples)
-    batch = {"input_ids": torch.full((len(examples), T), pad_id, dtype=torch.long),
-             "attention_mask": torch.zeros(len(examples), T, dtype=torch.long),
-             "labels": torch.full((len(examples), T), IGNORE_INDEX, dtype=torch.long)}
+    batch = {
+        "input_ids": torch.full((len(examples), T), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros(len(examples), T, dtype=torch.long),
+        "labels": torch.full((len(examples), T), IGNORE_INDEX, dtype=torch.long),
+    }
     for i, e in enumerate(examples):
         n = len(e["input_ids"])
         batch["input_ids"][i, :n] = torch.tensor(e["input_ids"])
@@ -152,8 +171,9 @@ def collate(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     return batch
 
 
-def epoch_batches(n_examples: int, batch_size: int, seed: int, epoch: int,
-                  lengths: list[int] | None = None) -> list[list[int]]:
+def epoch_batches(
+    n_examples: int, batch_size: int, seed: int, epoch: int, lengths: list[int] | None = None
+) -> list[list[int]]:
     """The example indices of each batch of one epoch: a fresh permutation per epoch, fixed by seed and
     epoch alone, so a resumed run sees exactly the batches the uninterrupted run would have.
 
@@ -166,9 +186,12 @@ def epoch_batches(n_examples: int, batch_size: int, seed: int, epoch: int,
     order = torch.randperm(n_examples, generator=generator).tolist()
     if lengths is not None:
         window = 50 * batch_size
-        order = [i for start in range(0, n_examples, window)
-                 for i in sorted(order[start:start + window], key=lambda i: -lengths[i])]
-    batches = [order[i:i + batch_size] for i in range(0, n_examples, batch_size)]
+        order = [
+            i
+            for start in range(0, n_examples, window)
+            for i in sorted(order[start : start + window], key=lambda i: -lengths[i])
+        ]
+    batches = [order[i : i + batch_size] for i in range(0, n_examples, batch_size)]
     if lengths is not None:
         batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
     return batches

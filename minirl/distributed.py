@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 TIMEOUT = timedelta(minutes=30)
-BUCKET_ELEMENTS = 2 ** 25  # gradient elements per all-reduce: 128 MB of float32
+BUCKET_ELEMENTS = 2**25  # gradient elements per all-reduce: 128 MB of float32
 
 
 def init(device: str = "auto") -> torch.device:
@@ -46,7 +46,9 @@ def init(device: str = "auto") -> torch.device:
     device "auto" is cuda when available, else cpu. Under torchrun "auto" and "cuda" mean
     cuda:LOCAL_RANK (one GPU per rank) and the backend is NCCL; on CPU it is gloo."""
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return torch.device(device if device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(
+            device if device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
         device = f"cuda:{local_rank}"
@@ -55,8 +57,11 @@ def init(device: str = "auto") -> torch.device:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         # device_id binds NCCL to this rank's GPU at once (else a barrier may guess the GPU and hang)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            timeout=TIMEOUT,
+            device_id=device if device.type == "cuda" else None,
+        )
         atexit.register(close)
     return device
 
@@ -93,15 +98,17 @@ def rank_seed(seed: int) -> int:
 def check_divisible(count: int, what: str):
     """Raise when `count` (a global batch size, named by the flag in `what`) cannot be split evenly."""
     if count % world_size():
-        raise ValueError(f"{what} {count} is not divisible by the number of ranks ({world_size()}, torchrun's "
-                         f"--nproc_per_node x --nnodes): each rank takes an equal share; pick a multiple")
+        raise ValueError(
+            f"{what} {count} is not divisible by the number of ranks ({world_size()}, torchrun's "
+            f"--nproc_per_node x --nnodes): each rank takes an equal share; pick a multiple"
+        )
 
 
 def all_reduce_sum(value):
     """The sum over ranks of a number or tensor (a float64 tensor for numbers; returned as given on one rank)."""
     if world_size() == 1:
         return value
-    tensor = (value.detach() if torch.is_tensor(value) else torch.tensor(value, dtype=torch.float64))
+    tensor = value.detach() if torch.is_tensor(value) else torch.tensor(value, dtype=torch.float64)
     summed = tensor.to(_comm_device(), copy=True)
     dist.all_reduce(summed)
     return summed.to(tensor.device) if torch.is_tensor(value) else summed.item()
@@ -143,13 +150,17 @@ def all_reduce_grads(params: list[torch.Tensor]):
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        if buckets[-1] and (size + p.numel() > BUCKET_ELEMENTS or p.grad.dtype != buckets[-1][0].grad.dtype):
+        if buckets[-1] and (
+            size + p.numel() > BUCKET_ELEMENTS or p.grad.dtype != buckets[-1][0].grad.dtype
+        ):
             buckets.append([])
             size = 0
         buckets[-1].append(p)
         size += p.numel()
     for bucket in buckets:
-        flat = torch.cat([p.grad.reshape(-1) for p in bucket])  # one collective per bucket, not per tensor
+        flat = torch.cat(
+            [p.grad.reshape(-1) for p in bucket]
+        )  # one collective per bucket, not per tensor
         dist.all_reduce(flat)
         for p, reduced in zip(bucket, flat.split([p.numel() for p in bucket])):
             p.grad.copy_(reduced.view_as(p))
@@ -171,4 +182,8 @@ def barrier():
 
 
 def _comm_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend() == "nccl"
+        else torch.device("cpu")
+    )

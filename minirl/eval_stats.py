@@ -66,12 +66,19 @@ def clustered_stderr(scores: list[float], clusters: list) -> float:
     for x, cluster in zip(scores, clusters):
         deviations[cluster].append(x - mean)
     cross = sum(sum(d) ** 2 - sum(x * x for x in d) for d in deviations.values())  # Σ_{i≠j} d_i d_j
-    return math.sqrt(max(variance / N + cross / N ** 2, 0.0))
+    return math.sqrt(max(variance / N + cross / N**2, 0.0))
 
 
 # ---- tool calling -----------------------------------------------------------------------------------------
-JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,),
-              "object": (dict,), "null": (type(None),)}
+JSON_TYPES = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
 
 
 def call_problems(name, arguments, specs: list[dict]) -> list[str]:
@@ -86,16 +93,23 @@ def call_problems(name, arguments, specs: list[dict]) -> list[str]:
         return ["arguments are not a JSON object"]
     schema = by_name[name].get("parameters") or {}
     properties = schema.get("properties") or {}
-    problems = [f"missing required argument {a!r}" for a in schema.get("required", []) if a not in arguments]
+    problems = [
+        f"missing required argument {a!r}" for a in schema.get("required", []) if a not in arguments
+    ]
     for key, value in arguments.items():
         if key not in properties:
             problems.append(f"unknown argument {key!r}")
             continue
         declared = properties[key].get("type")
         types = [declared] if isinstance(declared, str) else list(declared or [])
-        if types and not any(isinstance(value, JSON_TYPES.get(t, ())) and not (isinstance(value, bool) and
-                             t in ("integer", "number")) for t in types):
-            problems.append(f"argument {key!r} should be {'/'.join(types)}, got {type(value).__name__}")
+        if types and not any(
+            isinstance(value, JSON_TYPES.get(t, ()))
+            and not (isinstance(value, bool) and t in ("integer", "number"))
+            for t in types
+        ):
+            problems.append(
+                f"argument {key!r} should be {'/'.join(types)}, got {type(value).__name__}"
+            )
     return problems
 
 
@@ -137,8 +151,11 @@ def reference_match(actual: list[str], reference: list[str]) -> dict:
             matched += 1
     position = iter(actual)
     in_order = all(any(name == step for step in position) for name in reference)
-    return {"precision": matched / len(actual) if actual else float(reference == []),
-            "recall": matched / len(reference) if reference else 1.0, "in_order": in_order}
+    return {
+        "precision": matched / len(actual) if actual else float(reference == []),
+        "recall": matched / len(reference) if reference else 1.0,
+        "in_order": in_order,
+    }
 
 
 # ---- regression: two runs on the same items ----------------------------------------------------------------
@@ -151,19 +168,22 @@ def mcnemar_exact(b: int, c: int) -> float:
     n = b + c
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n
     return min(1.0, 2 * tail)
 
 
-def paired_bootstrap(differences: list[float], resamples: int = 10_000, seed: int = 0,
-                     level: float = 0.95) -> tuple[float, float]:
+def paired_bootstrap(
+    differences: list[float], resamples: int = 10_000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """A percentile bootstrap interval for the mean of per-item differences (B − A, each item's
     pass@1 in both runs): items are drawn with replacement `resamples` times. Pairing by item is the
     point: the variation between items, which both runs share, drops out of the difference."""
     if not differences:
         raise ValueError("no items to compare")
     rng, n = random.Random(seed), len(differences)
-    means = sorted(sum(differences[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    means = sorted(
+        sum(differences[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples)
+    )
     low = means[int((1 - level) / 2 * resamples)]
     high = means[min(resamples - 1, int((1 + level) / 2 * resamples))]
     return low, high

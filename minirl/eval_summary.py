@@ -11,8 +11,16 @@ import os
 from collections import defaultdict
 
 from .data import read_jsonl
-from .eval_stats import (clustered_stderr, longest_identical_run, mcnemar_exact, paired_bootstrap, pass_at_k,
-                         pass_hat_k, redundant_calls, reference_match)
+from .eval_stats import (
+    clustered_stderr,
+    longest_identical_run,
+    mcnemar_exact,
+    paired_bootstrap,
+    pass_at_k,
+    pass_hat_k,
+    redundant_calls,
+    reference_match,
+)
 
 
 def _mean(values) -> float:
@@ -42,10 +50,12 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
         perturbed[e.get("perturbation")].append(e)
     episodes = perturbed.pop(None, [])
     if not episodes:
-        raise ValueError("no unperturbed episodes: a perturbation's drop is measured against the clean run")
+        raise ValueError(
+            "no unperturbed episodes: a perturbation's drop is measured against the clean run"
+        )
     by_item = _by_item(episodes)
     n = len(next(iter(by_item.values())))
-    ks = ks or [k for k in (2 ** i for i in range(n.bit_length())) if k <= n]
+    ks = ks or [k for k in (2**i for i in range(n.bit_length())) if k <= n]
     if any(not 1 <= k <= n for k in ks):
         raise ValueError(f"k must be within 1..n = {n}, got {ks}")
     successes = {item: sum(e["success"] for e in v) for item, v in by_item.items()}
@@ -54,50 +64,86 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
     n_calls = len(calls) + sum(e["malformed_calls"] for e in episodes)
     hard = [e for e in episodes if e.get("difficulty") == "hard"]
     easy = [e for e in episodes if e.get("difficulty") == "easy"]
-    troubled = [e for e in episodes if e["malformed_calls"] or any(c["error"] for c in e["tool_calls"])]
+    troubled = [
+        e for e in episodes if e["malformed_calls"] or any(c["error"] for c in e["tool_calls"])
+    ]
     won = [e for e in episodes if e["success"]]
     referenced = [e for e in episodes if "reference_calls" in e]
-    matches = [reference_match([c["name"] for c in e["tool_calls"]], e["reference_calls"]) for e in referenced]
+    matches = [
+        reference_match([c["name"] for c in e["tool_calls"]], e["reference_calls"])
+        for e in referenced
+    ]
     tokens = sum(e["completion_tokens"] for e in episodes)
     summary = {
-        "items": len(items), "samples_per_item": n, "episodes": len(episodes),
+        "items": len(items),
+        "samples_per_item": n,
+        "episodes": len(episodes),
         "final_answer": {
             "mean_reward": _mean(e["reward"] for e in episodes),
-            "mean_reward_stderr": clustered_stderr([e["reward"] for e in episodes], [e["item"] for e in episodes]),
+            "mean_reward_stderr": clustered_stderr(
+                [e["reward"] for e in episodes], [e["item"] for e in episodes]
+            ),
             **{f"pass@{k}": _mean(pass_at_k(n, successes[i], k) for i in items) for k in ks},
-            "pass@1_stderr": clustered_stderr([float(e["success"]) for e in episodes], [e["item"] for e in episodes]),
-            "lenient_pass@1": _mean(e["lenient"] for e in episodes if "lenient" in e)},
+            "pass@1_stderr": clustered_stderr(
+                [float(e["success"]) for e in episodes], [e["item"] for e in episodes]
+            ),
+            "lenient_pass@1": _mean(e["lenient"] for e in episodes if "lenient" in e),
+        },
         "tool_calling": {
-            "calls": n_calls, "valid_call_rate": (sum(not c["problems"] for c in calls) / n_calls) if n_calls
+            "calls": n_calls,
+            "valid_call_rate": (sum(not c["problems"] for c in calls) / n_calls)
+            if n_calls
             else float("nan"),
             "malformed_calls": sum(e["malformed_calls"] for e in episodes),
             "tool_error_rate": _mean(c["error"] for c in calls),
             "tool_use_where_needed": _mean(bool(e["tool_calls"]) for e in hard),
-            "tool_use_where_not_needed": _mean(bool(e["tool_calls"]) for e in easy)},
+            "tool_use_where_not_needed": _mean(bool(e["tool_calls"]) for e in easy),
+        },
         "trajectory": {
             "turns_per_episode": _mean(e["turns"] for e in episodes),
             "calls_per_episode": _mean(len(e["tool_calls"]) for e in episodes),
-            "redundant_calls_per_episode": _mean(redundant_calls(e["tool_calls"]) for e in episodes),
-            "longest_identical_run": max((longest_identical_run(e["tool_calls"]) for e in episodes), default=0),
+            "redundant_calls_per_episode": _mean(
+                redundant_calls(e["tool_calls"]) for e in episodes
+            ),
+            "longest_identical_run": max(
+                (longest_identical_run(e["tool_calls"]) for e in episodes), default=0
+            ),
             "turns_to_success": _mean(e["turns"] for e in won),
-            "truncated_rate": _mean(e["finish_reason"] in ("length", "max_turns", "context") for e in episodes),
-            **({"reference_precision": _mean(m["precision"] for m in matches),
-                "reference_recall": _mean(m["recall"] for m in matches),
-                "reference_in_order": _mean(m["in_order"] for m in matches)} if matches else {})},
+            "truncated_rate": _mean(
+                e["finish_reason"] in ("length", "max_turns", "context") for e in episodes
+            ),
+            **(
+                {
+                    "reference_precision": _mean(m["precision"] for m in matches),
+                    "reference_recall": _mean(m["recall"] for m in matches),
+                    "reference_in_order": _mean(m["in_order"] for m in matches),
+                }
+                if matches
+                else {}
+            ),
+        },
         "robustness": {
             **{f"pass^{k}": _mean(pass_hat_k(n, successes[i], k) for i in items) for k in ks},
-            "recovery_rate": _mean(e["success"] for e in troubled), "episodes_with_tool_errors": len(troubled)},
+            "recovery_rate": _mean(e["success"] for e in troubled),
+            "episodes_with_tool_errors": len(troubled),
+        },
         "cost": {
             "prompt_tokens_per_episode": _mean(e["prompt_tokens"] for e in episodes),
             "completion_tokens_per_episode": _mean(e["completion_tokens"] for e in episodes),
-            "tool_calls": len(calls), "seconds": sum(e["seconds"] for e in episodes),
-            "completion_tokens_per_success": tokens / len(won) if won else float("nan")},
+            "tool_calls": len(calls),
+            "seconds": sum(e["seconds"] for e in episodes),
+            "completion_tokens_per_success": tokens / len(won) if won else float("nan"),
+        },
     }
     if perturbed:
-        drops = {kind: perturbation_drop(by_item, perturbed[kind], kind) for kind in sorted(perturbed)}
+        drops = {
+            kind: perturbation_drop(by_item, perturbed[kind], kind) for kind in sorted(perturbed)
+        }
         summary["robustness"]["perturbations"] = drops
         if "tool_error" in drops:
-            summary["robustness"]["recovery_after_injected_error"] = drops["tool_error"]["success_where_perturbed"]
+            summary["robustness"]["recovery_after_injected_error"] = drops["tool_error"][
+                "success_where_perturbed"
+            ]
     return _no_nan(summary)
 
 
@@ -108,29 +154,44 @@ def _no_nan(value):
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def perturbation_drop(clean_by_item: dict, episodes: list[dict], kind: str, resamples: int = 2000) -> dict:
+def perturbation_drop(
+    clean_by_item: dict, episodes: list[dict], kind: str, resamples: int = 2000
+) -> dict:
     """One perturbation against the clean run on the same items and seeds: its pass@1, the drop
     (clean − perturbed, the mean over items of each item's pass@1 difference) with a paired bootstrap
     95 % interval (eval_stats.paired_bootstrap, `resamples` draws), how many episodes it actually
     touched, and the success rate among those (for tool_error: recovery after an injected fault)."""
     by_item = _by_item(episodes, f" under {kind}")
     if set(by_item) != set(clean_by_item):
-        raise ValueError(f"perturbation {kind} was played on other items than the clean run "
-                         f"({len(set(by_item) ^ set(clean_by_item))} differ)")
+        raise ValueError(
+            f"perturbation {kind} was played on other items than the clean run "
+            f"({len(set(by_item) ^ set(clean_by_item))} differ)"
+        )
     items = sorted(by_item)
-    rate = {i: (_mean(e["success"] for e in clean_by_item[i]), _mean(e["success"] for e in by_item[i])) for i in items}
+    rate = {
+        i: (_mean(e["success"] for e in clean_by_item[i]), _mean(e["success"] for e in by_item[i]))
+        for i in items
+    }
     drops = [clean - perturbed for clean, perturbed in rate.values()]
     low, high = paired_bootstrap(drops, resamples, seed=0)
     touched = [e for e in episodes if e.get("perturbed")]
-    return {"pass@1": _mean(p for _, p in rate.values()), "drop": _mean(drops), "drop_interval_95": [low, high],
-            "episodes_perturbed": len(touched), "success_where_perturbed": _mean(e["success"] for e in touched)}
+    return {
+        "pass@1": _mean(p for _, p in rate.values()),
+        "drop": _mean(drops),
+        "drop_interval_95": [low, high],
+        "episodes_perturbed": len(touched),
+        "success_where_perturbed": _mean(e["success"] for e in touched),
+    }
 
 
-def compare(episodes_a: list[dict], episodes_b: list[dict], resamples: int = 10_000, seed: int = 0) -> dict:
+def compare(
+    episodes_a: list[dict], episodes_b: list[dict], resamples: int = 10_000, seed: int = 0
+) -> dict:
     """Run B against run A on the same items and seeds: per item the difference in pass@1 (the share
     of its samples that succeeded), its mean with a paired bootstrap 95 % interval, the exact
     McNemar test on items whose majority verdict flipped (n = 1: the episode's verdict), and which
     items flipped each way. `worse` is True when B is significantly worse (the interval below 0)."""
+
     def per_item(episodes):  # the clean episodes (perturbed ones are robustness's)
         out = defaultdict(list)
         for e in (e for e in episodes if not e.get("perturbation")):
@@ -139,25 +200,54 @@ def compare(episodes_a: list[dict], episodes_b: list[dict], resamples: int = 10_
 
     a, b = per_item(episodes_a), per_item(episodes_b)
     if set(a) != set(b):
-        raise ValueError(f"the runs have different items: {len(set(a) ^ set(b))} are in only one of them")
+        raise ValueError(
+            f"the runs have different items: {len(set(a) ^ set(b))} are in only one of them"
+        )
     mismatched = [item for item in a if [s[:2] for s in a[item]] != [s[:2] for s in b[item]]]
     if mismatched:
-        raise ValueError(f"the runs did not play the same samples and seeds (item {mismatched[0]}, and "
-                         f"{len(mismatched) - 1} more): compare runs made with the same -n and --seed")
+        raise ValueError(
+            f"the runs did not play the same samples and seeds (item {mismatched[0]}, and "
+            f"{len(mismatched) - 1} more): compare runs made with the same -n and --seed"
+        )
     items = sorted(a)
-    rate = {run: {i: _mean(s[2] for s in samples[i]) for i in items} for run, samples in (("a", a), ("b", b))}
+    rate = {
+        run: {i: _mean(s[2] for s in samples[i]) for i in items}
+        for run, samples in (("a", a), ("b", b))
+    }
     differences = [rate["b"][i] - rate["a"][i] for i in items]
     low, high = paired_bootstrap(differences, resamples, seed)
-    better = [i for i in items if rate["b"][i] > 0.5 >= rate["a"][i]]  # the majority verdict flipped to right
+    better = [
+        i for i in items if rate["b"][i] > 0.5 >= rate["a"][i]
+    ]  # the majority verdict flipped to right
     worse = [i for i in items if rate["a"][i] > 0.5 >= rate["b"][i]]
-    return {"items": len(items), "pass@1_a": _mean(rate["a"].values()), "pass@1_b": _mean(rate["b"].values()),
-            "difference": _mean(differences), "interval_95": [low, high],
-            "mcnemar_p": mcnemar_exact(len(better), len(worse)), "flipped_to_success": better,
-            "flipped_to_failure": worse, "b_significantly_better": low > 0, "b_significantly_worse": high < 0}
+    return {
+        "items": len(items),
+        "pass@1_a": _mean(rate["a"].values()),
+        "pass@1_b": _mean(rate["b"].values()),
+        "difference": _mean(differences),
+        "interval_95": [low, high],
+        "mcnemar_p": mcnemar_exact(len(better), len(worse)),
+        "flipped_to_success": better,
+        "flipped_to_failure": worse,
+        "b_significantly_better": low > 0,
+        "b_significantly_worse": high < 0,
+    }
 
 
-RECORD_FIELDS = ("item", "sample", "seed", "success", "reward", "finish_reason", "turns", "prompt_tokens",
-                 "completion_tokens", "seconds", "tool_calls", "malformed_calls")
+RECORD_FIELDS = (
+    "item",
+    "sample",
+    "seed",
+    "success",
+    "reward",
+    "finish_reason",
+    "turns",
+    "prompt_tokens",
+    "completion_tokens",
+    "seconds",
+    "tool_calls",
+    "malformed_calls",
+)
 
 
 def read_episodes(folder: str) -> list[dict]:
@@ -168,7 +258,9 @@ def read_episodes(folder: str) -> list[dict]:
     for lineno, record in read_jsonl(path):
         missing = [k for k in RECORD_FIELDS if not isinstance(record, dict) or k not in record]
         if missing:
-            raise ValueError(f"{path}:{lineno}: not an episode record (missing {', '.join(missing)})")
+            raise ValueError(
+                f"{path}:{lineno}: not an episode record (missing {', '.join(missing)})"
+            )
         episodes.append(record)
     if not episodes:
         raise ValueError(f"{path}: no episodes")
@@ -186,7 +278,9 @@ def rescore(folder: str) -> dict:
 
 def table(summary: dict) -> str:
     """The summary as aligned text, one line per metric, grouped by kind."""
-    lines = [f"{summary['items']} items x {summary['samples_per_item']} samples = {summary['episodes']} episodes"]
+    lines = [
+        f"{summary['items']} items x {summary['samples_per_item']} samples = {summary['episodes']} episodes"
+    ]
     for kind in ("final_answer", "tool_calling", "trajectory", "robustness", "cost"):
         lines.append(kind.replace("_", " "))
         for name, value in summary[kind].items():
@@ -195,9 +289,11 @@ def table(summary: dict) -> str:
             lines.append(f"  {name:<34}{_shown(value):>12}")
     for name, p in summary["robustness"].get("perturbations", {}).items():
         low, high = p["drop_interval_95"]
-        lines.append(f"  under {name:<28}pass@1 {_shown(p['pass@1'])}, drop {p['drop']:+.3f} "
-                     f"[{low:+.3f}, {high:+.3f}], {p['episodes_perturbed']} episodes touched, "
-                     f"{_shown(p['success_where_perturbed'])} of them won")
+        lines.append(
+            f"  under {name:<28}pass@1 {_shown(p['pass@1'])}, drop {p['drop']:+.3f} "
+            f"[{low:+.3f}, {high:+.3f}], {p['episodes_perturbed']} episodes touched, "
+            f"{_shown(p['success_where_perturbed'])} of them won"
+        )
     return "\n".join(lines)
 
 

@@ -36,28 +36,44 @@ def is_eval_folder(path: str) -> bool:
 
 def _clip(text: str) -> str:
     text = str(text)
-    return text if len(text) <= MAX_CHARS else f"{text[:MAX_CHARS]}\n... [{len(text) - MAX_CHARS} more characters]"
+    return (
+        text
+        if len(text) <= MAX_CHARS
+        else f"{text[:MAX_CHARS]}\n... [{len(text) - MAX_CHARS} more characters]"
+    )
 
 
 def episode_html(e: dict) -> str:
     """One episode: a line of facts, the conversation, the tool calls and a failing test."""
     e_ = html.escape
-    verdict = '<span class="pass">passed</span>' if e["success"] else '<span class="fail">failed</span>'
-    label = f"{e['perturbation']} ({e.get('perturbed', 0)}× fired)" if e.get("perturbation") else "clean"
+    verdict = (
+        '<span class="pass">passed</span>' if e["success"] else '<span class="fail">failed</span>'
+    )
+    label = (
+        f"{e['perturbation']} ({e.get('perturbed', 0)}× fired)"
+        if e.get("perturbation")
+        else "clean"
+    )
     parts = ", ".join(f"{k} {v + 0.0:.3g}" for k, v in (e.get("reward_parts") or {}).items())
-    out = [f'<div class="episode"><div>{e_(label)} · sample {e["sample"]} (seed {e["seed"]}) · {verdict} · '
-           f'reward {e["reward"]:.3g}{e_(f" ({parts})") if parts else ""}</div>',
-           f'<div class="meta">finish {e_(str(e["finish_reason"]))} · {e["turns"]} turns · {e["prompt_tokens"]} prompt + '
-           f'{e["completion_tokens"]} completion tokens · {e["seconds"]:.2f} s</div>']
+    out = [
+        f'<div class="episode"><div>{e_(label)} · sample {e["sample"]} (seed {e["seed"]}) · {verdict} · '
+        f"reward {e['reward']:.3g}{e_(f' ({parts})') if parts else ''}</div>",
+        f'<div class="meta">finish {e_(str(e["finish_reason"]))} · {e["turns"]} turns · {e["prompt_tokens"]} prompt + '
+        f"{e['completion_tokens']} completion tokens · {e['seconds']:.2f} s</div>",
+    ]
     for m in e.get("messages", []):
         role = str(m.get("role", ""))
         kind = role if role in ("user", "assistant", "tool", "system") else "system"
-        out.append(f'<div class="msg {kind}"><b>{e_(role)}</b>\n{e_(_clip(m.get("content", "")))}</div>')
+        out.append(
+            f'<div class="msg {kind}"><b>{e_(role)}</b>\n{e_(_clip(m.get("content", "")))}</div>'
+        )
     if e["tool_calls"]:
-        calls = "; ".join(f"{c['name']}({json.dumps(c['arguments'])[:200]})"
-                          + (" error" if c.get("error") else "")
-                          + (f" invalid: {', '.join(c['problems'])}" if c.get("problems") else "")
-                          for c in e["tool_calls"])
+        calls = "; ".join(
+            f"{c['name']}({json.dumps(c['arguments'])[:200]})"
+            + (" error" if c.get("error") else "")
+            + (f" invalid: {', '.join(c['problems'])}" if c.get("problems") else "")
+            for c in e["tool_calls"]
+        )
         out.append(f'<div class="calls">tool calls: {e_(calls)}</div>')
     if e.get("malformed_calls"):
         out.append(f'<div class="calls fail">{e["malformed_calls"]} malformed tool call(s)</div>')
@@ -86,24 +102,47 @@ def build_page(folder: str, max_episodes: int = 2000) -> str:
     body, shown = [], 0
     for item in order:
         if shown >= max_episodes:
-            body.append(f'<p class="meta">{len(order) - order.index(item)} more items not shown '
-                        f"(--max-rollouts {max_episodes})</p>")
+            body.append(
+                f'<p class="meta">{len(order) - order.index(item)} more items not shown '
+                f"(--max-rollouts {max_episodes})</p>"
+            )
             break
-        group = sorted(by_item[item], key=lambda e: (e.get("perturbation") or "", e["sample"]))[:max_episodes - shown]
+        group = sorted(by_item[item], key=lambda e: (e.get("perturbation") or "", e["sample"]))[
+            : max_episodes - shown
+        ]
         shown += len(group)
         clean = [e for e in group if not e.get("perturbation")]
         first = group[0]
-        name = first.get("question") or next((m["content"] for m in first.get("messages", [])
-                                               if m.get("role") == "user"), "")
+        name = first.get("question") or next(
+            (m["content"] for m in first.get("messages", []) if m.get("role") == "user"), ""
+        )
         passed = sum(e["success"] for e in clean)
         status = "pass" if clean and passed == len(clean) else "fail"
-        body.append(f'<details{" open" if status == "fail" and item in order[:20] else ""}><summary>'
-                    f'<span class="{status}">item {item}: {passed}/{len(clean)} passed</span> · '
-                    f'{e_(_clip(name)[:160])}</summary>{"".join(episode_html(e) for e in group)}</details>')
-    facts = ", ".join(f"{k} {v}" for k, v in run.items() if k in ("model", "adapters", "task", "data", "n",
-                                                                 "temperature", "seed", "max_new_tokens",
-                                                                 "perturbations") and v not in (None, [], {}))
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>eval: {e_(os.path.abspath(folder))}</title>'
-            f"<style>{STYLE}</style></head><body><h1>eval: {e_(os.path.abspath(folder))}</h1>"
-            f'<p class="meta">{e_(facts)}</p><pre>{e_(table(summary))}</pre>'
-            f"<h2>Items, failures first</h2>{''.join(body)}</body></html>")
+        body.append(
+            f"<details{' open' if status == 'fail' and item in order[:20] else ''}><summary>"
+            f'<span class="{status}">item {item}: {passed}/{len(clean)} passed</span> · '
+            f"{e_(_clip(name)[:160])}</summary>{''.join(episode_html(e) for e in group)}</details>"
+        )
+    facts = ", ".join(
+        f"{k} {v}"
+        for k, v in run.items()
+        if k
+        in (
+            "model",
+            "adapters",
+            "task",
+            "data",
+            "n",
+            "temperature",
+            "seed",
+            "max_new_tokens",
+            "perturbations",
+        )
+        and v not in (None, [], {})
+    )
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>eval: {e_(os.path.abspath(folder))}</title>'
+        f"<style>{STYLE}</style></head><body><h1>eval: {e_(os.path.abspath(folder))}</h1>"
+        f'<p class="meta">{e_(facts)}</p><pre>{e_(table(summary))}</pre>'
+        f"<h2>Items, failures first</h2>{''.join(body)}</body></html>"
+    )

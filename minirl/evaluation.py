@@ -53,21 +53,44 @@ from .weights import load_pretrained
 
 
 # ---- episodes: one record each (eval_summary.py summarizes the records) ----------------------------------
-def episode_record(trajectory, item_id: int, sample: int, seed: int, accuracy: dict, seconds: float) -> dict:
+def episode_record(
+    trajectory, item_id: int, sample: int, seed: int, accuracy: dict, seconds: float
+) -> dict:
     """One episode as JSON: what happened (messages, each tool call with its validity and whether it
     failed), its reward and parts, its verdicts (task.accuracy: success is the strict one) and its
     cost. The summary is computed from these records only."""
     t, tools = trajectory, trajectory.prompt.get("tools")
-    malformed = sum(len(parse_assistant(m["content"]).errors) for m in t.messages if m["role"] == "assistant")
-    calls = [{"name": c["name"], "arguments": c["arguments"], "problems": call_problems(c["name"], c["arguments"], tools),
-              "error": str(c["result"]).startswith("Error:"), "result": str(c["result"])[:200]}
-             for c in t.tool_calls]
-    record = {"item": item_id, "sample": sample, "seed": seed, "success": bool(accuracy["strict"]),
-              "lenient": bool(accuracy["lenient"]), "reward": t.reward,
-              "reward_parts": t.reward_parts, "finish_reason": t.finish_reason, "turns": t.turns,
-              "prompt_tokens": len(t.prompt_ids), "completion_tokens": sum(t.action_mask),
-              "observation_tokens": len(t.action_mask) - sum(t.action_mask), "seconds": seconds,
-              "tool_calls": calls, "malformed_calls": malformed, "messages": t.messages}
+    malformed = sum(
+        len(parse_assistant(m["content"]).errors) for m in t.messages if m["role"] == "assistant"
+    )
+    calls = [
+        {
+            "name": c["name"],
+            "arguments": c["arguments"],
+            "problems": call_problems(c["name"], c["arguments"], tools),
+            "error": str(c["result"]).startswith("Error:"),
+            "result": str(c["result"])[:200],
+        }
+        for c in t.tool_calls
+    ]
+    record = {
+        "item": item_id,
+        "sample": sample,
+        "seed": seed,
+        "success": bool(accuracy["strict"]),
+        "lenient": bool(accuracy["lenient"]),
+        "reward": t.reward,
+        "reward_parts": t.reward_parts,
+        "finish_reason": t.finish_reason,
+        "turns": t.turns,
+        "prompt_tokens": len(t.prompt_ids),
+        "completion_tokens": sum(t.action_mask),
+        "observation_tokens": len(t.action_mask) - sum(t.action_mask),
+        "seconds": seconds,
+        "tool_calls": calls,
+        "malformed_calls": malformed,
+        "messages": t.messages,
+    }
     for key in ("difficulty", "question", "reference_calls"):
         if key in t.prompt:
             record[key] = t.prompt[key]
@@ -77,16 +100,27 @@ def episode_record(trajectory, item_id: int, sample: int, seed: int, accuracy: d
 
 
 # ---- running an evaluation ---------------------------------------------------------------------------------
-def play(model, tokenizer, task, n: int, max_new_tokens: int, temperature: float, seed: int,
-         limit: int = 0, batch_size: int = 32, perturbations=(), shard: tuple[int, int] = (0, 1),
-         progress: bool = True) -> list[dict]:
+def play(
+    model,
+    tokenizer,
+    task,
+    n: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    limit: int = 0,
+    batch_size: int = 32,
+    perturbations=(),
+    shard: tuple[int, int] = (0, 1),
+    progress: bool = True,
+) -> list[dict]:
     """Every held-out item (the first `limit`, if given) n times: sample s of every item drawn with
     seed + s, in batched rollouts of `batch_size` items of similar prompt length (a batch is
     left-padded to its longest prompt). Item ids are positions in task.eval_items(). Then all of it
     again under each of `perturbations` (envs/perturb.py), with the same seeds; those records carry
     "perturbation" and "perturbed" (how often it fired). shard = (rank, ranks) plays only the items
     whose id is rank modulo ranks (torchrun: each rank its share)."""
-    items = task.eval_items()[:limit or None]
+    items = task.eval_items()[: limit or None]
     if not items:
         raise ValueError("the task has no evaluation items")
     if batch_size < 1:
@@ -94,29 +128,52 @@ def play(model, tokenizer, task, n: int, max_new_tokens: int, temperature: float
     perturbations = perturb.check(perturbations)
     mine = range(shard[0], len(items), shard[1])
     order = sorted(mine, key=lambda i: len(json.dumps(items[i]["messages"])))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     episodes = []
-    bar = tqdm(total=n * len(order) * (1 + len(perturbations)), desc="eval", unit="episode", dynamic_ncols=True,
-               disable=not progress)
+    bar = tqdm(
+        total=n * len(order) * (1 + len(perturbations)),
+        desc="eval",
+        unit="episode",
+        dynamic_ncols=True,
+        disable=not progress,
+    )
     for kind in [None, *perturbations]:
         for s in range(n):
             for batch in batches:
                 played, touched, options = [items[i] for i in batch], [0] * len(batch), {}
                 if kind == "reworded":
-                    played, touched = zip(*(perturb.reword(items[i], perturb.episode_rng(kind, i, seed + s))
-                                            for i in batch))
+                    played, touched = zip(
+                        *(
+                            perturb.reword(items[i], perturb.episode_rng(kind, i, seed + s))
+                            for i in batch
+                        )
+                    )
                 elif kind:
-                    rngs = iter([perturb.episode_rng(kind, i, seed + s) for i in batch])  # in make_env order
+                    rngs = iter(
+                        [perturb.episode_rng(kind, i, seed + s) for i in batch]
+                    )  # in make_env order
                     options["wrap_env"] = lambda env: perturb.PerturbedEnv(env, kind, next(rngs))  # noqa: B023
                 start = time.perf_counter()
-                trajectories = task.rollout(model, tokenizer, list(played), 1, max_new_tokens,
-                                            temperature=temperature, seed=seed + s, **options)
-                seconds = (time.perf_counter() - start) / len(trajectories)  # each episode's share of its batch
+                trajectories = task.rollout(
+                    model,
+                    tokenizer,
+                    list(played),
+                    1,
+                    max_new_tokens,
+                    temperature=temperature,
+                    seed=seed + s,
+                    **options,
+                )
+                seconds = (time.perf_counter() - start) / len(
+                    trajectories
+                )  # each episode's share of its batch
                 task.score(trajectories)
                 for i, t, touch in zip(batch, trajectories, touched):
                     record = episode_record(t, i, s, seed + s, task.accuracy(t), seconds)
                     if kind:
-                        record.update(perturbation=kind, perturbed=int(t.info.get("perturbed", touch)))
+                        record.update(
+                            perturbation=kind, perturbed=int(t.info.get("perturbed", touch))
+                        )
                     episodes.append(record)
                 bar.update(len(batch))
     bar.close()
@@ -127,21 +184,46 @@ def _order(e: dict) -> tuple:
     return e.get("perturbation") or "", e["item"], e["sample"]
 
 
-def evaluate(model, tokenizer, task, max_new_tokens: int, seed: int = 0, out: str | None = None, n: int = 1,
-             temperature: float = 0.0, batch_size: int = 32) -> dict:
+def evaluate(
+    model,
+    tokenizer,
+    task,
+    max_new_tokens: int,
+    seed: int = 0,
+    out: str | None = None,
+    n: int = 1,
+    temperature: float = 0.0,
+    batch_size: int = 32,
+) -> dict:
     """The training loops' held-out numbers (grpo and sft --eval-task): `play` (under torchrun each rank
     its share of the items, gathered in order), then the summary; the main rank writes it as an eval
     folder under `out` when given, so `eval --rescore/--compare` and `view` read it like any other."""
     training = model.training
     model.eval()
     with torch.no_grad():
-        mine = play(model, tokenizer, task, n, max_new_tokens, temperature, seed, batch_size=batch_size,
-                    shard=(distributed.rank(), distributed.world_size()), progress=False)
+        mine = play(
+            model,
+            tokenizer,
+            task,
+            n,
+            max_new_tokens,
+            temperature,
+            seed,
+            batch_size=batch_size,
+            shard=(distributed.rank(), distributed.world_size()),
+            progress=False,
+        )
     model.train(training)
     episodes = sorted(distributed.all_gather_objects(mine), key=_order)
     if out and distributed.is_main():
-        meta = {"task": task.name, "n": n, "temperature": temperature,
-                "seed": seed, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
+        meta = {
+            "task": task.name,
+            "n": n,
+            "temperature": temperature,
+            "seed": seed,
+            "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size,
+        }
         return write_run(out, episodes, meta)
     return summarize(episodes)
 
@@ -164,10 +246,13 @@ def command(args):
         result = compare(*(read_episodes(folder) for folder in args.compare), seed=args.seed)
         print(json.dumps(result, indent=2))
         low, high = result["interval_95"]
-        print(f"pass@1 {result['pass@1_a']:.3f} (A) -> {result['pass@1_b']:.3f} (B): {result['difference']:+.3f}, "
-              f"95 % interval [{low:+.3f}, {high:+.3f}], McNemar p = {result['mcnemar_p']:.3g}; "
-              f"{len(result['flipped_to_success'])} items flipped to success, "
-              f"{len(result['flipped_to_failure'])} to failure", file=sys.stderr)
+        print(
+            f"pass@1 {result['pass@1_a']:.3f} (A) -> {result['pass@1_b']:.3f} (B): {result['difference']:+.3f}, "
+            f"95 % interval [{low:+.3f}, {high:+.3f}], McNemar p = {result['mcnemar_p']:.3g}; "
+            f"{len(result['flipped_to_success'])} items flipped to success, "
+            f"{len(result['flipped_to_failure'])} to failure",
+            file=sys.stderr,
+        )
         if result["b_significantly_worse"]:
             print("B is significantly worse than A", file=sys.stderr)
             sys.exit(1)
@@ -178,55 +263,131 @@ def command(args):
     if args.data and not args.task:  # a HumanEval-format file, or questions and answers
         args.task = "humaneval" if is_program_file(args.data) else "jsonl"
     if not args.model or not args.task:
-        raise ValueError("eval needs --model and --task or --data (or --rescore DIR, or --compare DIR_A DIR_B)")
+        raise ValueError(
+            "eval needs --model and --task or --data (or --rescore DIR, or --compare DIR_A DIR_B)"
+        )
     if args.n < 1 or args.limit < 0:
         raise ValueError(f"need -n >= 1 and --limit >= 0, got -n {args.n} and --limit {args.limit}")
     perturbations = perturb.check(args.perturb or [])
     options = parse_options(args.task_option)
-    task = make_task(args.task, seed=args.task_seed, data=args.data, eval_data=args.eval_data, **options)
+    task = make_task(
+        args.task, seed=args.task_seed, data=args.data, eval_data=args.eval_data, **options
+    )
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_pretrained(args.model, dtype=getattr(torch, args.dtype), device=device)
-    for folder in args.adapter or []:  # SFT's, then GRPO's (trained on the merged SFT model), in order
+    for folder in (
+        args.adapter or []
+    ):  # SFT's, then GRPO's (trained on the merged SFT model), in order
         merge_and_unload(load_adapter(model, folder))
-    temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
+    temperature = (
+        args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
+    )
     start = time.perf_counter()
-    episodes = play(model, tokenizer, task, args.n, args.max_new_tokens, temperature, args.seed, args.limit,
-                    args.batch_size, perturbations)
-    meta = {"model": args.model, "adapters": args.adapter or [], "task": args.task, "task_options": options,
-            "data": args.data, "n": args.n, "limit": args.limit, "batch_size": args.batch_size,
-            "temperature": temperature, "seed": args.seed, "task_seed": args.task_seed,
-            "max_new_tokens": args.max_new_tokens, "perturbations": perturbations,
-            "seconds": time.perf_counter() - start}
+    episodes = play(
+        model,
+        tokenizer,
+        task,
+        args.n,
+        args.max_new_tokens,
+        temperature,
+        args.seed,
+        args.limit,
+        args.batch_size,
+        perturbations,
+    )
+    meta = {
+        "model": args.model,
+        "adapters": args.adapter or [],
+        "task": args.task,
+        "task_options": options,
+        "data": args.data,
+        "n": args.n,
+        "limit": args.limit,
+        "batch_size": args.batch_size,
+        "temperature": temperature,
+        "seed": args.seed,
+        "task_seed": args.task_seed,
+        "max_new_tokens": args.max_new_tokens,
+        "perturbations": perturbations,
+        "seconds": time.perf_counter() - start,
+    }
     print(table(write_run(args.out, episodes, meta)))
     print(f"wrote {os.path.join(args.out, 'episodes.jsonl')} and summary.json", file=sys.stderr)
 
 
 def add_parser(sub, fmt, dtypes):
     """The eval subcommand's arguments (cli.py builds the rest of the parser)."""
-    e = sub.add_parser("eval", help="evaluate a policy on a task's held-out items: the six kinds of agent evaluation",
-                       formatter_class=fmt)
+    e = sub.add_parser(
+        "eval",
+        help="evaluate a policy on a task's held-out items: the six kinds of agent evaluation",
+        formatter_class=fmt,
+    )
     e.add_argument("--model", default=None, help="base checkpoint folder")
-    e.add_argument("--adapter", action="append", default=None, help="a LoRA adapter, merged in (repeat: in order)")
-    e.add_argument("--task", default=None, help="arithmetic, calculator, code; jsonl or humaneval (with --data)")
-    e.add_argument("--data", default=None, help="a HumanEval-format file (.jsonl[.gz]: prompt, entry_point, test), "
-                   "or --task jsonl's items (held out: --eval-data, or 10 %%)")
+    e.add_argument(
+        "--adapter",
+        action="append",
+        default=None,
+        help="a LoRA adapter, merged in (repeat: in order)",
+    )
+    e.add_argument(
+        "--task",
+        default=None,
+        help="arithmetic, calculator, code; jsonl or humaneval (with --data)",
+    )
+    e.add_argument(
+        "--data",
+        default=None,
+        help="a HumanEval-format file (.jsonl[.gz]: prompt, entry_point, test), "
+        "or --task jsonl's items (held out: --eval-data, or 10 %%)",
+    )
     e.add_argument("--eval-data", default=None, help="--task jsonl: the evaluation items")
     e.add_argument("-n", type=int, default=1, help="samples per item (pass@k for k <= n)")
     e.add_argument("--limit", type=int, default=0, help="only the first N held-out items (0: all)")
-    e.add_argument("--batch-size", type=int, default=32, help="items per batched rollout (similar lengths together)")
-    e.add_argument("--temperature", type=float, default=None, help="default: 0 (greedy) for -n 1, else 1")
+    e.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="items per batched rollout (similar lengths together)",
+    )
+    e.add_argument(
+        "--temperature", type=float, default=None, help="default: 0 (greedy) for -n 1, else 1"
+    )
     e.add_argument("--max-new-tokens", type=int, default=128, help="per turn")
     e.add_argument("--seed", type=int, default=0, help="sample s is drawn with seed + s")
-    e.add_argument("--task-seed", type=int, default=0, help="the task's seed, which fixes its held-out items")
-    e.add_argument("--task-option", action="append", default=None, metavar="KEY=VALUE",
-                   help="passed to the task, e.g. level=toy eval_size=200 max_turns=3 (the quickstart's world)")
-    e.add_argument("--perturb", action="append", default=None, metavar="NAME",
-                   help="play the items again under a perturbation and report the drop: "
-                   f"{', '.join(perturb.PERTURBATIONS)} or all (repeat for several)")
-    e.add_argument("--out", default=os.path.join("runs", "eval"), help="folder: episodes.jsonl, summary.json")
+    e.add_argument(
+        "--task-seed", type=int, default=0, help="the task's seed, which fixes its held-out items"
+    )
+    e.add_argument(
+        "--task-option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="passed to the task, e.g. level=toy eval_size=200 max_turns=3 (the quickstart's world)",
+    )
+    e.add_argument(
+        "--perturb",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="play the items again under a perturbation and report the drop: "
+        f"{', '.join(perturb.PERTURBATIONS)} or all (repeat for several)",
+    )
+    e.add_argument(
+        "--out", default=os.path.join("runs", "eval"), help="folder: episodes.jsonl, summary.json"
+    )
     e.add_argument("--dtype", default="float32", choices=list(dtypes))
     e.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
-    e.add_argument("--rescore", default=None, metavar="DIR", help="recompute DIR/summary.json from its episodes")
-    e.add_argument("--compare", nargs=2, default=None, metavar=("DIR_A", "DIR_B"),
-                   help="pair two eval runs on the same items; exit 1 when B is significantly worse")
+    e.add_argument(
+        "--rescore",
+        default=None,
+        metavar="DIR",
+        help="recompute DIR/summary.json from its episodes",
+    )
+    e.add_argument(
+        "--compare",
+        nargs=2,
+        default=None,
+        metavar=("DIR_A", "DIR_B"),
+        help="pair two eval runs on the same items; exit 1 when B is significantly worse",
+    )
     e.set_defaults(func=command)

@@ -26,50 +26,82 @@ def format_ok(text: str, finish_reason: str, known_tools: set[str]) -> bool:
 
 def distinct_n(token_lists: list[list[int]], n: int = 2) -> float:
     """Distinct-n (Li et al. 2016): unique n-grams / all n-grams, pooled over the given samples."""
-    grams = [tuple(tokens[i:i + n]) for tokens in token_lists for i in range(len(tokens) - n + 1)]
+    grams = [tuple(tokens[i : i + n]) for tokens in token_lists for i in range(len(tokens) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
-def loss_plateau(losses: list[float], window: int = 10, tolerance: float = 0.02, min_delta: float = 0.01) -> bool:
+def loss_plateau(
+    losses: list[float], window: int = 10, tolerance: float = 0.02, min_delta: float = 0.01
+) -> bool:
     """True once the mean loss of the last `window` steps improves on the mean of the `window` steps
     before it by at most `tolerance` (relative) or `min_delta` nats (absolute: near zero, relative
     changes stay large while nothing more is learned)."""
     if len(losses) < 2 * window:
         return False
-    previous = sum(losses[-2 * window:-window]) / window
+    previous = sum(losses[-2 * window : -window]) / window
     last = sum(losses[-window:]) / window
     return previous - last <= max(tolerance * abs(previous), min_delta)
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, conversations: list[dict], samples_per_prompt: int = 4,
-             max_new_tokens: int = 128, temperature: float = 1.0, seed: int = 0) -> dict:
+def evaluate(
+    model,
+    tokenizer,
+    conversations: list[dict],
+    samples_per_prompt: int = 4,
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> dict:
     """Sample k completions for the first assistant turn of each held-out conversation and score them."""
     prompts, known = [], []
     for conv in conversations:
         first = next(i for i, m in enumerate(conv["messages"]) if m["role"] == "assistant")
-        text = tokenizer.apply_chat_template(conv["messages"][:first], conv.get("tools"), add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            conv["messages"][:first], conv.get("tools"), add_generation_prompt=True
+        )
         prompts.append(tokenizer.encode(text))
         known.append(tool_names(conv.get("tools")))
-    outs = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                    num_samples=samples_per_prompt)
+    outs = generate(
+        model,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        num_samples=samples_per_prompt,
+    )
     stop_ids = set(model.eos_token_ids)
     k = samples_per_prompt
     texts = [tokenizer.decode([t for t in out.tokens if t not in stop_ids]) for out in outs]
-    formats = [format_ok(text, out.finish_reason, known[i // k]) for i, (text, out) in enumerate(zip(texts, outs))]
-    groups = [outs[i:i + k] for i in range(0, len(outs), k)]
+    formats = [
+        format_ok(text, out.finish_reason, known[i // k])
+        for i, (text, out) in enumerate(zip(texts, outs))
+    ]
+    groups = [outs[i : i + k] for i in range(0, len(outs), k)]
     return {
         "format_accuracy": sum(formats) / len(formats),
-        "distinct_completions": sum(len({tuple(o.tokens) for o in g}) / k for g in groups) / len(groups),
+        "distinct_completions": sum(len({tuple(o.tokens) for o in g}) / k for g in groups)
+        / len(groups),
         "distinct_2": sum(distinct_n([o.tokens for o in g]) for g in groups) / len(groups),
-        "samples": [{"prompt": i // k, "text": t, "format_ok": f} for i, (t, f) in enumerate(zip(texts, formats))],
+        "samples": [
+            {"prompt": i // k, "text": t, "format_ok": f}
+            for i, (t, f) in enumerate(zip(texts, formats))
+        ],
     }
 
 
-def graduated(metrics: dict, losses: list[float], min_format: float = 0.9, min_distinct: float = 0.5,
-              window: int = 10, tolerance: float = 0.02) -> dict:
+def graduated(
+    metrics: dict,
+    losses: list[float],
+    min_format: float = 0.9,
+    min_distinct: float = 0.5,
+    window: int = 10,
+    tolerance: float = 0.02,
+) -> dict:
     """The three criteria, each True/False, and "graduated" when all hold."""
-    checks = {"loss_plateau": loss_plateau(losses, window, tolerance),
-              "format_ok": metrics["format_accuracy"] >= min_format,
-              "diverse": metrics["distinct_completions"] >= min_distinct}
+    checks = {
+        "loss_plateau": loss_plateau(losses, window, tolerance),
+        "format_ok": metrics["format_accuracy"] >= min_format,
+        "diverse": metrics["distinct_completions"] >= min_distinct,
+    }
     return {**checks, "graduated": all(checks.values())}

@@ -39,7 +39,13 @@ from . import distributed, evaluation, training
 from .checkpoint import MetricsLog, save_checkpoint
 from .config import Qwen2Config
 from .grpo_memory import fit_learning, plan_memory
-from .learner import completion_logprobs, frozen_logprobs, learning_batch, minibatches, shared_prefix
+from .learner import (
+    completion_logprobs,
+    frozen_logprobs,
+    learning_batch,
+    minibatches,
+    shared_prefix,
+)
 from .lora import disable_adapters, load_adapter, merge_and_unload, merged_for_sampling
 from .losses import group_advantages, policy_loss
 from .memory import MemoryBudgetError, budget_bytes
@@ -54,7 +60,9 @@ from .weights import load_pretrained
 class GRPOConfig:
     model: str
     task: str = "arithmetic"
-    task_options: dict = field(default_factory=dict)  # make_task options, e.g. {"level": "toy", "max_turns": 3}
+    task_options: dict = field(
+        default_factory=dict
+    )  # make_task options, e.g. {"level": "toy", "max_turns": 3}
     data: str | None = None  # --task jsonl: the items (tasks.JsonlTask)
     eval_data: str | None = None  # --task jsonl: the held-out items (default: 10 % of --data)
     adapter: str | None = None  # an SFT adapter to start from (merged: it becomes π_ref)
@@ -65,8 +73,12 @@ class GRPOConfig:
     max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
-    compile: bool = False  # decode with a fixed-shape cache and a torch.compile'd step (CUDA graphs on GPU)
-    merge_lora: str = "auto"  # sample with the adapters folded into the weights: on, off, auto (= on a GPU)
+    compile: bool = (
+        False  # decode with a fixed-shape cache and a torch.compile'd step (CUDA graphs on GPU)
+    )
+    merge_lora: str = (
+        "auto"  # sample with the adapters folded into the weights: on, off, auto (= on a GPU)
+    )
     # --- objective ---
     beta: float = 0.04
     clip_low: float = 0.2
@@ -96,15 +108,35 @@ class GRPOConfig:
     resume: bool = False
     stop_after: int = 0
     # --- rollout log, for `minirl view` (rollout_log.py) ---
-    log_rollouts_every: int = 10  # steps between logged samples, plus the first and last step; 0 = off
+    log_rollouts_every: int = (
+        10  # steps between logged samples, plus the first and last step; 0 = off
+    )
     log_rollout_groups: int = 2  # groups per logged step, each with all G completions
 
 
 TIMING = ["t_sample", "t_score", "t_learn", "tokens_per_s"]
-FIELDS = ["step", "reward_mean", "reward_std", "accuracy", "accuracy_lenient", "kl", "clip_low_frac",
-          "clip_high_frac", "ratio", "loss", "grad_norm", "lr", "completion_len", "truncated_frac",
-          "zero_spread_frac", "groups_dropped_nonfinite", "groups_dropped_zero_spread", "sampler_logprob_gap",
-          "eval_accuracy", "eval_accuracy_lenient"] + TIMING
+FIELDS = [
+    "step",
+    "reward_mean",
+    "reward_std",
+    "accuracy",
+    "accuracy_lenient",
+    "kl",
+    "clip_low_frac",
+    "clip_high_frac",
+    "ratio",
+    "loss",
+    "grad_norm",
+    "lr",
+    "completion_len",
+    "truncated_frac",
+    "zero_spread_frac",
+    "groups_dropped_nonfinite",
+    "groups_dropped_zero_spread",
+    "sampler_logprob_gap",
+    "eval_accuracy",
+    "eval_accuracy_lenient",
+] + TIMING
 
 
 def filter_groups(trajectories, G: int, dynamic_sampling: bool):
@@ -113,20 +145,32 @@ def filter_groups(trajectories, G: int, dynamic_sampling: bool):
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
     finite = torch.isfinite(rewards).view(-1, G).all(dim=1)
     grouped = rewards.view(-1, G).nan_to_num()
-    spread = grouped.amax(dim=1) > grouped.amin(dim=1)  # not std > 0: [0.7] * G has a rounding-error std
+    spread = grouped.amax(dim=1) > grouped.amin(
+        dim=1
+    )  # not std > 0: [0.7] * G has a rounding-error std
     return rewards, finite, spread, finite & (spread | (not dynamic_sampling))
 
 
 def evaluate(model, tokenizer, task, cfg, step: int) -> dict:
     """Greedy pass@1 on the task's held-out items, strict and lenient, from evaluation.py's episodes,
     which are kept as an eval folder: out/eval/step-NNNNNN (episodes.jsonl, summary.json)."""
-    summary = evaluation.evaluate(model, tokenizer, task, cfg.max_new_tokens, cfg.seed,
-                                  out=os.path.join(cfg.out, "eval", f"step-{step:06d}"))
-    return {"eval_accuracy": summary["final_answer"]["pass@1"],
-            "eval_accuracy_lenient": summary["final_answer"]["lenient_pass@1"]}
+    summary = evaluation.evaluate(
+        model,
+        tokenizer,
+        task,
+        cfg.max_new_tokens,
+        cfg.seed,
+        out=os.path.join(cfg.out, "eval", f"step-{step:06d}"),
+    )
+    return {
+        "eval_accuracy": summary["final_answer"]["pass@1"],
+        "eval_accuracy_lenient": summary["final_answer"]["lenient_pass@1"],
+    }
 
 
-def learn(cfg, model, ref_model, batch: dict, advantages: torch.Tensor, optimizer, scheduler) -> tuple[dict, dict]:
+def learn(
+    cfg, model, ref_model, batch: dict, advantages: torch.Tensor, optimizer, scheduler
+) -> tuple[dict, dict]:
     """μ = cfg.inner_steps optimizer steps on one learning batch (learner.learning_batch: N rows,
     Lc completion columns) with advantages (N,). Returns the loss statistics of the last step and
     its per-token log-probs for the rollout log, each (N, Lc): logprob (πθ), old_logprob (π_old)
@@ -144,29 +188,59 @@ def learn(cfg, model, ref_model, batch: dict, advantages: torch.Tensor, optimize
     advantages = advantages.to(device)
     mask = batch["action_mask"]
     ref_logp = None
-    if cfg.beta and has_rows:  # the reference: adapters off (LoRA), or the frozen starting copy (--full)
-        ref_logp = (frozen_logprobs(ref_model, batch, cfg.minibatch_size, cfg.temperature) if ref_model is not None
-                    else frozen_logprobs(model, batch, cfg.minibatch_size, cfg.temperature,
-                                         lambda: disable_adapters(model)))
-    old_logp = (frozen_logprobs(model, batch, cfg.minibatch_size, cfg.temperature)
-                if cfg.inner_steps > 1 and has_rows else None)
+    if (
+        cfg.beta and has_rows
+    ):  # the reference: adapters off (LoRA), or the frozen starting copy (--full)
+        ref_logp = (
+            frozen_logprobs(ref_model, batch, cfg.minibatch_size, cfg.temperature)
+            if ref_model is not None
+            else frozen_logprobs(
+                model, batch, cfg.minibatch_size, cfg.temperature, lambda: disable_adapters(model)
+            )
+        )
+    old_logp = (
+        frozen_logprobs(model, batch, cfg.minibatch_size, cfg.temperature)
+        if cfg.inner_steps > 1 and has_rows
+        else None
+    )
     N = distributed.all_reduce_sum(batch["ids"].shape[0])
     n_tokens = distributed.all_reduce_sum(mask.sum()).clamp(min=1)
     stats = {}
     for _ in range(cfg.inner_steps):
-        totals = {"loss": 0.0, "clip_low_frac": 0.0, "clip_high_frac": 0.0, "kl": 0.0, "ratio": 0.0, "gap": 0.0}
-        seen = torch.zeros(mask.shape, device=device)  # this inner step's log-probs (N, Lc), for per_token
+        totals = {
+            "loss": 0.0,
+            "clip_low_frac": 0.0,
+            "clip_high_frac": 0.0,
+            "kl": 0.0,
+            "ratio": 0.0,
+            "gap": 0.0,
+        }
+        seen = torch.zeros(
+            mask.shape, device=device
+        )  # this inner step's log-probs (N, Lc), for per_token
         prefix = shared_prefix(model, batch) if has_rows else None
-        for rows in minibatches(batch, cfg.minibatch_size) if has_rows else ():  # none: all groups dropped
+        for rows in (
+            minibatches(batch, cfg.minibatch_size) if has_rows else ()
+        ):  # none: all groups dropped
             logp = completion_logprobs(model, batch, rows, cfg.temperature, prefix)  # (b, Lc)
             old = old_logp[rows] if old_logp is not None else logp.detach()
             seen[rows] = logp.detach()
-            loss, mb = policy_loss(logp, old, None if ref_logp is None else ref_logp[rows], advantages[rows], mask[rows],
-                                   clip_low=cfg.clip_low, clip_high=cfg.clip_high, beta=cfg.beta,
-                                   aggregation=cfg.aggregation)
+            loss, mb = policy_loss(
+                logp,
+                old,
+                None if ref_logp is None else ref_logp[rows],
+                advantages[rows],
+                mask[rows],
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                beta=cfg.beta,
+                aggregation=cfg.aggregation,
+            )
             # each aggregation's normalizer over the whole batch, not per minibatch
             tokens = mask[rows].sum()
-            weight = tokens / n_tokens if cfg.aggregation == "token" else torch.tensor(len(rows) / N)
+            weight = (
+                tokens / n_tokens if cfg.aggregation == "token" else torch.tensor(len(rows) / N)
+            )
             if loss.requires_grad:  # False only when no row has an action token (empty completions)
                 (loss * weight).backward()
             share = (tokens / n_tokens).item()
@@ -178,7 +252,9 @@ def learn(cfg, model, ref_model, batch: dict, advantages: torch.Tensor, optimize
         if prefix is not None:
             prefix.backward()  # the minibatches' gradients on the shared prefix, through its layers once
         totals = distributed.all_reduce_sums(totals)
-        distributed.all_reduce_grads(params)  # summed: each rank's loss was already divided by the global count
+        distributed.all_reduce_grads(
+            params
+        )  # summed: each rank's loss was already divided by the global count
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
         if not math.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient norm {grad_norm}; refusing the update")
@@ -187,27 +263,50 @@ def learn(cfg, model, ref_model, batch: dict, advantages: torch.Tensor, optimize
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     stats["sampler_logprob_gap"] = stats.pop("gap")
-    return stats, {"logprob": seen, "old_logprob": seen if old_logp is None else old_logp, "ref_logprob": ref_logp}
+    return stats, {
+        "logprob": seen,
+        "old_logprob": seen if old_logp is None else old_logp,
+        "ref_logprob": ref_logp,
+    }
 
 
 def train(cfg: GRPOConfig) -> dict:
     # Stage 1: the flags, the task and the memory plan, all checked before a weight is loaded
     if cfg.aggregation not in ("token", "sequence", "constant"):
-        raise ValueError(f"--aggregation must be token, sequence or constant, got {cfg.aggregation!r}")
+        raise ValueError(
+            f"--aggregation must be token, sequence or constant, got {cfg.aggregation!r}"
+        )
     if cfg.merge_lora not in ("auto", "on", "off"):
         raise ValueError(f"--merge-lora must be auto, on or off, got {cfg.merge_lora!r}")
     if cfg.log_rollouts_every < 0 or cfg.log_rollout_groups < 1:
-        raise ValueError(f"--log-rollouts-every must be >= 0 (0: off) and --log-rollout-groups >= 1, got "
-                         f"{cfg.log_rollouts_every} and {cfg.log_rollout_groups}")
+        raise ValueError(
+            f"--log-rollouts-every must be >= 0 (0: off) and --log-rollout-groups >= 1, got "
+            f"{cfg.log_rollouts_every} and {cfg.log_rollout_groups}"
+        )
     device, dtype = training.start(cfg)
     distributed.check_divisible(cfg.prompts_per_step, "--prompts-per-step")
     rank, share = distributed.rank(), cfg.prompts_per_step // distributed.world_size()
-    task = (make_task(cfg.task, seed=cfg.seed, data=cfg.data, eval_data=cfg.eval_data, **cfg.task_options)
-            if isinstance(cfg.task, str) else cfg.task)
+    task = (
+        make_task(
+            cfg.task, seed=cfg.seed, data=cfg.data, eval_data=cfg.eval_data, **cfg.task_options
+        )
+        if isinstance(cfg.task, str)
+        else cfg.task
+    )
     config, budget = Qwen2Config.from_json(cfg.model), budget_bytes(device, cfg.memory_limit)
-    *rows_per_pass, estimated_peak = plan_memory(cfg, config, Tokenizer.from_dir(cfg.model), task, dtype, budget,
-                                                 share, cpu=device.type == "cpu")
-    rows_per_pass = tuple(rows_per_pass)  # (rows, checkpointing) of the next learning pass, re-planned every step
+    *rows_per_pass, estimated_peak = plan_memory(
+        cfg,
+        config,
+        Tokenizer.from_dir(cfg.model),
+        task,
+        dtype,
+        budget,
+        share,
+        cpu=device.type == "cpu",
+    )
+    rows_per_pass = tuple(
+        rows_per_pass
+    )  # (rows, checkpointing) of the next learning pass, re-planned every step
 
     # Stage 2: the policy (an SFT adapter merged in: it becomes π_ref), what it trains, the optimizer, --resume
     os.makedirs(cfg.out, exist_ok=True)
@@ -216,28 +315,50 @@ def train(cfg: GRPOConfig) -> dict:
         merge_and_unload(load_adapter(model, cfg.adapter))
     params = training.trainable(model, cfg)
     ref_model = copy.deepcopy(model).requires_grad_(False).eval() if cfg.full and cfg.beta else None
-    optimizer, scheduler = training.make_optimizer(params, cfg, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    optimizer, scheduler = training.make_optimizer(
+        params, cfg, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps))
+    )
     step, state = training.resume(cfg, model, optimizer, scheduler)
     parts = [f"reward_{name}" for name in task.reward_functions]
-    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), FIELDS + parts + list(task.metric_names),
-                     step if state else None,
-                     write=distributed.is_main())
+    log = MetricsLog(
+        os.path.join(cfg.out, "metrics.csv"),
+        FIELDS + parts + list(task.metric_names),
+        step if state else None,
+        write=distributed.is_main(),
+    )
     # under torchrun rank 0 logs its own groups (the learner's per-token values live on their rank)
-    rollout_log = (RolloutLog(os.path.join(cfg.out, "rollouts.jsonl"), step if state else None)
-                   if cfg.log_rollouts_every and distributed.is_main() else None)
+    rollout_log = (
+        RolloutLog(os.path.join(cfg.out, "rollouts.jsonl"), step if state else None)
+        if cfg.log_rollouts_every and distributed.is_main()
+        else None
+    )
     # the sampler: with --compile it keeps its compiled step and fixed-shape cache for the whole run
     decoder = Decoder(model, compile=cfg.compile)
     G, start, last_eval = cfg.group_size, time.perf_counter(), None
-    bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True, disable=not distributed.is_main())
+    bar = tqdm(
+        total=cfg.steps,
+        initial=step,
+        desc="grpo",
+        dynamic_ncols=True,
+        disable=not distributed.is_main(),
+    )
     while step < cfg.steps:
         # Stage 3: sample P prompts x G completions with the current policy (this rank's groups, whole)
         t0 = time.perf_counter()
         items = task.sample(cfg.prompts_per_step, random.Random(cfg.seed * 1_000_003 + step))
-        items = items[rank * share:(rank + 1) * share]
+        items = items[rank * share : (rank + 1) * share]
         with merged_for_sampling(model, cfg.merge_lora):  # LoRA folded into the weights (on a GPU)
-            mine = task.rollout(model, tokenizer, items, G, cfg.max_new_tokens, temperature=cfg.temperature,
-                                top_p=cfg.top_p, seed=distributed.rank_seed(cfg.seed * 1_000_003 + step),
-                                decoder=decoder)
+            mine = task.rollout(
+                model,
+                tokenizer,
+                items,
+                G,
+                cfg.max_new_tokens,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                seed=distributed.rank_seed(cfg.seed * 1_000_003 + step),
+                decoder=decoder,
+            )
         t1 = time.perf_counter()
 
         # Stage 4: score, and each completion's advantage against its own group
@@ -245,7 +366,9 @@ def train(cfg: GRPOConfig) -> dict:
         local_rewards, _, _, keep = filter_groups(mine, G, cfg.dynamic_sampling)
         advantages = group_advantages(local_rewards.nan_to_num(), G, cfg.advantage_scale)
         rows = keep.repeat_interleave(G).nonzero()[:, 0].tolist()
-        trajectories = distributed.all_gather_objects(mine)  # the logged metrics describe every rank's groups
+        trajectories = distributed.all_gather_objects(
+            mine
+        )  # the logged metrics describe every rank's groups
         row = {"step": step + 1, **step_metrics(task, trajectories, cfg)}
         t2 = time.perf_counter()
 
@@ -254,35 +377,56 @@ def train(cfg: GRPOConfig) -> dict:
         if distributed.all_reduce_sum(len(rows)):
             kept = [mine[i] for i in rows]
             try:  # the memory guard, for the batch this step sampled
-                *fitted, estimate_now = fit_learning(cfg, config, dtype.itemsize, budget, kept,
-                                                     cpu=device.type == "cpu")
+                *fitted, estimate_now = fit_learning(
+                    cfg, config, dtype.itemsize, budget, kept, cpu=device.type == "cpu"
+                )
             except MemoryBudgetError as e:
-                raise MemoryBudgetError(f"step {step + 1}'s batch does not fit ({e}); the checkpoints in {cfg.out} "
-                                        "are kept: --resume with a smaller --max-new-tokens") from None
+                raise MemoryBudgetError(
+                    f"step {step + 1}'s batch does not fit ({e}); the checkpoints in {cfg.out} "
+                    "are kept: --resume with a smaller --max-new-tokens"
+                ) from None
             estimated_peak, fitted = max(estimated_peak, estimate_now), tuple(fitted)
             if fitted != rows_per_pass:
                 longest = max(len(t.prompt_ids) + len(t.completion_ids) for t in kept)
-                distributed.print_main(f"\nmemory: step {step + 1} learns {fitted[0]} sequences per pass, "
-                                       f"checkpointing {'on' if fitted[1] else 'off'} (its batch: {len(kept)} "
-                                       f"sequences, up to {longest} tokens), within {budget / 1e9:.1f} GB")
+                distributed.print_main(
+                    f"\nmemory: step {step + 1} learns {fitted[0]} sequences per pass, "
+                    f"checkpointing {'on' if fitted[1] else 'off'} (its batch: {len(kept)} "
+                    f"sequences, up to {longest} tokens), within {budget / 1e9:.1f} GB"
+                )
                 rows_per_pass = fitted
             model.set_gradient_checkpointing(rows_per_pass[1])
             model.train()
             # "constant" divides by B·T, T the longest completion of the whole step: every rank pads to it
-            longest = distributed.all_reduce_max(max((len(t.completion_ids) for t in kept), default=1))
+            longest = distributed.all_reduce_max(
+                max((len(t.completion_ids) for t in kept), default=1)
+            )
             batch = learning_batch(kept, tokenizer.pad_token_id, device, longest)
-            stats, per_token = learn(replace(cfg, minibatch_size=rows_per_pass[0]), model, ref_model, batch,
-                                     advantages[rows], optimizer, scheduler)
+            stats, per_token = learn(
+                replace(cfg, minibatch_size=rows_per_pass[0]),
+                model,
+                ref_model,
+                batch,
+                advantages[rows],
+                optimizer,
+                scheduler,
+            )
             row.update(stats)
         t3 = time.perf_counter()
         step += 1
 
         # Stage 6: log, the held-out evaluation every --eval-every steps, checkpoints
         if rollout_log and (step == 1 or step % cfg.log_rollouts_every == 0 or step == cfg.steps):
-            rollout_log.write(rollout_records(step, mine, advantages, rows, per_token, tokenizer, G,
-                                              cfg.log_rollout_groups))
-        row.update(t_sample=t1 - t0, t_score=t2 - t1, t_learn=t3 - t2,
-                   tokens_per_s=sum(len(t.completion_ids) for t in trajectories) / (t3 - t0))
+            rollout_log.write(
+                rollout_records(
+                    step, mine, advantages, rows, per_token, tokenizer, G, cfg.log_rollout_groups
+                )
+            )
+        row.update(
+            t_sample=t1 - t0,
+            t_score=t2 - t1,
+            t_learn=t3 - t2,
+            tokens_per_s=sum(len(t.completion_ids) for t in trajectories) / (t3 - t0),
+        )
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
             last_eval = evaluate(model, tokenizer, task, cfg, step)
             row.update(last_eval)
@@ -291,8 +435,16 @@ def train(cfg: GRPOConfig) -> dict:
         bar.update(1)
         stopping = cfg.stop_after and step >= cfg.stop_after
         if step % cfg.save_every == 0 or stopping or step == cfg.steps:
-            save_checkpoint(cfg.out, model, tokenizer, optimizer, scheduler, step, cfg.full,
-                            {"config": {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "task"}})
+            save_checkpoint(
+                cfg.out,
+                model,
+                tokenizer,
+                optimizer,
+                scheduler,
+                step,
+                cfg.full,
+                {"config": {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "task"}},
+            )
         if stopping:
             break
     bar.close()
@@ -301,12 +453,18 @@ def train(cfg: GRPOConfig) -> dict:
         rollout_log.close()
 
     # Stage 7: the last evaluation (unless the last step just ran one), the adapter and summary.json
-    summary = {"steps": step, **(last_eval or evaluate(model, tokenizer, task, cfg, step)),
-               "seconds": time.perf_counter() - start,
-               "memory_estimate_gb": estimated_peak / 1e9, "memory_budget_gb": budget / 1e9}
+    summary = {
+        "steps": step,
+        **(last_eval or evaluate(model, tokenizer, task, cfg, step)),
+        "seconds": time.perf_counter() - start,
+        "memory_estimate_gb": estimated_peak / 1e9,
+        "memory_budget_gb": budget / 1e9,
+    }
     final_dir = training.finish(cfg, model, tokenizer, summary)
-    distributed.print_main(f"grpo: {step} steps, eval accuracy {summary['eval_accuracy']:.3f} strict / "
-                           f"{summary['eval_accuracy_lenient']:.3f} lenient; saved {final_dir}")
+    distributed.print_main(
+        f"grpo: {step} steps, eval accuracy {summary['eval_accuracy']:.3f} strict / "
+        f"{summary['eval_accuracy_lenient']:.3f} lenient; saved {final_dir}"
+    )
     return summary
 
 
@@ -316,14 +474,19 @@ def step_metrics(task, trajectories, cfg) -> dict:
     n, G = len(trajectories), cfg.group_size
     rewards, finite, spread, _ = filter_groups(trajectories, G, cfg.dynamic_sampling)
     verdicts = [task.accuracy(t) for t in trajectories]
-    return {"reward_mean": rewards[torch.isfinite(rewards)].mean().item(),
-            "reward_std": rewards[torch.isfinite(rewards)].std(unbiased=False).item(),
-            "accuracy": sum(v["strict"] for v in verdicts) / n,
-            "accuracy_lenient": sum(v["lenient"] for v in verdicts) / n,
-            "completion_len": sum(len(t.completion_ids) for t in trajectories) / n,
-            "truncated_frac": sum(t.finish_reason == "length" for t in trajectories) / n,
-            "zero_spread_frac": 1 - spread.float().mean().item(),
-            "groups_dropped_nonfinite": int((~finite).sum()),
-            "groups_dropped_zero_spread": int((finite & ~spread).sum()) if cfg.dynamic_sampling else 0,
-            **{f"reward_{k}": sum(t.reward_parts[k] for t in trajectories) / n for k in task.reward_functions},
-            **task.metrics(trajectories)}
+    return {
+        "reward_mean": rewards[torch.isfinite(rewards)].mean().item(),
+        "reward_std": rewards[torch.isfinite(rewards)].std(unbiased=False).item(),
+        "accuracy": sum(v["strict"] for v in verdicts) / n,
+        "accuracy_lenient": sum(v["lenient"] for v in verdicts) / n,
+        "completion_len": sum(len(t.completion_ids) for t in trajectories) / n,
+        "truncated_frac": sum(t.finish_reason == "length" for t in trajectories) / n,
+        "zero_spread_frac": 1 - spread.float().mean().item(),
+        "groups_dropped_nonfinite": int((~finite).sum()),
+        "groups_dropped_zero_spread": int((finite & ~spread).sum()) if cfg.dynamic_sampling else 0,
+        **{
+            f"reward_{k}": sum(t.reward_parts[k] for t in trajectories) / n
+            for k in task.reward_functions
+        },
+        **task.metrics(trajectories),
+    }

@@ -14,16 +14,24 @@ from .config import Qwen2Config
 
 
 class KVCache:
-    def __init__(self, config: Qwen2Config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
+    def __init__(
+        self, config: Qwen2Config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"
+    ):
         if max_len > config.max_position_embeddings:
-            raise ValueError(f"cache of {max_len} slots is longer than the model's context "
-                             f"(max_position_embeddings = {config.max_position_embeddings})")
+            raise ValueError(
+                f"cache of {max_len} slots is longer than the model's context "
+                f"(max_position_embeddings = {config.max_position_embeddings})"
+            )
         L, K, D = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
         self.max_len = max_len
-        self.keys = torch.zeros(L, batch_size, K, max_len, D, dtype=dtype, device=device)  # (L, B, K, S, D)
+        self.keys = torch.zeros(
+            L, batch_size, K, max_len, D, dtype=dtype, device=device
+        )  # (L, B, K, S, D)
         self.values = torch.zeros_like(self.keys)  # (L, B, K, S, D)
         self.key_mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)  # (B, S)
-        self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) RoPE position of next token
+        self.next_pos = torch.zeros(
+            batch_size, dtype=torch.long, device=device
+        )  # (B,) RoPE position of next token
         self.length = 0  # slots filled, the same for every row
 
     @property
@@ -35,16 +43,20 @@ class KVCache:
         slots (B, S) and the slot each incoming token goes to (T,)."""
         T = real.shape[1]
         if self.length + T > self.max_len:
-            raise ValueError(f"KV cache is full: {self.length} slots used + {T} new tokens > {self.max_len} slots")
-        self.key_mask[:, self.length:self.length + T] = real
+            raise ValueError(
+                f"KV cache is full: {self.length} slots used + {T} new tokens > {self.max_len} slots"
+            )
+        self.key_mask[:, self.length : self.length + T] = real
         slots = torch.arange(self.length, self.length + T, device=real.device)  # (T,)
-        return self.key_mask[:, :self.length + T], slots
+        return self.key_mask[:, : self.length + T], slots
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, K, T, D) at slots [length, length + T); return all filled slots (B, K, S, D)."""
         end = self.length + k.shape[2]
-        self.keys[layer, :, :, self.length:end] = k
-        self.values[layer, :, :, self.length:end] = v
+        self.keys[layer, :, :, self.length : end] = k
+        self.values[layer, :, :, self.length : end] = v
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
     def advance(self, attention_mask: torch.Tensor):
@@ -56,8 +68,13 @@ class KVCache:
         """Keep (or repeat) rows by index, in place: drop finished sequences, or copy a prefilled
         prompt into the G rows of its group. Only the filled slots are copied."""
         S = self.length
-        keys = torch.zeros(self.keys.shape[0], len(rows), *self.keys.shape[2:], dtype=self.keys.dtype,
-                           device=self.keys.device)
+        keys = torch.zeros(
+            self.keys.shape[0],
+            len(rows),
+            *self.keys.shape[2:],
+            dtype=self.keys.dtype,
+            device=self.keys.device,
+        )
         values = torch.zeros_like(keys)
         keys[:, :, :, :S] = self.keys[:, rows, :, :S]
         values[:, :, :, :S] = self.values[:, rows, :, :S]
@@ -77,7 +94,9 @@ class StaticKVCache(KVCache):
     Prefill still runs on a plain KVCache (prompt lengths vary); `load` copies it in.
     """
 
-    def __init__(self, config: Qwen2Config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"):
+    def __init__(
+        self, config: Qwen2Config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"
+    ):
         super().__init__(config, batch_size, max_len, dtype, device)
         self.slot = torch.zeros((), dtype=torch.long, device=device)  # slots filled, as a tensor
         for buffer in (self.keys, self.values, self.key_mask, self.next_pos, self.slot):
@@ -89,15 +108,19 @@ class StaticKVCache(KVCache):
         are masked out."""
         S = cache.length
         if len(rows) != self.batch_size or S > self.max_len:
-            raise ValueError(f"cannot load {len(rows)} rows x {S} slots into a static cache of "
-                             f"{self.batch_size} rows x {self.max_len} slots")
+            raise ValueError(
+                f"cannot load {len(rows)} rows x {S} slots into a static cache of "
+                f"{self.batch_size} rows x {self.max_len} slots"
+            )
         self.keys[:, :, :, :S] = cache.keys[:, rows, :, :S]
         self.values[:, :, :, :S] = cache.values[:, rows, :, :S]
         self.key_mask.zero_()
         self.key_mask[:, :S] = cache.key_mask[rows, :S]
         self.next_pos.copy_(cache.next_pos[rows])
         self.slot.fill_(S)
-        self.length = S  # the prefill's length; decoding counts in `slot` (a Python int would recompile)
+        self.length = (
+            S  # the prefill's length; decoding counts in `slot` (a Python int would recompile)
+        )
 
     def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """As KVCache.append_mask, but over all max_len slots, with no Python-side bookkeeping (the
@@ -106,7 +129,9 @@ class StaticKVCache(KVCache):
         self.key_mask.index_copy_(1, slots, real)
         return self.key_mask, slots  # (B, S), (T,)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k, v (B, K, T, D) at the next T slots, in place; return every slot (B, K, S, D)."""
         slots = self.slot + torch.arange(k.shape[2], device=k.device)  # (T,)
         self.keys[layer].index_copy_(2, slots, k)
@@ -118,8 +143,9 @@ class StaticKVCache(KVCache):
         self.next_pos += attention_mask.sum(-1).to(self.next_pos.dtype)
 
     def select_rows(self, rows: torch.Tensor):
-        raise RuntimeError("a StaticKVCache keeps its rows (its shapes are fixed); load() refills it")
-
+        raise RuntimeError(
+            "a StaticKVCache keeps its rows (its shapes are fixed); load() refills it"
+        )
 
 
 def common_prefix_length(sequences: list[list[int]], limit: int | None = None) -> int:
@@ -139,7 +165,12 @@ class _Recorded:
     def _record(self, model, ids: torch.Tensor, mask: torch.Tensor | None, checkpointable: bool):
         """checkpointable: write() returns what it returned while recording also when a checkpointed
         layer is recomputed in backward (GroupPrefixes); SharedPrefix's would not, so it never is."""
-        self.keys, self.values, self._recording, self._graph = {}, {}, True, None  # layer -> (n, K, T, D)
+        self.keys, self.values, self._recording, self._graph = (
+            {},
+            {},
+            True,
+            None,
+        )  # layer -> (n, K, T, D)
         checkpointing = model.model.gradient_checkpointing
         model.model.gradient_checkpointing = checkpointing and checkpointable
         try:
@@ -186,24 +217,32 @@ class SharedPrefix(_Recorded):
     def __init__(self, model, ids: torch.Tensor):
         """ids (P,): the shared tokens, run through `model` (a Qwen2) here, once."""
         self.length = ids.shape[0]
-        self.next_pos = torch.zeros(1, dtype=torch.long, device=ids.device)  # (1,): broadcast to every row
+        self.next_pos = torch.zeros(
+            1, dtype=torch.long, device=ids.device
+        )  # (1,): broadcast to every row
         self._record(model, ids[None], None, checkpointable=False)  # keys and values (1, K, P, D)
         self.next_pos = torch.full((1,), self.length, dtype=torch.long, device=ids.device)
 
     def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """real (B, T) -> the mask over the prefix and the T new tokens (B, P + T), their slots (T,)."""
         T, P = real.shape[1], 0 if self._recording else self.length
-        key_mask = real if self._recording else torch.cat([real.new_ones(real.shape[0], P), real], dim=1)
+        key_mask = (
+            real if self._recording else torch.cat([real.new_ones(real.shape[0], P), real], dim=1)
+        )
         return key_mask, torch.arange(P, P + T, device=real.device)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v (B, K, T, D) -> (B, K, P + T, D): the prefix's keys in front of each row's own."""
         if self._recording:
             self.keys[layer], self.values[layer] = k, v
             return k, v
         B = k.shape[0]
-        return (torch.cat([self.keys[layer].expand(B, -1, -1, -1), k], dim=2),
-                torch.cat([self.values[layer].expand(B, -1, -1, -1), v], dim=2))
+        return (
+            torch.cat([self.keys[layer].expand(B, -1, -1, -1), k], dim=2),
+            torch.cat([self.values[layer].expand(B, -1, -1, -1), v], dim=2),
+        )
 
     def advance(self, attention_mask: torch.Tensor):
         pass  # every row's pass starts right after the prefix
@@ -247,7 +286,9 @@ class GroupPrefixes(_Recorded):
             return real, torch.arange(real.shape[1], device=real.device)
         return self.shared.append_mask(real)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.keys[layer], self.values[layer] = k, v
         return self.shared.write(layer, k, v) if self.shared is not None else (k, v)
 
@@ -271,16 +312,22 @@ class GroupRows:
     def __init__(self, groups_prefix: GroupPrefixes, groups: torch.Tensor):
         self.prefix, self.groups = groups_prefix, groups  # (b,)
         self.key_mask = groups_prefix.mask[groups]  # (b, Q)
-        self.next_pos = groups_prefix.length + self.key_mask.sum(dim=1)  # (b,): P + the row's group part
+        self.next_pos = groups_prefix.length + self.key_mask.sum(
+            dim=1
+        )  # (b,): P + the row's group part
 
     def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """real (b, T) -> the mask over [P | Q | T] (b, P + Q + T), the new tokens' slots (T,)."""
         b, T = real.shape
         start = self.prefix.length + self.key_mask.shape[1]
-        return (torch.cat([real.new_ones(b, self.prefix.length), self.key_mask, real], dim=1),
-                torch.arange(start, start + T, device=real.device))
+        return (
+            torch.cat([real.new_ones(b, self.prefix.length), self.key_mask, real], dim=1),
+            torch.arange(start, start + T, device=real.device),
+        )
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v (b, K, T, D) -> (b, K, P + Q + T, D)."""
         b, shared = k.shape[0], self.prefix.shared
         keys = [self.prefix.keys[layer][self.groups], k]

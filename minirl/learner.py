@@ -35,7 +35,10 @@ def learning_batch(trajectories, pad_id: int, device, completion_len: int = 1) -
     group_ids = torch.full((len(parts), Q), pad_id, dtype=torch.long)
     group_mask = torch.zeros(len(parts), Q, dtype=torch.long)
     for g, part in enumerate(parts):
-        group_ids[g, :len(part)], group_mask[g, :len(part)] = torch.tensor(part, dtype=torch.long), 1
+        group_ids[g, : len(part)], group_mask[g, : len(part)] = (
+            torch.tensor(part, dtype=torch.long),
+            1,
+        )
     Lc = max(completion_len, max((len(t.completion_ids) for t in trajectories), default=1))
     N = len(trajectories)
     ids = torch.full((N, 1 + Lc), pad_id, dtype=torch.long)
@@ -44,14 +47,21 @@ def learning_batch(trajectories, pad_id: int, device, completion_len: int = 1) -
     sampler_logprobs = torch.zeros(N, Lc)
     for i, t in enumerate(trajectories):
         n = len(t.completion_ids)
-        ids[i, :1 + n] = torch.tensor(t.prompt_ids[-1:] + t.completion_ids)
-        attention[i, :1 + n] = 1
+        ids[i, : 1 + n] = torch.tensor(t.prompt_ids[-1:] + t.completion_ids)
+        attention[i, : 1 + n] = 1
         action_mask[i, :n] = torch.tensor(t.action_mask, dtype=torch.long)
         sampler_logprobs[i, :n] = torch.tensor(t.logprobs)
-    batch = {"ids": ids, "attention": attention, "completion": ids[:, 1:], "action_mask": action_mask,
-             "sampler_logprobs": sampler_logprobs, "group_ids": group_ids, "group_mask": group_mask,
-             "row_group": torch.tensor(row_group, dtype=torch.long),
-             "prefix": torch.tensor(prompts[0][:P] if P else [], dtype=torch.long)}
+    batch = {
+        "ids": ids,
+        "attention": attention,
+        "completion": ids[:, 1:],
+        "action_mask": action_mask,
+        "sampler_logprobs": sampler_logprobs,
+        "group_ids": group_ids,
+        "group_mask": group_mask,
+        "row_group": torch.tensor(row_group, dtype=torch.long),
+        "prefix": torch.tensor(prompts[0][:P] if P else [], dtype=torch.long),
+    }
     return {**{k: v.to(device) for k, v in batch.items()}, "prompt_len": 1}
 
 
@@ -64,17 +74,27 @@ def shared_prefix(model, batch) -> GroupPrefixes | SharedPrefix | None:
     return GroupPrefixes(model, batch["group_ids"], batch["group_mask"], shared)
 
 
-def completion_logprobs(model, batch, rows, temperature, prefix: GroupPrefixes | SharedPrefix | None = None):
+def completion_logprobs(
+    model, batch, rows, temperature, prefix: GroupPrefixes | SharedPrefix | None = None
+):
     """log πθ of each completion token of the selected rows: (len(rows), Lc). Only the columns these
     rows fill are run (minibatches of similar lengths: little padding, see minibatches)."""
     Lc = batch["completion"].shape[1]
     attention = batch["attention"][rows]
-    end = int(attention.any(dim=0).nonzero()[-1]) + 1  # column 0, the prompt's last token, is always real
+    end = (
+        int(attention.any(dim=0).nonzero()[-1]) + 1
+    )  # column 0, the prompt's last token, is always real
     cache = prefix.rows(batch["row_group"][rows]) if prefix is not None else None
     hidden = model.model(batch["ids"][rows, :end], attention[:, :end], kv_cache=cache)  # (b, T, C)
     n = end - 1  # completion columns run
-    logp = token_logprobs_chunked(hidden[:, :n], model.lm_head.weight, batch["completion"][rows, :n], temperature,
-                                  mask=batch["action_mask"][rows, :n], rows=output_rows(model))
+    logp = token_logprobs_chunked(
+        hidden[:, :n],
+        model.lm_head.weight,
+        batch["completion"][rows, :n],
+        temperature,
+        mask=batch["action_mask"][rows, :n],
+        rows=output_rows(model),
+    )
     return torch.nn.functional.pad(logp, (0, Lc - n))  # (b, Lc)
 
 
@@ -95,7 +115,10 @@ def passes(lengths: list[int], size: int) -> list[list[int]]:
 
 def minibatches(batch, size: int) -> list[torch.Tensor]:
     """passes() of the batch's rows (their lengths: the prompt's last token and the completion)."""
-    return [torch.tensor(g, device=batch["ids"].device) for g in passes(batch["attention"].sum(dim=1).tolist(), size)]
+    return [
+        torch.tensor(g, device=batch["ids"].device)
+        for g in passes(batch["attention"].sum(dim=1).tolist(), size)
+    ]
 
 
 @torch.no_grad()

@@ -28,29 +28,41 @@ from .trainable_tokens import add_trainable_tokens, remove_trainable_tokens, tok
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-PEFT_PREFIX = "base_model.model."  # PEFT's key prefix: PeftModel -> LoraModel -> the transformers model
+PEFT_PREFIX = (
+    "base_model.model."  # PEFT's key prefix: PeftModel -> LoraModel -> the transformers model
+)
 
 
 class LoRALinear(nn.Linear):
     """A Linear layer plus a trainable low-rank update. Shares (does not copy) the base weight."""
 
-    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, rslora: bool = False):
+    def __init__(
+        self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, rslora: bool = False
+    ):
         nn.Module.__init__(self)  # not nn.Linear.__init__: that would allocate a new weight
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias  # the same Parameters, frozen by add_lora
-        kwargs = dict(bias=False, device=base.weight.device, dtype=torch.float32)  # adapters train in fp32
+        kwargs = dict(
+            bias=False, device=base.weight.device, dtype=torch.float32
+        )  # adapters train in fp32
         self.lora_A = nn.Linear(base.in_features, r, **kwargs)  # (r, C_in)
         self.lora_B = nn.Linear(r, base.out_features, **kwargs)  # (C_out, r)
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.r, self.alpha = r, alpha
-        self.scaling = alpha / math.sqrt(r) if rslora else alpha / r  # rsLoRA (Kalajdzievski 2023) or LoRA
+        self.scaling = (
+            alpha / math.sqrt(r) if rslora else alpha / r
+        )  # rsLoRA (Kalajdzievski 2023) or LoRA
         self.merged = False  # W holds W + scaling * B A
         self.enabled = True
-        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # PEFT's default, = nn.Linear's init
+        nn.init.kaiming_uniform_(
+            self.lora_A.weight, a=math.sqrt(5)
+        )  # PEFT's default, = nn.Linear's init
         nn.init.zeros_(self.lora_B.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = cpu_matmul.linear(x, self.weight, self.bias)  # W x + b (F.linear, faster for a few CPU rows)
+        y = cpu_matmul.linear(
+            x, self.weight, self.bias
+        )  # W x + b (F.linear, faster for a few CPU rows)
         if self.merged or not self.enabled:
             return y
         a = self.lora_A(self.lora_dropout(x.to(self.lora_A.weight.dtype)))  # (..., r)
@@ -59,10 +71,14 @@ class LoRALinear(nn.Linear):
         # y += scaling * a B^T in one matrix product, in place: no separate scale and add over (..., C_out).
         # y is the base product's fresh output, which its backward does not need, so autograd allows it.
         flat = y.view(-1, y.shape[-1])  # (N, C_out)
-        return flat.addmm_(a.view(-1, self.r), self.lora_B.weight.T, alpha=self.scaling).view(y.shape)
+        return flat.addmm_(a.view(-1, self.r), self.lora_B.weight.T, alpha=self.scaling).view(
+            y.shape
+        )
 
     def delta_weight(self) -> torch.Tensor:
-        return (self.lora_B.weight @ self.lora_A.weight).mul_(self.scaling)  # (C_out, C_in), float32, one buffer
+        return (self.lora_B.weight @ self.lora_A.weight).mul_(
+            self.scaling
+        )  # (C_out, C_in), float32, one buffer
 
     @torch.no_grad()
     def merge(self):
@@ -88,14 +104,22 @@ def _matches(name: str, targets) -> bool:
     return name.rsplit(".", 1)[-1] in targets
 
 
-def add_lora(model: nn.Module, r: int = 16, alpha: float = 32, targets=DEFAULT_TARGETS, dropout: float = 0.0,
-             rslora: bool = False) -> nn.Module:
+def add_lora(
+    model: nn.Module,
+    r: int = 16,
+    alpha: float = 32,
+    targets=DEFAULT_TARGETS,
+    dropout: float = 0.0,
+    rslora: bool = False,
+) -> nn.Module:
     """Wrap every targeted Linear in a LoRALinear and freeze all other parameters. In place."""
     if lora_layers(model):
         raise ValueError("the model already has LoRA adapters; merge or load into them instead")
     if r < 1:
         raise ValueError(f"LoRA rank r must be >= 1, got {r}")
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and _matches(n, targets)]
+    names = [
+        n for n, m in model.named_modules() if isinstance(m, nn.Linear) and _matches(n, targets)
+    ]
     if not names:
         raise ValueError(f"no Linear layer matches the LoRA targets {targets!r}")
     for name in names:
@@ -104,9 +128,15 @@ def add_lora(model: nn.Module, r: int = 16, alpha: float = 32, targets=DEFAULT_T
         setattr(parent, child, LoRALinear(getattr(parent, child), r, alpha, dropout, rslora))
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
-    model.lora_config = dict(r=r, alpha=alpha, dropout=dropout, rslora=rslora,
-                             targets=targets if isinstance(targets, str) else sorted({n.rsplit(".", 1)[-1]
-                                                                                      for n in names}))
+    model.lora_config = dict(
+        r=r,
+        alpha=alpha,
+        dropout=dropout,
+        rslora=rslora,
+        targets=targets
+        if isinstance(targets, str)
+        else sorted({n.rsplit(".", 1)[-1] for n in names}),
+    )
     return model
 
 
@@ -132,9 +162,13 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
     for name, layer in lora_layers(model).items():
         layer.merge()
         parent_name, _, child = name.rpartition(".")
-        plain = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+        plain = nn.Linear(
+            layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta"
+        )
         plain.weight, plain.bias = layer.weight, layer.bias
-        setattr(model.get_submodule(parent_name), child, cpu_matmul.use_few_row_products(plain))  # as model.py's
+        setattr(
+            model.get_submodule(parent_name), child, cpu_matmul.use_few_row_products(plain)
+        )  # as model.py's
     if hasattr(model, "lora_config"):
         del model.lora_config
     return model
@@ -158,7 +192,9 @@ def merged_adapters(model: nn.Module):
                 base = torch.empty(w.shape, dtype=w.dtype, device="cpu", pin_memory=w.is_cuda)
                 base.copy_(w)
                 saved.append((layer, base))
-                w.add_(layer.delta_weight())  # summed in float32, rounded once; no float32 copy of W
+                w.add_(
+                    layer.delta_weight()
+                )  # summed in float32, rounded once; no float32 copy of W
                 layer.merged = True
         yield model
     finally:
@@ -200,7 +236,11 @@ def disable_adapters(model: nn.Module):
 
 def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapter's tensors: every lora_A / lora_B, and the trained token rows if there are any."""
-    return {name: t for name, t in model.state_dict().items() if "lora_" in name or ".token_adapter." in name}
+    return {
+        name: t
+        for name, t in model.state_dict().items()
+        if "lora_" in name or ".token_adapter." in name
+    }
 
 
 def save_adapter(model: nn.Module, folder: str):
@@ -209,18 +249,39 @@ def save_adapter(model: nn.Module, folder: str):
         raise ValueError("the model has no LoRA adapters to save")
     cfg = model.lora_config
     os.makedirs(folder, exist_ok=True)
-    tensors = {PEFT_PREFIX + k: v.detach().to("cpu").contiguous() for k, v in lora_state_dict(model).items()}
-    peft_config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg["r"], "lora_alpha": cfg["alpha"],
-                   "lora_dropout": cfg["dropout"], "target_modules": cfg["targets"], "use_rslora": cfg["rslora"],
-                   "bias": "none", "fan_in_fan_out": False, "init_lora_weights": True, "use_dora": False,
-                   "inference_mode": True, "modules_to_save": None, "layers_to_transform": None,
-                   "rank_pattern": {}, "alpha_pattern": {}, "base_model_name_or_path": None,
-                   "trainable_token_indices": token_adapter(model).token_ids if token_adapter(model) else None}
-    for name, write in ((ADAPTER_WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})),
-                        (ADAPTER_CONFIG, lambda tmp: _dump_json(peft_config, tmp))):
+    tensors = {
+        PEFT_PREFIX + k: v.detach().to("cpu").contiguous()
+        for k, v in lora_state_dict(model).items()
+    }
+    peft_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": cfg["r"],
+        "lora_alpha": cfg["alpha"],
+        "lora_dropout": cfg["dropout"],
+        "target_modules": cfg["targets"],
+        "use_rslora": cfg["rslora"],
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "init_lora_weights": True,
+        "use_dora": False,
+        "inference_mode": True,
+        "modules_to_save": None,
+        "layers_to_transform": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "base_model_name_or_path": None,
+        "trainable_token_indices": token_adapter(model).token_ids if token_adapter(model) else None,
+    }
+    for name, write in (
+        (ADAPTER_WEIGHTS, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"})),
+        (ADAPTER_CONFIG, lambda tmp: _dump_json(peft_config, tmp)),
+    ):
         tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
         write(tmp)
-        os.replace(tmp, os.path.join(folder, name))  # never a half-written adapter under the real name
+        os.replace(
+            tmp, os.path.join(folder, name)
+        )  # never a half-written adapter under the real name
 
 
 def _dump_json(obj, path):
@@ -230,46 +291,82 @@ def _dump_json(obj, path):
 
 def load_adapter(model: nn.Module, folder: str) -> nn.Module:
     """Load an adapter written by save_adapter or by peft's save_pretrained; adds LoRA layers if needed."""
-    config_path, weights_path = os.path.join(folder, ADAPTER_CONFIG), os.path.join(folder, ADAPTER_WEIGHTS)
+    config_path, weights_path = (
+        os.path.join(folder, ADAPTER_CONFIG),
+        os.path.join(folder, ADAPTER_WEIGHTS),
+    )
     for path in (config_path, weights_path):
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no such file; an adapter folder holds {ADAPTER_CONFIG} and "
-                                    f"{ADAPTER_WEIGHTS}")
+            raise FileNotFoundError(
+                f"{path}: no such file; an adapter folder holds {ADAPTER_CONFIG} and "
+                f"{ADAPTER_WEIGHTS}"
+            )
     with open(config_path, encoding="utf-8") as f:
         cfg = json.load(f)
-    unsupported = {k: cfg.get(k) for k in ("use_dora", "rank_pattern", "alpha_pattern", "modules_to_save",
-                                           "layers_to_transform", "fan_in_fan_out") if cfg.get(k)}
+    unsupported = {
+        k: cfg.get(k)
+        for k in (
+            "use_dora",
+            "rank_pattern",
+            "alpha_pattern",
+            "modules_to_save",
+            "layers_to_transform",
+            "fan_in_fan_out",
+        )
+        if cfg.get(k)
+    }
     if cfg.get("peft_type", "LORA") != "LORA" or cfg.get("bias", "none") != "none" or unsupported:
-        raise ValueError(f"{config_path}: minirl loads plain LoRA adapters; unsupported settings "
-                         f"{ {'peft_type': cfg.get('peft_type'), 'bias': cfg.get('bias'), **unsupported} }")
+        raise ValueError(
+            f"{config_path}: minirl loads plain LoRA adapters; unsupported settings "
+            f"{ {'peft_type': cfg.get('peft_type'), 'bias': cfg.get('bias'), **unsupported} }"
+        )
     if any(layer.merged for layer in lora_layers(model).values()):
         raise ValueError("unmerge_lora(model) before loading an adapter into it")
     if not lora_layers(model):
-        add_lora(model, r=cfg["r"], alpha=cfg["lora_alpha"], targets=cfg["target_modules"],
-                 dropout=cfg.get("lora_dropout", 0.0), rslora=cfg.get("use_rslora", False))
+        add_lora(
+            model,
+            r=cfg["r"],
+            alpha=cfg["lora_alpha"],
+            targets=cfg["target_modules"],
+            dropout=cfg.get("lora_dropout", 0.0),
+            rslora=cfg.get("use_rslora", False),
+        )
     token_ids = cfg.get("trainable_token_indices")
-    if isinstance(token_ids, dict):  # PEFT's per-layer form; minirl trains the (tied) embedding's rows
+    if isinstance(
+        token_ids, dict
+    ):  # PEFT's per-layer form; minirl trains the (tied) embedding's rows
         if set(token_ids) - {"embed_tokens"}:
-            raise ValueError(f"{config_path}: trainable_token_indices for {sorted(token_ids)}: minirl trains "
-                             "the rows of embed_tokens only (shared with lm_head when tied)")
+            raise ValueError(
+                f"{config_path}: trainable_token_indices for {sorted(token_ids)}: minirl trains "
+                "the rows of embed_tokens only (shared with lm_head when tied)"
+            )
         token_ids = token_ids.get("embed_tokens")
     if token_ids and token_adapter(model) is None:
         add_trainable_tokens(model, list(token_ids))
     elif token_ids and token_adapter(model).token_ids != sorted(token_ids):
-        raise ValueError(f"{config_path}: trainable_token_indices {sorted(token_ids)} but the model trains rows "
-                         f"{token_adapter(model).token_ids}")
+        raise ValueError(
+            f"{config_path}: trainable_token_indices {sorted(token_ids)} but the model trains rows "
+            f"{token_adapter(model).token_ids}"
+        )
     ours = model.lora_config
     if (ours["alpha"], ours["rslora"]) != (cfg["lora_alpha"], cfg.get("use_rslora", False)):
         # same shapes but another scaling: the weights would load and silently compute something else
-        raise ValueError(f"{config_path}: lora_alpha={cfg['lora_alpha']}, use_rslora={cfg.get('use_rslora', False)} "
-                         f"but the model's adapters have alpha={ours['alpha']}, rslora={ours['rslora']}; load "
-                         f"into a model without adapters (load_adapter adds them from the config)")
-    tensors = {k.removeprefix(PEFT_PREFIX).replace(".default.", "."): v for k, v in load_file(weights_path).items()}
+        raise ValueError(
+            f"{config_path}: lora_alpha={cfg['lora_alpha']}, use_rslora={cfg.get('use_rslora', False)} "
+            f"but the model's adapters have alpha={ours['alpha']}, rslora={ours['rslora']}; load "
+            f"into a model without adapters (load_adapter adds them from the config)"
+        )
+    tensors = {
+        k.removeprefix(PEFT_PREFIX).replace(".default.", "."): v
+        for k, v in load_file(weights_path).items()
+    }
     expected = lora_state_dict(model)
     missing, unexpected = expected.keys() - tensors.keys(), tensors.keys() - expected.keys()
     wrong = [k for k in expected.keys() & tensors.keys() if expected[k].shape != tensors[k].shape]
     if missing or unexpected or wrong:
-        raise ValueError(f"{weights_path} does not fit the model's LoRA layers: missing {sorted(missing)[:3]}, "
-                         f"unexpected {sorted(unexpected)[:3]}, mis-shaped {sorted(wrong)[:3]}")
+        raise ValueError(
+            f"{weights_path} does not fit the model's LoRA layers: missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]}, mis-shaped {sorted(wrong)[:3]}"
+        )
     model.load_state_dict(tensors, strict=False)
     return model

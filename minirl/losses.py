@@ -24,8 +24,12 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     logits = logits[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
     targets = labels[:, 1:]  # (B, T-1)
     if not (targets != IGNORE_INDEX).any():
-        raise ValueError("no trained token in the batch (every label is IGNORE_INDEX); the mean is undefined")
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+        raise ValueError(
+            "no trained token in the batch (every label is IGNORE_INDEX); the mean is undefined"
+        )
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
+    )
 
 
 class ChunkLogprobs(torch.autograd.Function):
@@ -49,7 +53,9 @@ class ChunkLogprobs(torch.autograd.Function):
     def _logits(hidden, weight, temperature, ids=None, delta=None):
         logits = (hidden @ weight.T).float()  # (N, V)
         if ids is not None:
-            logits.index_add_(1, ids, hidden.float() @ delta.T)  # (N, k) onto the trained ids' columns
+            logits.index_add_(
+                1, ids, hidden.float() @ delta.T
+            )  # (N, k) onto the trained ids' columns
         return logits.div_(temperature) if temperature != 1.0 else logits
 
     @staticmethod
@@ -64,8 +70,12 @@ class ChunkLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, ids=None, delta=None, keep=False):
-        logprobs, lse, weights, top = ChunkLogprobs._logprobs(hidden, weight, targets, temperature, ids, delta)
-        ctx.save_for_backward(hidden, weight, targets, lse, ids, delta, *((weights, top) if keep else ()))
+        logprobs, lse, weights, top = ChunkLogprobs._logprobs(
+            hidden, weight, targets, temperature, ids, delta
+        )
+        ctx.save_for_backward(
+            hidden, weight, targets, lse, ids, delta, *((weights, top) if keep else ())
+        )
         ctx.temperature = temperature
         return logprobs
 
@@ -74,10 +84,14 @@ class ChunkLogprobs(torch.autograd.Function):
         hidden, weight, targets, lse, ids, delta, *kept = ctx.saved_tensors
         if kept:  # softmax = exp(z − max z) · exp(max z − lse)
             weights, top = kept
-            grad_logits = weights.mul_((top - lse).exp_().mul_(-grad)[:, None])  # −g·softmax, in place
+            grad_logits = weights.mul_(
+                (top - lse).exp_().mul_(-grad)[:, None]
+            )  # −g·softmax, in place
         else:
             logits = ChunkLogprobs._logits(hidden, weight, ctx.temperature, ids, delta)
-            grad_logits = logits.sub_(lse[:, None]).exp_().mul_(-grad[:, None])  # −g·softmax, in place
+            grad_logits = (
+                logits.sub_(lse[:, None]).exp_().mul_(-grad[:, None])
+            )  # −g·softmax, in place
         grad_logits.scatter_add_(-1, targets[:, None], grad[:, None])  # + g·onehot(y)
         if ctx.temperature != 1.0:
             grad_logits.div_(ctx.temperature)
@@ -87,23 +101,37 @@ class ChunkLogprobs(torch.autograd.Function):
         if grad_hidden is not None and ids is not None:
             grad_hidden = grad_hidden + (grad_rows @ delta).to(hidden.dtype)
         grad_weight = grad_logits.T @ hidden if ctx.needs_input_grad[1] else None  # (V, C)
-        grad_delta = grad_rows.T @ hidden.float() if ids is not None and ctx.needs_input_grad[5] else None  # (k, C)
+        grad_delta = (
+            grad_rows.T @ hidden.float() if ids is not None and ctx.needs_input_grad[5] else None
+        )  # (k, C)
         return grad_hidden, grad_weight, None, None, None, grad_delta, None
 
 
-def chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                   rows: tuple[torch.Tensor, torch.Tensor] | None = None, keep: bool = False) -> torch.Tensor:
+def chunk_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+    keep: bool = False,
+) -> torch.Tensor:
     """ChunkLogprobs where a gradient is needed; without one the same numbers, nothing saved.
     keep: the chunk is a pass's last (ChunkLogprobs keeps its softmax for backward)."""
     ids, delta = rows if rows is not None else (None, None)
-    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad
-                                    or (delta is not None and delta.requires_grad)):
+    if torch.is_grad_enabled() and (
+        hidden.requires_grad or weight.requires_grad or (delta is not None and delta.requires_grad)
+    ):
         return ChunkLogprobs.apply(hidden, weight, targets, temperature, ids, delta, keep)
     return ChunkLogprobs._logprobs(hidden, weight, targets, temperature, ids, delta)[0]
 
 
-def sft_loss_chunked(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels: torch.Tensor,
-                     chunk_size: int = 512, rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def sft_loss_chunked(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int = 512,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """sft_loss computed from the final hidden states (B, T, C) and the lm_head weight (V, C), never
     holding the (B, T, V) logits: only trained positions are projected, chunk_size rows at a time, and
     each chunk's logits are recomputed in the backward pass instead of being kept (activation
@@ -115,16 +143,27 @@ def sft_loss_chunked(hidden: torch.Tensor, lm_head_weight: torch.Tensor, labels:
     hidden, targets = hidden[:, :-1], labels[:, 1:]  # position t predicts token t+1
     trained = targets != IGNORE_INDEX  # (B, T-1)
     if not trained.any():
-        raise ValueError("no trained token in the batch (every label is IGNORE_INDEX); the mean is undefined")
+        raise ValueError(
+            "no trained token in the batch (every label is IGNORE_INDEX); the mean is undefined"
+        )
     hidden, targets = hidden[trained], targets[trained]  # (N, C), (N,)
-    total = sum(chunk_logprobs(hidden[start:start + chunk_size], lm_head_weight, targets[start:start + chunk_size],
-                               rows=rows, keep=start + chunk_size >= len(targets)).sum()
-                for start in range(0, len(targets), chunk_size))
+    total = sum(
+        chunk_logprobs(
+            hidden[start : start + chunk_size],
+            lm_head_weight,
+            targets[start : start + chunk_size],
+            rows=rows,
+            keep=start + chunk_size >= len(targets),
+        ).sum()
+        for start in range(0, len(targets), chunk_size)
+    )
     return -total / len(targets)
 
 
 # ---- stage two: GRPO -------------------------------------------------------------------------------
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
     """log πθ(targets[b, t]) under logits[b, t] / temperature. No shift: logits[:, t] must already be
     the prediction for targets[:, t]. Dividing by the temperature the sampler used makes these the
     log-probs of the distribution the tokens were drawn from. logits (B, T, V), targets (B, T) -> (B, T)."""
@@ -132,23 +171,38 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return logprobs.gather(-1, targets[..., None])[..., 0]
 
 
-def token_logprobs_chunked(hidden: torch.Tensor, lm_head_weight: torch.Tensor, targets: torch.Tensor,
-                           temperature: float = 1.0, mask: torch.Tensor | None = None, chunk_size: int = 512,
-                           rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def token_logprobs_chunked(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    mask: torch.Tensor | None = None,
+    chunk_size: int = 512,
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """token_logprobs from hidden states (B, T, C) and the lm_head weight (V, C), chunk_size positions
     at a time, each chunk's logits recomputed in backward but the last's (as sft_loss_chunked): the
     (B, T, V) float32 logits never exist. Positions where mask (B, T) is 0 are skipped and get 0. -> (B, T)."""
     keep = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
     positions, row_targets = hidden[keep], targets[keep]  # (N, C), (N,)
-    pieces = [chunk_logprobs(positions[start:start + chunk_size], lm_head_weight,
-                             row_targets[start:start + chunk_size], temperature, rows,
-                             keep=start + chunk_size >= len(row_targets))
-              for start in range(0, len(row_targets), chunk_size)]
+    pieces = [
+        chunk_logprobs(
+            positions[start : start + chunk_size],
+            lm_head_weight,
+            row_targets[start : start + chunk_size],
+            temperature,
+            rows,
+            keep=start + chunk_size >= len(row_targets),
+        )
+        for start in range(0, len(row_targets), chunk_size)
+    ]
     out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
     return out.masked_scatter(keep, torch.cat(pieces)) if pieces else out
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "std", eps: float = 1e-4) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, scale: str = "std", eps: float = 1e-4
+) -> torch.Tensor:
     """GRPO's advantage (Shao et al. 2024, DeepSeekMath §4.1.2): each completion against its own group,
 
         A_i = (r_i − mean(r_group)) / (std(r_group) + eps)       scale="std"
@@ -162,8 +216,10 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "std",
     unspecified. A group whose rewards are all equal has no signal: its advantages are 0, never NaN.
     """
     if group_size < 1 or rewards.dim() != 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} entries, "
-                         f"got shape {tuple(rewards.shape)}")
+        raise ValueError(
+            f"rewards must be 1-D with a multiple of group_size={group_size} entries, "
+            f"got shape {tuple(rewards.shape)}"
+        )
     if scale not in ("std", "none"):
         raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
     groups = rewards.float().view(-1, group_size)  # (P, G)
@@ -196,9 +252,18 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
-                advantages: torch.Tensor, mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.2,
-                beta: float = 0.04, aggregation: str = "token") -> tuple[torch.Tensor, dict]:
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    beta: float = 0.04,
+    aggregation: str = "token",
+) -> tuple[torch.Tensor, dict]:
     """GRPO's clipped surrogate with a KL penalty (DeepSeekMath eq. 3; asymmetric clip from DAPO, Yu et al. 2025):
     the chapter's L_RL = −E[R(τ)] + β·D_KL(πθ ‖ π_SFT) in trust-region form. Per token,
 
@@ -216,7 +281,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tens
     group, but the gradient is −A·∇log πθ / normalizer: the REINFORCE direction.
     """
     if aggregation not in ("token", "sequence", "constant"):
-        raise ValueError(f"aggregation must be 'token', 'sequence' or 'constant', got {aggregation!r}")
+        raise ValueError(
+            f"aggregation must be 'token', 'sequence' or 'constant', got {aggregation!r}"
+        )
     if beta and ref_logp is None:
         raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs)")
     live = mask.bool()
@@ -227,7 +294,11 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tens
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv
     per_token = -torch.min(unclipped, clipped)  # (B, T)
-    kl = kl_k3(logp, torch.where(live, ref_logp, logp)) if ref_logp is not None else torch.zeros_like(logp)
+    kl = (
+        kl_k3(logp, torch.where(live, ref_logp, logp))
+        if ref_logp is not None
+        else torch.zeros_like(logp)
+    )
     if beta:
         per_token = per_token + beta * kl
     n_tokens = mask.sum().clamp(min=1)  # an empty batch gives loss 0, not 0/0
@@ -238,10 +309,14 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tens
     else:
         loss = (per_token * mask).sum() / mask.numel()
     with torch.no_grad():
-        low = (ratio < 1 - clip_low) & (adv < 0)  # the clip binds: the update would push further down
+        low = (ratio < 1 - clip_low) & (
+            adv < 0
+        )  # the clip binds: the update would push further down
         high = (ratio > 1 + clip_high) & (adv > 0)
-        stats = {"clip_low_frac": ((low.float() * mask).sum() / n_tokens).item(),
-                 "clip_high_frac": ((high.float() * mask).sum() / n_tokens).item(),
-                 "kl": ((kl * mask).sum() / n_tokens).item(),
-                 "ratio": ((ratio * mask).sum() / n_tokens).item()}
+        stats = {
+            "clip_low_frac": ((low.float() * mask).sum() / n_tokens).item(),
+            "clip_high_frac": ((high.float() * mask).sum() / n_tokens).item(),
+            "kl": ((kl * mask).sum() / n_tokens).item(),
+            "ratio": ((ratio * mask).sum() / n_tokens).item(),
+        }
     return loss, stats

@@ -38,10 +38,21 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def linear_shapes(config: Qwen2Config) -> dict[str, tuple[int, int]]:
     """(in, out) features of each linear layer of one decoder layer."""
-    C, F, HD, KD = (config.hidden_size, config.intermediate_size, config.num_attention_heads * config.head_dim,
-                    config.num_key_value_heads * config.head_dim)
-    return {"q_proj": (C, HD), "k_proj": (C, KD), "v_proj": (C, KD), "o_proj": (HD, C),
-            "gate_proj": (C, F), "up_proj": (C, F), "down_proj": (F, C)}
+    C, F, HD, KD = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.num_attention_heads * config.head_dim,
+        config.num_key_value_heads * config.head_dim,
+    )
+    return {
+        "q_proj": (C, HD),
+        "k_proj": (C, KD),
+        "v_proj": (C, KD),
+        "o_proj": (HD, C),
+        "gate_proj": (C, F),
+        "up_proj": (C, F),
+        "down_proj": (F, C),
+    }
 
 
 def parameter_count(config: Qwen2Config) -> int:
@@ -49,7 +60,9 @@ def parameter_count(config: Qwen2Config) -> int:
     and the lm_head when it is not tied to the embeddings."""
     C, V = config.hidden_size, config.vocab_size
     shapes = linear_shapes(config)
-    per_layer = sum(i * o for i, o in shapes.values()) + sum(shapes[p][1] for p in ("q_proj", "k_proj", "v_proj"))
+    per_layer = sum(i * o for i, o in shapes.values()) + sum(
+        shapes[p][1] for p in ("q_proj", "k_proj", "v_proj")
+    )
     per_layer += 2 * C
     head = 0 if config.tie_word_embeddings else V * C
     return V * C + config.num_hidden_layers * per_layer + C + head
@@ -75,7 +88,12 @@ def activation_bytes_per_token_layer(config: Qwen2Config, e: int, lora: bool, r:
                    output (r floats, 7 adapters)
     tests/test_memory.py checks this against the tensors autograd actually saves.
     """
-    C, F, D, H = config.hidden_size, config.intermediate_size, config.head_dim, config.num_attention_heads
+    C, F, D, H = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.head_dim,
+        config.num_attention_heads,
+    )
     HD, KD = H * D, config.num_key_value_heads * D
     norms = 2 * (4 * C + 4) + (0 if lora else 4 * e * C)
     rope = 4 * D * e if e != 4 else 0
@@ -106,15 +124,30 @@ class MemoryEstimate:
         lines = [self.description, f"{'item':<{width}}{'GB':>8}"]
         lines += [f"{name:<{width}}{value / GB:>8.2f}" for name, value in self.items.items()]
         phase = "learning" if self.learning >= self.sampling else "sampling"
-        lines += [f"{'peak while sampling':<{width}}{self.sampling / GB:>8.2f}",
-                  f"{'peak while learning':<{width}}{self.learning / GB:>8.2f}",
-                  f"{'total (peak, ' + phase + ')':<{width}}{self.peak / GB:>8.2f}"]
-        lines += [f"fits a {cap} GB GPU: {'yes' if self.peak <= cap * GB else 'no'}" for cap in (40, 80)]
+        lines += [
+            f"{'peak while sampling':<{width}}{self.sampling / GB:>8.2f}",
+            f"{'peak while learning':<{width}}{self.learning / GB:>8.2f}",
+            f"{'total (peak, ' + phase + ')':<{width}}{self.peak / GB:>8.2f}",
+        ]
+        lines += [
+            f"fits a {cap} GB GPU: {'yes' if self.peak <= cap * GB else 'no'}" for cap in (40, 80)
+        ]
         return "\n".join(lines)
 
 
-def activation_bytes(config: Qwen2Config, e: int, *, lora: bool, r: int, rows: int, tokens: int, prefix: int = 0,
-                     groups: int = 0, group_tokens: int = 0, checkpointing: bool = True) -> int:
+def activation_bytes(
+    config: Qwen2Config,
+    e: int,
+    *,
+    lora: bool,
+    r: int,
+    rows: int,
+    tokens: int,
+    prefix: int = 0,
+    groups: int = 0,
+    group_tokens: int = 0,
+    checkpointing: bool = True,
+) -> int:
     """What one forward pass of `rows` sequences keeps for backward: `tokens` of each row's own (with
     checkpointing every layer's input plus one layer recomputed during backward, else every layer's
     activations), the final norm and the hidden states it returns; a shared prefix of `prefix`
@@ -126,12 +159,20 @@ def activation_bytes(config: Qwen2Config, e: int, *, lora: bool, r: int, rows: i
     KD = config.num_key_value_heads * config.head_dim
     per_token_layer = activation_bytes_per_token_layer(config, e, lora=lora, r=r)
 
-    def kept(n):  # what a pass of n tokens keeps: with checkpointing each layer's input and one layer
+    def kept(
+        n,
+    ):  # what a pass of n tokens keeps: with checkpointing each layer's input and one layer
         return L * n * e * C + n * per_token_layer if checkpointing else L * n * per_token_layer
 
     n = rows * tokens
     copies = (1 if checkpointing else L) * rows * (prefix + group_tokens) * 2 * KD * e
-    return kept(n) + n * (4 + 2 * e) * C + L * prefix * per_token_layer + kept(groups * group_tokens) + copies
+    return (
+        kept(n)
+        + n * (4 + 2 * e) * C
+        + L * prefix * per_token_layer
+        + kept(groups * group_tokens)
+        + copies
+    )
 
 
 # On a CPU, glibc's malloc serves every tensor under its mmap threshold (which rises to each large
@@ -145,11 +186,32 @@ def activation_bytes(config: Qwen2Config, e: int, *, lora: bool, r: int, rows: i
 CPU_SLACK = {False: 0.6, True: 0.7}  # x the activations one pass keeps without checkpointing
 
 
-def cpu_allocator_slack(config: Qwen2Config, e: int, *, lora: bool, r: int, rows: int, tokens: int, prefix: int = 0,
-                        groups: int = 0, group_tokens: int = 0, checkpointing: bool = True) -> int:
+def cpu_allocator_slack(
+    config: Qwen2Config,
+    e: int,
+    *,
+    lora: bool,
+    r: int,
+    rows: int,
+    tokens: int,
+    prefix: int = 0,
+    groups: int = 0,
+    group_tokens: int = 0,
+    checkpointing: bool = True,
+) -> int:
     """The CPU heap's excess over the live tensors during a learning pass (CPU_SLACK, measured)."""
-    full_pass = activation_bytes(config, e, lora=lora, r=r, rows=rows, tokens=tokens, prefix=prefix, groups=groups,
-                                 group_tokens=group_tokens, checkpointing=False)
+    full_pass = activation_bytes(
+        config,
+        e,
+        lora=lora,
+        r=r,
+        rows=rows,
+        tokens=tokens,
+        prefix=prefix,
+        groups=groups,
+        group_tokens=group_tokens,
+        checkpointing=False,
+    )
     return int(CPU_SLACK[checkpointing] * full_pass)
 
 
@@ -159,7 +221,9 @@ def logprob_chunk_bytes(config: Qwen2Config, e: int, chunk_size: int) -> int:
     return chunk_size * config.vocab_size * (4 + (e if e != 4 else 0))
 
 
-def _persistent_items(config: Qwen2Config, e: int, full: bool, lora_r: int, beta: float) -> dict[str, int]:
+def _persistent_items(
+    config: Qwen2Config, e: int, full: bool, lora_r: int, beta: float
+) -> dict[str, int]:
     """Weights, the frozen reference copy (full fine-tuning with a KL term), LoRA, gradients, AdamW."""
     n_params = parameter_count(config)
     n_train, train_bytes = (n_params, e) if full else (lora_parameter_count(config, lora_r), 4)
@@ -179,11 +243,24 @@ def _check_sizes(full: bool, **sizes):
             raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group_size: int = 8,
-             prompts_per_step: int = 2, prompt_len: int = 256, max_new_tokens: int = 768,
-             dtype_bytes: int = 2, minibatch_size: int = 16, checkpointing: bool = True,
-             chunk_size: int = 512, beta: float = 0.04, compile: bool = False,
-             shared_prefix: int = 0, cpu: bool = False) -> MemoryEstimate:
+def estimate(
+    config: Qwen2Config,
+    *,
+    full: bool = False,
+    lora_r: int = 16,
+    group_size: int = 8,
+    prompts_per_step: int = 2,
+    prompt_len: int = 256,
+    max_new_tokens: int = 768,
+    dtype_bytes: int = 2,
+    minibatch_size: int = 16,
+    checkpointing: bool = True,
+    chunk_size: int = 512,
+    beta: float = 0.04,
+    compile: bool = False,
+    shared_prefix: int = 0,
+    cpu: bool = False,
+) -> MemoryEstimate:
     """Itemized memory of one GRPO step (module docstring). Defaults are the chapter's 7B setting and
     GRPOConfig's; full=True trains every weight (AdamW state in the model dtype, as torch keeps it).
     The learning pass is laid out as learner.learning_batch lays it out: the `shared_prefix` tokens
@@ -191,9 +268,17 @@ def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group
     G rows share it; with one prompt, all of it is the shared prefix), and a row runs its prompt's last
     token and its completion (1 + max_new_tokens).
     cpu: the run's memory is a CPU's, whose allocator keeps freed blocks resident (cpu_allocator_slack)."""
-    _check_sizes(full, lora_r=lora_r, group_size=group_size, prompts_per_step=prompts_per_step, prompt_len=prompt_len,
-                 max_new_tokens=max_new_tokens, dtype_bytes=dtype_bytes, minibatch_size=minibatch_size,
-                 chunk_size=chunk_size)
+    _check_sizes(
+        full,
+        lora_r=lora_r,
+        group_size=group_size,
+        prompts_per_step=prompts_per_step,
+        prompt_len=prompt_len,
+        max_new_tokens=max_new_tokens,
+        dtype_bytes=dtype_bytes,
+        minibatch_size=minibatch_size,
+        chunk_size=chunk_size,
+    )
     if not 0 <= shared_prefix < prompt_len:
         raise ValueError(f"shared_prefix must be within 0..prompt_len - 1, got {shared_prefix}")
     e, L, V = dtype_bytes, config.num_hidden_layers, config.vocab_size
@@ -202,24 +287,46 @@ def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group
     items = _persistent_items(config, e, full, lora_r, beta)
     persistent = sum(v for k, v in items.items() if k != "gradients")  # alive for the whole run
     gradients = items["gradients"]
-    slots = min(-(-T // 256) * 256, config.max_position_embeddings) if compile else T  # as sampling.py allocates
+    slots = (
+        min(-(-T // 256) * 256, config.max_position_embeddings) if compile else T
+    )  # as sampling.py allocates
     kv = L * 2 * N * config.num_key_value_heads * config.head_dim * slots * e
     sampling_logits = N * V * 4 * 3
-    if prompts_per_step == 1:  # one prompt: all of it but its last token is the prefix every row shares
+    if (
+        prompts_per_step == 1
+    ):  # one prompt: all of it but its last token is the prefix every row shares
         shared_prefix = prompt_len - 1
-    Q, row = prompt_len - shared_prefix - 1, 1 + max_new_tokens  # a group's part, a row's own tokens
-    layout = dict(lora=not full, r=lora_r, rows=b, tokens=row, prefix=shared_prefix, groups=prompts_per_step,
-                  group_tokens=Q, checkpointing=checkpointing)
+    Q, row = (
+        prompt_len - shared_prefix - 1,
+        1 + max_new_tokens,
+    )  # a group's part, a row's own tokens
+    layout = dict(
+        lora=not full,
+        r=lora_r,
+        rows=b,
+        tokens=row,
+        prefix=shared_prefix,
+        groups=prompts_per_step,
+        group_tokens=Q,
+        checkpointing=checkpointing,
+    )
     activations = activation_bytes(config, e, **layout)
     chunks = logprob_chunk_bytes(config, e, chunk_size)
     slack = cpu_allocator_slack(config, e, **layout) if cpu else 0
 
-    kept = " slots, kept" if compile else " tokens"  # compiled decoding keeps its cache between steps
+    kept = (
+        " slots, kept" if compile else " tokens"
+    )  # compiled decoding keeps its cache between steps
     items[f"KV cache ({N} sequences x {slots}{kept})"] = kv
     items["sampling logits (float32, 3 copies)"] = sampling_logits
-    shape = (f"{b} x {row}" + (f" + {prompts_per_step} x {Q} group" if Q else "")
-             + (f" + {shared_prefix} shared" if shared_prefix else ""))
-    items[f"activations ({shape} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"] = activations
+    shape = (
+        f"{b} x {row}"
+        + (f" + {prompts_per_step} x {Q} group" if Q else "")
+        + (f" + {shared_prefix} shared" if shared_prefix else "")
+    )
+    items[
+        f"activations ({shape} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"
+    ] = activations
     items[f"log-prob chunks ({chunk_size} x {V} logits)"] = chunks
     if cpu:
         items["CPU allocator slack (freed blocks kept resident)"] = slack
@@ -227,47 +334,101 @@ def estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, group
     sampling = persistent + kv + sampling_logits
     learning = persistent + gradients + activations + chunks + slack + (kv if compile else 0)
     mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
-    description = (f"GRPO step, {mode}, {e}-byte weights: {prompts_per_step} prompts x {group_size} samples, "
-                   f"{prompt_len} + {max_new_tokens} tokens, minibatch {b}, checkpointing "
-                   f"{'on' if checkpointing else 'off'}{', compiled decoding' if compile else ''}")
+    description = (
+        f"GRPO step, {mode}, {e}-byte weights: {prompts_per_step} prompts x {group_size} samples, "
+        f"{prompt_len} + {max_new_tokens} tokens, minibatch {b}, checkpointing "
+        f"{'on' if checkpointing else 'off'}{', compiled decoding' if compile else ''}"
+    )
     return MemoryEstimate(items, sampling, learning, description)
 
 
-def sft_estimate(config: Qwen2Config, *, full: bool = False, lora_r: int = 16, rows: int = 4, tokens: int = 1024,
-                 shared_prefix: int = 0, dtype_bytes: int = 4, checkpointing: bool = False, chunk_size: int = 512,
-                 eval_sequences: int = 128, eval_tokens: int = 1152, cpu: bool = False) -> MemoryEstimate:
+def sft_estimate(
+    config: Qwen2Config,
+    *,
+    full: bool = False,
+    lora_r: int = 16,
+    rows: int = 4,
+    tokens: int = 1024,
+    shared_prefix: int = 0,
+    dtype_bytes: int = 4,
+    checkpointing: bool = False,
+    chunk_size: int = 512,
+    eval_sequences: int = 128,
+    eval_tokens: int = 1152,
+    cpu: bool = False,
+) -> MemoryEstimate:
     """Itemized memory of supervised fine-tuning: one forward/backward of `rows` conversations of
     `tokens` (the longest in the data, `shared_prefix` of them common to all), and the graduation
     test's sampling of `eval_sequences` completions of up to `eval_tokens` (prompt + new tokens);
     cpu as in estimate()."""
-    _check_sizes(full, lora_r=lora_r, rows=rows, tokens=tokens, dtype_bytes=dtype_bytes, chunk_size=chunk_size,
-                 eval_sequences=eval_sequences, eval_tokens=eval_tokens)
+    _check_sizes(
+        full,
+        lora_r=lora_r,
+        rows=rows,
+        tokens=tokens,
+        dtype_bytes=dtype_bytes,
+        chunk_size=chunk_size,
+        eval_sequences=eval_sequences,
+        eval_tokens=eval_tokens,
+    )
     e, L, V = dtype_bytes, config.num_hidden_layers, config.vocab_size
     items = _persistent_items(config, e, full, lora_r, beta=0)
     persistent = sum(v for k, v in items.items() if k != "gradients")
-    activations = activation_bytes(config, e, lora=not full, r=lora_r, rows=rows, tokens=tokens - shared_prefix,
-                                   prefix=shared_prefix, checkpointing=checkpointing)
+    activations = activation_bytes(
+        config,
+        e,
+        lora=not full,
+        r=lora_r,
+        rows=rows,
+        tokens=tokens - shared_prefix,
+        prefix=shared_prefix,
+        checkpointing=checkpointing,
+    )
     chunks = logprob_chunk_bytes(config, e, chunk_size)
-    slack = cpu_allocator_slack(config, e, lora=not full, r=lora_r, rows=rows, tokens=tokens - shared_prefix,
-                                prefix=shared_prefix, checkpointing=checkpointing) if cpu else 0
+    slack = (
+        cpu_allocator_slack(
+            config,
+            e,
+            lora=not full,
+            r=lora_r,
+            rows=rows,
+            tokens=tokens - shared_prefix,
+            prefix=shared_prefix,
+            checkpointing=checkpointing,
+        )
+        if cpu
+        else 0
+    )
     kv = L * 2 * eval_sequences * config.num_key_value_heads * config.head_dim * eval_tokens * e
     sampling_logits = eval_sequences * V * 4 * 3
-    shape = f"{rows} x {tokens - shared_prefix}" + (f" + {shared_prefix} shared" if shared_prefix else "")
-    items[f"activations ({shape} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"] = activations
+    shape = f"{rows} x {tokens - shared_prefix}" + (
+        f" + {shared_prefix} shared" if shared_prefix else ""
+    )
+    items[
+        f"activations ({shape} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"
+    ] = activations
     items[f"loss chunks ({chunk_size} x {V} logits)"] = chunks
     if cpu:
         items["CPU allocator slack (freed blocks kept resident)"] = slack
     items[f"graduation sampling: KV cache ({eval_sequences} x {eval_tokens} tokens)"] = kv
     items["graduation sampling: logits (float32, 3 copies)"] = sampling_logits
     mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
-    description = (f"SFT, {mode}, {e}-byte weights: {rows} conversations of up to {tokens} tokens per forward, "
-                   f"checkpointing {'on' if checkpointing else 'off'}")
-    return MemoryEstimate(items, persistent + kv + sampling_logits,
-                          persistent + items["gradients"] + activations + chunks + slack, description)
+    description = (
+        f"SFT, {mode}, {e}-byte weights: {rows} conversations of up to {tokens} tokens per forward, "
+        f"checkpointing {'on' if checkpointing else 'off'}"
+    )
+    return MemoryEstimate(
+        items,
+        persistent + kv + sampling_logits,
+        persistent + items["gradients"] + activations + chunks + slack,
+        description,
+    )
 
 
 # ---- the guard: fit a run into the memory the device has ---------------------------------------------------
-HEADROOM = 0.9  # plan within 90 % of what is available: the estimate leaves out small tensors and slack
+HEADROOM = (
+    0.9  # plan within 90 % of what is available: the estimate leaves out small tensors and slack
+)
 
 
 class MemoryBudgetError(ValueError):
@@ -281,7 +442,9 @@ def available_bytes(device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     with open("/proc/meminfo") as f:
-        available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        available = next(
+            int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")
+        )
     try:
         with open("/sys/fs/cgroup/memory.max") as f:
             limit = f.read().strip()
@@ -322,25 +485,38 @@ def fit_pass(estimate_for, budget: float, rows: int, checkpointing: bool, phase:
             plan = estimate_for(r, c)
             if getattr(plan, phase) <= budget:
                 return r, c, plan
-    raise MemoryBudgetError(f"even 1 sequence per pass with activation checkpointing needs "
-                            f"{getattr(plan, phase) / GB:.2f} GB, over the {budget / GB:.2f} GB planned within\n"
-                            f"{plan.table()}")
+    raise MemoryBudgetError(
+        f"even 1 sequence per pass with activation checkpointing needs "
+        f"{getattr(plan, phase) / GB:.2f} GB, over the {budget / GB:.2f} GB planned within\n"
+        f"{plan.table()}"
+    )
 
 
 def what_fits(estimate_for, budget: float, changes: dict[str, dict]) -> list[str]:
     """The flags among `changes` ({"--max-new-tokens 64": {"max_new_tokens": 64}, ...}) under which
     1 row per pass with checkpointing fits: estimate_for(rows, checkpointing, **change)."""
-    return [f"{flags} ({estimate_for(1, True, **change).peak / GB:.2f} GB)" for flags, change in changes.items()
-            if estimate_for(1, True, **change).peak <= budget]
+    return [
+        f"{flags} ({estimate_for(1, True, **change).peak / GB:.2f} GB)"
+        for flags, change in changes.items()
+        if estimate_for(1, True, **change).peak <= budget
+    ]
 
 
-def describe_choice(rows: int, checkpointing: bool, requested: tuple[int, bool], peak: float, budget: float,
-                    what: str) -> str:
+def describe_choice(
+    rows: int,
+    checkpointing: bool,
+    requested: tuple[int, bool],
+    peak: float,
+    budget: float,
+    what: str,
+) -> str:
     """One line: how the guard changed --minibatch-size / --checkpointing, and why."""
     changes = []
     if rows != requested[0]:
         changes.append(f"{rows} sequences per {what} pass instead of {requested[0]}")
     if checkpointing != requested[1]:
         changes.append("activation checkpointing on")
-    return (f"memory: {' and '.join(changes)}, so the estimated peak ({peak / GB:.1f} GB) stays within "
-            f"{budget / GB:.1f} GB (python -m minirl memory itemizes it; --memory-limit GB sets the budget)")
+    return (
+        f"memory: {' and '.join(changes)}, so the estimated peak ({peak / GB:.1f} GB) stays within "
+        f"{budget / GB:.1f} GB (python -m minirl memory itemizes it; --memory-limit GB sets the budget)"
+    )

@@ -33,14 +33,21 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    position_ids: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE (Su et al. 2021) angles for each position: cos, sin of shape (B, T, D), float32.
 
     Frequencies are theta^(-2i/D) for i < D/2; the table is repeated [f, f] along D because Qwen2
     rotates the two halves of each head ("rotate-half" layout), not interleaved pairs.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64,
-                                             device=position_ids.device).float() / head_dim))  # (D/2,)
+    inv_freq = 1.0 / (
+        theta
+        ** (
+            torch.arange(0, head_dim, 2, dtype=torch.int64, device=position_ids.device).float()
+            / head_dim
+        )
+    )  # (D/2,)
     angles = position_ids[..., None].float() * inv_freq  # (B, T, D/2)
     angles = torch.cat((angles, angles), dim=-1)  # (B, T, D)
     return angles.cos(), angles.sin()
@@ -79,8 +86,11 @@ class Attention(nn.Module):
     def __init__(self, config: Qwen2Config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads,
-                                                            config.num_key_value_heads, config.head_dim)
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
         C, H, K, D = config.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
         self.q_proj = nn.Linear(C, H * D, bias=True)
         self.k_proj = nn.Linear(C, K * D, bias=True)
@@ -91,16 +101,26 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, mask, kv_cache=None):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, K, T, D)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (B, K, T, D)
+        k = (
+            self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        )  # (B, K, T, D)
+        v = (
+            self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        )  # (B, K, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.write(self.layer_idx, k, v)  # (B, K, S, D): every slot filled so far
         if self.implementation == "eager":
             y = eager_attention(q, k, v, mask)  # (B, H, T, D)
         else:  # the same formula in one fused kernel; each group of H/K query heads reads one kv head
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                               enable_gqa=self.num_heads != self.num_kv_heads)  # (B, H, T, D)
+            y = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=self.num_heads != self.num_kv_heads,
+            )  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
 
 
@@ -148,7 +168,9 @@ def attention_mask_and_positions(attention_mask, kv_cache, T):
         key_mask, query_slot = real, torch.arange(T, device=real.device)  # (B, S=T), (T,)
     else:
         position_ids = kv_cache.next_pos[:, None] + position_ids
-        key_mask, query_slot = kv_cache.append_mask(real)  # (B, S), (T,): the slot each query is written to
+        key_mask, query_slot = kv_cache.append_mask(
+            real
+        )  # (B, S), (T,): the slot each query is written to
     key_slot = torch.arange(key_mask.shape[1], device=real.device)[None, :]  # (1, S)
     query_slot = query_slot[:, None]  # (T, 1)
     mask = key_mask[:, None, None, :] & (key_slot <= query_slot)  # (B, 1, T, S)
@@ -162,7 +184,9 @@ class Qwen2Model(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.gradient_checkpointing = False
 
@@ -172,7 +196,9 @@ class Qwen2Model(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         mask, position_ids = attention_mask_and_positions(attention_mask, kv_cache, T)
-        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)  # (B, T, D)
+        cos, sin = rope_cos_sin(
+            position_ids, self.config.head_dim, self.config.rope_theta
+        )  # (B, T, D)
         x = self.embed_tokens(input_ids)  # (B, T, C)
         for layer in self.layers:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
@@ -194,9 +220,13 @@ class Qwen2(nn.Module):
         self.model = Qwen2Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
-        self.eos_token_ids = config.eos_token_ids  # generation_config.json may widen this (weights.py)
+        self.eos_token_ids = (
+            config.eos_token_ids
+        )  # generation_config.json may widen this (weights.py)
         self.init_weights()
-        use_few_row_products(self)  # a CPU decoding speed-up, same parameters and keys (cpu_matmul.py)
+        use_few_row_products(
+            self
+        )  # a CPU decoding speed-up, same parameters and keys (cpu_matmul.py)
 
     def tie_weights(self):
         if self.config.tie_word_embeddings:
@@ -222,10 +252,12 @@ class Qwen2(nn.Module):
         return self.lm_head.weight.dtype
 
     def set_attention(self, implementation: str):
-        """"sdpa" (default: fused, memory-efficient) or "eager" (the formula written out, bit-identical
+        """ "sdpa" (default: fused, memory-efficient) or "eager" (the formula written out, bit-identical
         to transformers' eager attention in float32; they differ by float rounding, ~1e-6 relative)."""
         if implementation not in ("sdpa", "eager"):
-            raise ValueError(f"attention implementation must be 'sdpa' or 'eager', got {implementation!r}")
+            raise ValueError(
+                f"attention implementation must be 'sdpa' or 'eager', got {implementation!r}"
+            )
         for module in self.modules():
             if isinstance(module, Attention):
                 module.implementation = implementation

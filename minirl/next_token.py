@@ -7,8 +7,14 @@ step); inverse_cdf_draw is the draw, one uniform number per row. Shapes: B rows,
 import torch
 
 
-def sample_next(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row from logits (B, V). Returns tokens (B,) and their log-probs (B,).
 
     The log-prob is taken under the distribution actually sampled from: logits / temperature,
@@ -33,14 +39,17 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int = 
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
         probs = torch.softmax(sorted_logits, dim=-1)
         mass_before = probs.cumsum(-1) - probs  # probability of all better tokens
-        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))  # the best always stays
+        sorted_logits = sorted_logits.masked_fill(
+            mass_before >= top_p, float("-inf")
+        )  # the best always stays
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return inverse_cdf_draw(logits, generator)
 
 
 @torch.no_grad()
-def inverse_cdf_draw(logits: torch.Tensor, generator: torch.Generator | None = None,
-                     block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+def inverse_cdf_draw(
+    logits: torch.Tensor, generator: torch.Generator | None = None, block: int = 256
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row with probability softmax(logits), by inverse CDF, and its log-prob. (B, V) -> (B,), (B,).
 
     u ~ U(0, total) per row, and the token is the first whose running sum of weights exp(z − max z)
@@ -56,14 +65,23 @@ def inverse_cdf_draw(logits: torch.Tensor, generator: torch.Generator | None = N
     weights = weights.view(B, n_blocks, block)
     block_cdf = weights.sum(dim=-1).double().cumsum(dim=-1)  # (B, n_blocks)
     total = block_cdf[:, -1:]  # (B, 1)
-    u = torch.rand(total.shape, dtype=torch.float64, device=logits.device, generator=generator) * total
+    u = (
+        torch.rand(total.shape, dtype=torch.float64, device=logits.device, generator=generator)
+        * total
+    )
     # rounding can put u at the very end: never past the last block, or token, that has any weight
     last_block = (block_cdf < total).sum(dim=-1, keepdim=True)  # (B, 1): the last block adding mass
     b = torch.searchsorted(block_cdf, u, right=True).minimum(last_block)  # (B, 1)
-    before = torch.where(b > 0, block_cdf.gather(-1, (b - 1).clamp(min=0)), 0.0)  # mass of earlier blocks
+    before = torch.where(
+        b > 0, block_cdf.gather(-1, (b - 1).clamp(min=0)), 0.0
+    )  # mass of earlier blocks
     inside = weights.gather(1, b[:, :, None].expand(B, 1, block))[:, 0]  # (B, block)
-    last_token = (inside > 0).long().cumsum(dim=-1).argmax(dim=-1, keepdim=True)  # first index of the max count
-    t = torch.searchsorted(inside.double().cumsum(dim=-1), u - before, right=True).minimum(last_token)  # (B, 1)
+    last_token = (
+        (inside > 0).long().cumsum(dim=-1).argmax(dim=-1, keepdim=True)
+    )  # first index of the max count
+    t = torch.searchsorted(inside.double().cumsum(dim=-1), u - before, right=True).minimum(
+        last_token
+    )  # (B, 1)
     tokens = (b * block + t)[:, 0]  # (B,)
     logprobs = logits.gather(-1, tokens[:, None])[:, 0] - top[:, 0] - total[:, 0].log().float()
     return tokens, logprobs

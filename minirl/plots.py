@@ -19,6 +19,7 @@ def quickstart_figure(run_dir: str, out_path: str):
     """Three panels from runs/quickstart: held-out accuracy of demonstrator, SFT and GRPO over GRPO steps;
     the GRPO reward; tool-use rate on hard vs easy questions in GRPO's samples."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -28,7 +29,9 @@ def quickstart_figure(run_dir: str, out_path: str):
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     ax = axes[0]
     steps, accuracy = _series(rows, "eval_accuracy")
-    ax.plot([0] + steps, [summary["sft_accuracy"]] + accuracy, "o-", color="C2", label="GRPO (from SFT)")
+    ax.plot(
+        [0] + steps, [summary["sft_accuracy"]] + accuracy, "o-", color="C2", label="GRPO (from SFT)"
+    )
     ax.axhline(summary["demonstrator_accuracy"], color="C7", ls="--", label="demonstrator")
     ax.axhline(summary["sft_accuracy"], color="C0", ls=":", label="SFT")
     ax.set(title="held-out accuracy (greedy)", xlabel="GRPO step", ylim=(0, 1.02))
@@ -41,8 +44,10 @@ def quickstart_figure(run_dir: str, out_path: str):
     ax.plot(*_series(rows, "tool_use_easy"), color="C9", label="easy questions")
     ax.set(title="tool-use rate in GRPO samples", xlabel="GRPO step", ylim=(-0.05, 1.05))
     ax.legend(loc="center right")
-    fig.suptitle(f"demonstrator {summary['demonstrator_accuracy']:.2f} → SFT {summary['sft_accuracy']:.2f} → "
-                 f"GRPO {summary['grpo_accuracy']:.2f}  ({summary['eval_questions']} held-out questions)")
+    fig.suptitle(
+        f"demonstrator {summary['demonstrator_accuracy']:.2f} → SFT {summary['sft_accuracy']:.2f} → "
+        f"GRPO {summary['grpo_accuracy']:.2f}  ({summary['eval_questions']} held-out questions)"
+    )
     return _save(fig, out_path)
 
 
@@ -50,24 +55,40 @@ def recipe_figure(run_dir: str, out_path: str):
     """Three panels from a `minirl recipe` run: accuracy and tool use of each policy on the held-out set
     (greedy); GRPO's sample reward and held-out tool use per step; GRPO's KL to the SFT policy per step."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     rows = read_csv(os.path.join(run_dir, "grpo", "metrics.csv"))
-    policies = [("demonstrator", summary["demonstrator"]), ("untrained", summary["base"]["greedy"]),
-                ("SFT", summary["sft"]["greedy"]), ("GRPO", summary["grpo"]["greedy"])]
-    bars = [("accuracy", "accuracy", "C2"), ("accuracy_hard", "accuracy, hard", "C0"),
-            ("tool_use_hard", "tool use, hard", "C3"), ("tool_use_easy", "tool use, easy", "C9"),
-            ("format_failures", "format failures", "C7")]
+    policies = [
+        ("demonstrator", summary["demonstrator"]),
+        ("untrained", summary["base"]["greedy"]),
+        ("SFT", summary["sft"]["greedy"]),
+        ("GRPO", summary["grpo"]["greedy"]),
+    ]
+    bars = [
+        ("accuracy", "accuracy", "C2"),
+        ("accuracy_hard", "accuracy, hard", "C0"),
+        ("tool_use_hard", "tool use, hard", "C3"),
+        ("tool_use_easy", "tool use, easy", "C9"),
+        ("format_failures", "format failures", "C7"),
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.9), gridspec_kw={"width_ratios": [1.6, 1, 1]})
     ax = axes[0]
     width = 0.8 / len(bars)
     for j, (key, label, color) in enumerate(bars):
-        values = [metrics.get(key, 0.0) for _, metrics in policies]  # a scripted demonstrator never fails the format
-        ax.bar([i + (j - (len(bars) - 1) / 2) * width for i in range(len(policies))], values, width, label=label,
-               color=color)
+        values = [
+            metrics.get(key, 0.0) for _, metrics in policies
+        ]  # a scripted demonstrator never fails the format
+        ax.bar(
+            [i + (j - (len(bars) - 1) / 2) * width for i in range(len(policies))],
+            values,
+            width,
+            label=label,
+            color=color,
+        )
     ax.set_xticks(range(len(policies)), [name for name, _ in policies])
     ax.set(title=f"held-out set ({summary['eval_questions']} questions, greedy)", ylim=(0, 1.05))
     ax.legend(loc="upper left", fontsize=8, ncol=3)
@@ -81,8 +102,10 @@ def recipe_figure(run_dir: str, out_path: str):
     ax.plot(*_series(rows, "kl"), "o-", color="C4")
     ax.set(title="GRPO: KL(πθ ‖ π_SFT), k3 per token", xlabel="step")
     base, sft, grpo = (summary[k]["greedy"]["accuracy"] for k in ("base", "sft", "grpo"))
-    fig.suptitle(f"{os.path.basename(os.path.normpath(summary['model']))}: untrained {base:.2f} → SFT {sft:.2f} → "
-                 f"GRPO {grpo:.2f} (demonstrator {summary['demonstrator']['accuracy']:.2f})")
+    fig.suptitle(
+        f"{os.path.basename(os.path.normpath(summary['model']))}: untrained {base:.2f} → SFT {sft:.2f} → "
+        f"GRPO {grpo:.2f} (demonstrator {summary['demonstrator']['accuracy']:.2f})"
+    )
     return _save(fig, out_path)
 
 

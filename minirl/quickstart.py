@@ -37,10 +37,32 @@ from .tokenizer import render_chat_template
 from .toy import demonstrations, demonstrator, tiny_config, train_tokenizer
 from .weights import save_pretrained
 
-FULL = dict(train_questions=4000, sft_epochs=20, sft_batch=64, sft_lr=2e-3, grpo_steps=30, prompts_per_step=16,
-            group_size=8, grpo_lr=2e-4, eval_size=200, eval_every=10, log_rollouts_every=5)
-FAST = dict(train_questions=200, sft_epochs=1, sft_batch=32, sft_lr=2e-3, grpo_steps=2, prompts_per_step=4,
-            group_size=4, grpo_lr=2e-4, eval_size=16, eval_every=1, log_rollouts_every=1)
+FULL = dict(
+    train_questions=4000,
+    sft_epochs=20,
+    sft_batch=64,
+    sft_lr=2e-3,
+    grpo_steps=30,
+    prompts_per_step=16,
+    group_size=8,
+    grpo_lr=2e-4,
+    eval_size=200,
+    eval_every=10,
+    log_rollouts_every=5,
+)
+FAST = dict(
+    train_questions=200,
+    sft_epochs=1,
+    sft_batch=32,
+    sft_lr=2e-3,
+    grpo_steps=2,
+    prompts_per_step=4,
+    group_size=4,
+    grpo_lr=2e-4,
+    eval_size=16,
+    eval_every=1,
+    log_rollouts_every=1,
+)
 
 
 def held_out(run_dir: str) -> dict:
@@ -51,12 +73,19 @@ def held_out(run_dir: str) -> dict:
     with open(os.path.join(run_dir, "eval", f"step-{steps:06d}", "summary.json")) as f:
         summary = json.load(f)
     tools = summary["tool_calling"]
-    return {"accuracy": summary["final_answer"]["pass@1"], "tool_use_hard": tools["tool_use_where_needed"],
-            "tool_use_easy": tools["tool_use_where_not_needed"]}
+    return {
+        "accuracy": summary["final_answer"]["pass@1"],
+        "tool_use_hard": tools["tool_use_where_needed"],
+        "tool_use_easy": tools["tool_use_where_not_needed"],
+    }
 
 
-def run(out_dir: str = os.path.join("runs", "quickstart"), seed: int = 0, fast: bool = False,
-        figure: str | None = os.path.join("figures", "quickstart.png")) -> dict:
+def run(
+    out_dir: str = os.path.join("runs", "quickstart"),
+    seed: int = 0,
+    fast: bool = False,
+    figure: str | None = os.path.join("figures", "quickstart.png"),
+) -> dict:
     settings = FAST if fast else FULL
     start = time.perf_counter()
     torch.manual_seed(seed)
@@ -67,47 +96,96 @@ def run(out_dir: str = os.path.join("runs", "quickstart"), seed: int = 0, fast: 
     print("1. the demonstrator plays the calculator environment (tool on 30 % of hard questions)")
     rng = random.Random(f"quickstart-train-{seed}")
     policy = demonstrator(seed=seed)
-    train_convs, _ = demonstrations(task.sample(settings["train_questions"], rng), policy, seed=seed, progress=True)
+    train_convs, _ = demonstrations(
+        task.sample(settings["train_questions"], rng), policy, seed=seed, progress=True
+    )
     _, demo_accuracy = demonstrations(task.eval_items(), policy, seed=seed + 1)
     data = os.path.join(out_dir, "demonstrations.jsonl")
     with open(data, "w") as f:
         f.writelines(json.dumps(c) + "\n" for c in train_convs)
-    print(f"   {len(train_convs)} demonstrations; demonstrator accuracy on the held-out set: {demo_accuracy:.3f}")
+    print(
+        f"   {len(train_convs)} demonstrations; demonstrator accuracy on the held-out set: {demo_accuracy:.3f}"
+    )
 
     print("2. tokenizer and a tiny Qwen2, saved as a checkpoint folder")
-    tokenizer = train_tokenizer([render_chat_template(c["messages"], c["tools"]) for c in train_convs], 1024,
-                                split="lines")
+    tokenizer = train_tokenizer(
+        [render_chat_template(c["messages"], c["tools"]) for c in train_convs], 1024, split="lines"
+    )
     config = tiny_config(tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id)
     base = os.path.join(out_dir, "base")
     save_pretrained(random_model(config, seed=seed), base, tokenizer)
 
     print("3. SFT from scratch on the demonstrations")
     sft_out = os.path.join(out_dir, "sft")
-    sft_train(SFTConfig(model=base, data=data, out=sft_out, full=True, epochs=settings["sft_epochs"],
-                        batch_size=settings["sft_batch"], lr=settings["sft_lr"], max_len=512, seed=seed,
-                        samples_per_prompt=4, eval_max_new_tokens=48, eval_task=task, save_every=10**9))
+    sft_train(
+        SFTConfig(
+            model=base,
+            data=data,
+            out=sft_out,
+            full=True,
+            epochs=settings["sft_epochs"],
+            batch_size=settings["sft_batch"],
+            lr=settings["sft_lr"],
+            max_len=512,
+            seed=seed,
+            samples_per_prompt=4,
+            eval_max_new_tokens=48,
+            eval_task=task,
+            save_every=10**9,
+        )
+    )
     sft = held_out(sft_out)
-    print(f"   SFT accuracy {sft['accuracy']:.3f}; tool use on hard questions {sft['tool_use_hard']:.2f}")
+    print(
+        f"   SFT accuracy {sft['accuracy']:.3f}; tool use on hard questions {sft['tool_use_hard']:.2f}"
+    )
 
     print("4. GRPO with the exact-answer reward, in the calculator environment")
     grpo_out = os.path.join(out_dir, "grpo")
-    grpo_train(GRPOConfig(model=os.path.join(sft_out, "model"), task=task, out=grpo_out, full=True, beta=0.0,
-                          steps=settings["grpo_steps"], prompts_per_step=settings["prompts_per_step"],
-                          group_size=settings["group_size"], lr=settings["grpo_lr"], max_new_tokens=48,
-                          temperature=1.0, eval_every=settings["eval_every"], save_every=10**9, seed=seed,
-                          log_rollouts_every=settings["log_rollouts_every"], log_rollout_groups=4))
+    grpo_train(
+        GRPOConfig(
+            model=os.path.join(sft_out, "model"),
+            task=task,
+            out=grpo_out,
+            full=True,
+            beta=0.0,
+            steps=settings["grpo_steps"],
+            prompts_per_step=settings["prompts_per_step"],
+            group_size=settings["group_size"],
+            lr=settings["grpo_lr"],
+            max_new_tokens=48,
+            temperature=1.0,
+            eval_every=settings["eval_every"],
+            save_every=10**9,
+            seed=seed,
+            log_rollouts_every=settings["log_rollouts_every"],
+            log_rollout_groups=4,
+        )
+    )
     grpo = held_out(grpo_out)
-    print(f"   GRPO accuracy {grpo['accuracy']:.3f}; tool use on hard questions {grpo['tool_use_hard']:.2f}")
+    print(
+        f"   GRPO accuracy {grpo['accuracy']:.3f}; tool use on hard questions {grpo['tool_use_hard']:.2f}"
+    )
 
-    summary = {"demonstrator_accuracy": demo_accuracy, "sft_accuracy": sft["accuracy"],
-               "grpo_accuracy": grpo["accuracy"], "tool_use_rate_sft": sft["tool_use_hard"],
-               "tool_use_rate_grpo": grpo["tool_use_hard"], "tool_use_easy_sft": sft["tool_use_easy"],
-               "tool_use_easy_grpo": grpo["tool_use_easy"], "eval_questions": len(task.eval_items()),
-               "fast": fast, "seed": seed, "seconds": time.perf_counter() - start}
+    summary = {
+        "demonstrator_accuracy": demo_accuracy,
+        "sft_accuracy": sft["accuracy"],
+        "grpo_accuracy": grpo["accuracy"],
+        "tool_use_rate_sft": sft["tool_use_hard"],
+        "tool_use_rate_grpo": grpo["tool_use_hard"],
+        "tool_use_easy_sft": sft["tool_use_easy"],
+        "tool_use_easy_grpo": grpo["tool_use_easy"],
+        "eval_questions": len(task.eval_items()),
+        "fast": fast,
+        "seed": seed,
+        "seconds": time.perf_counter() - start,
+    }
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     if figure:
         quickstart_figure(out_dir, figure)
-    print(f"5. demonstrator {demo_accuracy:.3f} -> SFT {sft['accuracy']:.3f} -> GRPO {grpo['accuracy']:.3f} "
-          f"in {summary['seconds']:.0f}s; {os.path.join(out_dir, 'summary.json')}" + (f", {figure}" if figure else ""))
+    print(
+        f"5. demonstrator {demo_accuracy:.3f} -> SFT {sft['accuracy']:.3f} -> GRPO {grpo['accuracy']:.3f} "
+        f"in {summary['seconds']:.0f}s; {os.path.join(out_dir, 'summary.json')}"
+        + (f", {figure}" if figure else "")
+    )
     return summary

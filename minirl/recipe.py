@@ -43,17 +43,50 @@ from .toy import demonstrator
 from .weights import load_pretrained
 
 # One setting per scale: the real recipe (measured in the README) and --fast, which runs every stage shrunk.
-FULL = dict(eval_size=96, max_turns=3, eval_max_new_tokens=96, train_questions=480, sft_lr=2e-4, sft_batch=8,
-            sft_epochs=2, sft_eval_every=20, sft_eval_prompts=24, grpo_steps=8, prompts_per_step=8, group_size=8,
-            grpo_lr=1e-4, grpo_max_new_tokens=64, beta=0.04, tool_cost=0.05, grpo_eval_every=0)
-FAST = dict(eval_size=8, max_turns=3, eval_max_new_tokens=24, train_questions=40, sft_lr=2e-3, sft_batch=8,
-            sft_epochs=1, sft_eval_every=0, sft_eval_prompts=4, grpo_steps=2, prompts_per_step=2, group_size=4,
-            grpo_lr=1e-4, grpo_max_new_tokens=24, beta=0.04, tool_cost=0.05, grpo_eval_every=1)
+FULL = dict(
+    eval_size=96,
+    max_turns=3,
+    eval_max_new_tokens=96,
+    train_questions=480,
+    sft_lr=2e-4,
+    sft_batch=8,
+    sft_epochs=2,
+    sft_eval_every=20,
+    sft_eval_prompts=24,
+    grpo_steps=8,
+    prompts_per_step=8,
+    group_size=8,
+    grpo_lr=1e-4,
+    grpo_max_new_tokens=64,
+    beta=0.04,
+    tool_cost=0.05,
+    grpo_eval_every=0,
+)
+FAST = dict(
+    eval_size=8,
+    max_turns=3,
+    eval_max_new_tokens=24,
+    train_questions=40,
+    sft_lr=2e-3,
+    sft_batch=8,
+    sft_epochs=1,
+    sft_eval_every=0,
+    sft_eval_prompts=4,
+    grpo_steps=2,
+    prompts_per_step=2,
+    group_size=4,
+    grpo_lr=1e-4,
+    grpo_max_new_tokens=24,
+    beta=0.04,
+    tool_cost=0.05,
+    grpo_eval_every=1,
+)
 
 
 def policy_metrics(trajectories) -> dict:
     """Accuracy and tool use on hard and easy questions, and format failures: episodes whose text holds
     a tool call the parser cannot read (a call in another format, or a malformed <tool_call>)."""
+
     def share(values):
         values = list(values)
         return sum(values) / len(values) if values else float("nan")
@@ -65,22 +98,31 @@ def policy_metrics(trajectories) -> dict:
         turns = [m["content"] for m in t.messages if m["role"] == "assistant"]
         return any(parse_assistant(text).errors or foreign_tool_call(text) for text in turns)
 
-    return {"accuracy": share(t.info["correct"] for t in trajectories),
-            "accuracy_hard": share(t.info["correct"] for t in hard),
-            "accuracy_easy": share(t.info["correct"] for t in easy),
-            "tool_use_hard": share(t.info["used_tool"] for t in hard),
-            "tool_use_easy": share(t.info["used_tool"] for t in easy),
-            "format_failures": share(map(format_failure, trajectories)),
-            "calls_per_episode": share(t.info["calls"] for t in trajectories),
-            "completion_tokens": share(sum(t.action_mask) for t in trajectories)}
+    return {
+        "accuracy": share(t.info["correct"] for t in trajectories),
+        "accuracy_hard": share(t.info["correct"] for t in hard),
+        "accuracy_easy": share(t.info["correct"] for t in easy),
+        "tool_use_hard": share(t.info["used_tool"] for t in hard),
+        "tool_use_easy": share(t.info["used_tool"] for t in easy),
+        "format_failures": share(map(format_failure, trajectories)),
+        "calls_per_episode": share(t.info["calls"] for t in trajectories),
+        "completion_tokens": share(sum(t.action_mask) for t in trajectories),
+    }
 
 
 def evaluate(model, tokenizer, task: CalculatorTask, max_new_tokens: int, seed: int) -> dict:
     """The held-out set, greedy and sampled once per question at temperature 1 (fixed seed)."""
     out = {}
     for name, temperature in (("greedy", 0.0), ("sampled", 1.0)):
-        trajectories = task.rollout(model, tokenizer, task.eval_items(), 1, max_new_tokens, temperature=temperature,
-                                    seed=seed)
+        trajectories = task.rollout(
+            model,
+            tokenizer,
+            task.eval_items(),
+            1,
+            max_new_tokens,
+            temperature=temperature,
+            seed=seed,
+        )
         out[name] = policy_metrics(trajectories)
     return out
 
@@ -105,21 +147,35 @@ def demonstrations_of(policy, items: list[dict], seed: int) -> tuple[list[dict],
 
 def table(summary: dict) -> str:
     """The results as a markdown table: one row per policy, greedy on the held-out set."""
-    lines = ["| policy | accuracy | hard: accuracy | hard: tool use | easy: tool use | format failures | "
-             "accuracy at T=1 |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| policy | accuracy | hard: accuracy | hard: tool use | easy: tool use | format failures | "
+        "accuracy at T=1 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     demo = summary["demonstrator"]
-    lines.append(f"| demonstrator ({demo['kind']}, scripted) | {demo['accuracy']:.3f} | {demo['accuracy_hard']:.3f} | "
-                 f"{demo['tool_use_hard']:.2f} | {demo['tool_use_easy']:.2f} | 0 | - |")
+    lines.append(
+        f"| demonstrator ({demo['kind']}, scripted) | {demo['accuracy']:.3f} | {demo['accuracy_hard']:.3f} | "
+        f"{demo['tool_use_hard']:.2f} | {demo['tool_use_easy']:.2f} | 0 | - |"
+    )
     for stage, label in (("base", "untrained"), ("sft", "SFT (LoRA)"), ("grpo", "GRPO from SFT")):
         g, s = summary[stage]["greedy"], summary[stage]["sampled"]
-        lines.append(f"| {label} | {g['accuracy']:.3f} | {g['accuracy_hard']:.3f} | {g['tool_use_hard']:.2f} | "
-                     f"{g['tool_use_easy']:.2f} | {g['format_failures']:.2f} | {s['accuracy']:.3f} |")
+        lines.append(
+            f"| {label} | {g['accuracy']:.3f} | {g['accuracy_hard']:.3f} | {g['tool_use_hard']:.2f} | "
+            f"{g['tool_use_easy']:.2f} | {g['format_failures']:.2f} | {s['accuracy']:.3f} |"
+        )
     return "\n".join(lines)
 
 
-def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), seed: int = 0, fast: bool = False,
-        demonstrator_kind: str = "imperfect", tool_rate: float = 0.3, figure: str | None = None,
-        memory_limit: float = 0.0) -> dict:
+def run(
+    model: str,
+    out_dir: str = os.path.join("runs", "recipe-calculator"),
+    seed: int = 0,
+    fast: bool = False,
+    demonstrator_kind: str = "imperfect",
+    tool_rate: float = 0.3,
+    figure: str | None = None,
+    memory_limit: float = 0.0,
+) -> dict:
     if demonstrator_kind not in ("imperfect", "expert"):
         raise ValueError(f"--demonstrator must be imperfect or expert, got {demonstrator_kind!r}")
     if not 0 <= tool_rate <= 1:
@@ -128,11 +184,20 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     start, seconds = time.perf_counter(), {}
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
-    task = CalculatorTask(seed=seed, eval_size=s["eval_size"], max_turns=s["max_turns"], tool_cost=s["tool_cost"])
-    summary = {"model": model, "fast": fast, "seed": seed, "eval_questions": len(task.eval_items()),
-               "settings": s}
+    task = CalculatorTask(
+        seed=seed, eval_size=s["eval_size"], max_turns=s["max_turns"], tool_cost=s["tool_cost"]
+    )
+    summary = {
+        "model": model,
+        "fast": fast,
+        "seed": seed,
+        "eval_questions": len(task.eval_items()),
+        "settings": s,
+    }
 
-    print(f"1. the untrained policy on {len(task.eval_items())} held-out questions (greedy, then T=1)")
+    print(
+        f"1. the untrained policy on {len(task.eval_items())} held-out questions (greedy, then T=1)"
+    )
     tick, peaks, highest = time.perf_counter(), {}, []  # highest: each stretch's high-water mark
     policy, tokenizer = load_pretrained(model)
     summary["base"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed)
@@ -140,27 +205,52 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     seconds["base_eval"] = time.perf_counter() - tick
     print("   " + _line(summary["base"]))
 
-    print(f"2. demonstrations: the {demonstrator_kind} scripted policy plays {s['train_questions']} questions")
-    policy_fn = expert_policy if demonstrator_kind == "expert" else demonstrator(tool_rate_hard=tool_rate, seed=seed)
+    print(
+        f"2. demonstrations: the {demonstrator_kind} scripted policy plays {s['train_questions']} questions"
+    )
+    policy_fn = (
+        expert_policy
+        if demonstrator_kind == "expert"
+        else demonstrator(tool_rate_hard=tool_rate, seed=seed)
+    )
     train_items = task.sample(s["train_questions"], random.Random(f"recipe-train-{seed}"))
     conversations, _ = demonstrations_of(policy_fn, train_items, seed)
     _, demo_rates = _scripted_metrics(policy_fn, task.eval_items(), seed + 1)
-    summary["demonstrator"] = {"kind": demonstrator_kind, "tool_rate_hard": tool_rate if demonstrator_kind != "expert"
-                               else 1.0, **demo_rates}
+    summary["demonstrator"] = {
+        "kind": demonstrator_kind,
+        "tool_rate_hard": tool_rate if demonstrator_kind != "expert" else 1.0,
+        **demo_rates,
+    }
     data = os.path.join(out_dir, "demonstrations.jsonl")
     with open(data, "w") as f:
         f.writelines(json.dumps(c) + "\n" for c in conversations)
-    print(f"   {len(conversations)} conversations; the demonstrator's held-out accuracy {demo_rates['accuracy']:.3f}")
+    print(
+        f"   {len(conversations)} conversations; the demonstrator's held-out accuracy {demo_rates['accuracy']:.3f}"
+    )
 
     print("3. stage 1: LoRA SFT until the graduation test passes")
     tick = time.perf_counter()
     sft_dir = os.path.join(out_dir, "sft")
     stage_rss = _reset_peak(highest)
-    summary["sft_run"] = sft_train(SFTConfig(
-        model=model, data=data, out=sft_dir, epochs=s["sft_epochs"], lr=s["sft_lr"], batch_size=s["sft_batch"],
-        max_len=1024, seed=seed, eval_every=s["sft_eval_every"], until_graduated=True, samples_per_prompt=4,
-        eval_max_new_tokens=s["eval_max_new_tokens"], save_every=10**9, memory_limit=memory_limit,
-        eval_data=_graduation_data(out_dir, task, policy_fn, s["sft_eval_prompts"], seed)))
+    summary["sft_run"] = sft_train(
+        SFTConfig(
+            model=model,
+            data=data,
+            out=sft_dir,
+            epochs=s["sft_epochs"],
+            lr=s["sft_lr"],
+            batch_size=s["sft_batch"],
+            max_len=1024,
+            seed=seed,
+            eval_every=s["sft_eval_every"],
+            until_graduated=True,
+            samples_per_prompt=4,
+            eval_max_new_tokens=s["eval_max_new_tokens"],
+            save_every=10**9,
+            memory_limit=memory_limit,
+            eval_data=_graduation_data(out_dir, task, policy_fn, s["sft_eval_prompts"], seed),
+        )
+    )
     seconds["sft"], peaks["sft"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
     tick = time.perf_counter()
     policy, tokenizer = load_policy(model, [os.path.join(sft_dir, "adapter")])
@@ -173,14 +263,30 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     tick = time.perf_counter()
     grpo_dir = os.path.join(out_dir, "grpo")
     stage_rss = _reset_peak(highest)
-    summary["grpo_run"] = grpo_train(GRPOConfig(
-        model=model, adapter=os.path.join(sft_dir, "adapter"), task=task, out=grpo_dir, steps=s["grpo_steps"],
-        prompts_per_step=s["prompts_per_step"], group_size=s["group_size"], lr=s["grpo_lr"],
-        max_new_tokens=s["grpo_max_new_tokens"], beta=s["beta"], eval_every=s["grpo_eval_every"], seed=seed,
-        save_every=10**9, log_rollouts_every=5, memory_limit=memory_limit))
+    summary["grpo_run"] = grpo_train(
+        GRPOConfig(
+            model=model,
+            adapter=os.path.join(sft_dir, "adapter"),
+            task=task,
+            out=grpo_dir,
+            steps=s["grpo_steps"],
+            prompts_per_step=s["prompts_per_step"],
+            group_size=s["group_size"],
+            lr=s["grpo_lr"],
+            max_new_tokens=s["grpo_max_new_tokens"],
+            beta=s["beta"],
+            eval_every=s["grpo_eval_every"],
+            seed=seed,
+            save_every=10**9,
+            log_rollouts_every=5,
+            memory_limit=memory_limit,
+        )
+    )
     seconds["grpo"], peaks["grpo"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
     tick = time.perf_counter()
-    policy, tokenizer = load_policy(model, [os.path.join(sft_dir, "adapter"), os.path.join(grpo_dir, "adapter")])
+    policy, tokenizer = load_policy(
+        model, [os.path.join(sft_dir, "adapter"), os.path.join(grpo_dir, "adapter")]
+    )
     summary["grpo"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed)
     del policy
     seconds["grpo_eval"] = time.perf_counter() - tick
@@ -189,8 +295,13 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     summary["seconds"] = {**seconds, "total": time.perf_counter() - start}
     # not getrusage's ru_maxrss: resetting the high-water mark resets it too (and GNU time's figure)
     summary["peak_rss_gb"] = max(highest + [_resident("VmHWM")]) / 1e9
-    summary["memory"] = {stage: {"estimate_gb": summary[f"{stage}_run"]["memory_estimate_gb"],
-                                 "measured_gb": peaks[stage] / 1e9} for stage in peaks}  # above the stage's start
+    summary["memory"] = {
+        stage: {
+            "estimate_gb": summary[f"{stage}_run"]["memory_estimate_gb"],
+            "measured_gb": peaks[stage] / 1e9,
+        }
+        for stage in peaks
+    }  # above the stage's start
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     results = table(summary)
@@ -200,10 +311,14 @@ def run(model: str, out_dir: str = os.path.join("runs", "recipe-calculator"), se
     recipe_figure(out_dir, figure)
     print(results)
     for stage, m in summary["memory"].items():
-        print(f"   {stage}: estimated peak {m['estimate_gb']:.2f} GB, measured {m['measured_gb']:.2f} GB resident "
-              "above the stage's start")
-    print(f"5. {summary['seconds']['total'] / 60:.1f} min, peak resident memory {summary['peak_rss_gb']:.1f} GB; "
-          f"{os.path.join(out_dir, 'summary.json')}, {figure}")
+        print(
+            f"   {stage}: estimated peak {m['estimate_gb']:.2f} GB, measured {m['measured_gb']:.2f} GB resident "
+            "above the stage's start"
+        )
+    print(
+        f"5. {summary['seconds']['total'] / 60:.1f} min, peak resident memory {summary['peak_rss_gb']:.1f} GB; "
+        f"{os.path.join(out_dir, 'summary.json')}, {figure}"
+    )
     return summary
 
 
@@ -216,10 +331,13 @@ def _scripted_metrics(policy, items, seed) -> tuple[list, dict]:
     hard = [r for r in rows if r["difficulty"] == "hard"]
     easy = [r for r in rows if r["difficulty"] == "easy"]
     mean = lambda values: sum(values) / len(values) if values else float("nan")  # noqa: E731
-    return rows, {"accuracy": mean([r["correct"] for r in rows]), "accuracy_hard": mean([r["correct"] for r in hard]),
-                  "accuracy_easy": mean([r["correct"] for r in easy]),
-                  "tool_use_hard": mean([r["used_tool"] for r in hard]),
-                  "tool_use_easy": mean([r["used_tool"] for r in easy])}
+    return rows, {
+        "accuracy": mean([r["correct"] for r in rows]),
+        "accuracy_hard": mean([r["correct"] for r in hard]),
+        "accuracy_easy": mean([r["correct"] for r in easy]),
+        "tool_use_hard": mean([r["used_tool"] for r in hard]),
+        "tool_use_easy": mean([r["used_tool"] for r in easy]),
+    }
 
 
 def _resident(field: str) -> int:
@@ -256,6 +374,8 @@ def _graduation_data(out_dir: str, task: CalculatorTask, policy, n: int, seed: i
 
 def _line(metrics: dict) -> str:
     g, s = metrics["greedy"], metrics["sampled"]
-    return (f"greedy: accuracy {g['accuracy']:.3f} (hard {g['accuracy_hard']:.3f}), tool use hard "
-            f"{g['tool_use_hard']:.2f} / easy {g['tool_use_easy']:.2f}, format failures {g['format_failures']:.2f}; "
-            f"T=1: accuracy {s['accuracy']:.3f}")
+    return (
+        f"greedy: accuracy {g['accuracy']:.3f} (hard {g['accuracy_hard']:.3f}), tool use hard "
+        f"{g['tool_use_hard']:.2f} / easy {g['tool_use_easy']:.2f}, format failures {g['format_failures']:.2f}; "
+        f"T=1: accuracy {s['accuracy']:.3f}"
+    )

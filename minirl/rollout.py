@@ -19,6 +19,7 @@ class Trajectory:
     """One episode. Each field has one writer: the rollout (this module) everything up to `info`, as
     the episode runs; the environment's reward() the `info` record when it ends (envs/__init__.py);
     Task.score (tasks.py) `reward_parts` and `reward`."""
+
     prompt: dict  # the task item: messages, tools, answer, ...
     prompt_ids: list[int]
     completion_ids: list[int]  # everything after the prompt: actions and (multi-turn) observations
@@ -26,12 +27,22 @@ class Trajectory:
     logprobs: list[float]  # sampling log-prob of each completion token, 0 where action_mask is 0
     finish_reason: str  # "stop" | "length" (single turn); "answer" | "max_turns" | "length" | "context" (episodes)
     text: str = ""  # the final reply decoded, stop tokens removed (for rewards that read text)
-    messages: list = field(default_factory=list)  # the conversation as text: opening messages, turns, results
+    messages: list = field(
+        default_factory=list
+    )  # the conversation as text: opening messages, turns, results
     turns: int = 1  # assistant turns (actions) taken
-    tool_calls: list = field(default_factory=list)  # {"name", "arguments", "result"} of every call, in order
-    tool_errors: int = 0  # observations that were errors: a failing or unknown tool, a malformed call
-    info: dict = field(default_factory=dict)  # the environment's record of the episode: reward parts and facts
-    reward_parts: dict = field(default_factory=dict)  # each of the task's reward functions on this episode
+    tool_calls: list = field(
+        default_factory=list
+    )  # {"name", "arguments", "result"} of every call, in order
+    tool_errors: int = (
+        0  # observations that were errors: a failing or unknown tool, a malformed call
+    )
+    info: dict = field(
+        default_factory=dict
+    )  # the environment's record of the episode: reward parts and facts
+    reward_parts: dict = field(
+        default_factory=dict
+    )  # each of the task's reward functions on this episode
     reward: float = 0.0  # Σ weight · part
 
     def rewards_per_turn(self) -> list[float]:
@@ -41,35 +52,76 @@ class Trajectory:
     def discounted_return(self, gamma: float = 1.0) -> float:
         """G_0 = Σ_t γ^t r_t (chapter §10.1). Agentic RL uses γ = 1: a late correct answer is as good as
         an early one; shorter episodes are encouraged by explicit penalties instead."""
-        return sum(gamma ** t * r for t, r in enumerate(self.rewards_per_turn()))
+        return sum(gamma**t * r for t, r in enumerate(self.rewards_per_turn()))
 
 
 def prompt_ids(tokenizer, item: dict) -> list[int]:
-    text = tokenizer.apply_chat_template(item["messages"], item.get("tools"), add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        item["messages"], item.get("tools"), add_generation_prompt=True
+    )
     return tokenizer.encode(text)
 
 
-def sample_completions(model, tokenizer, items: list[dict], group_size: int, max_new_tokens: int, *,
-                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                       decoder=None) -> list[Trajectory]:
+def sample_completions(
+    model,
+    tokenizer,
+    items: list[dict],
+    group_size: int,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    decoder=None,
+) -> list[Trajectory]:
     """Single-turn rollouts: G completions per item from one prefill each, prompt-major (the G of
     item i are consecutive). decoder: a sampling.Decoder of `model` to decode with (one that keeps
     its compiled step and cache between calls), else generate's default."""
     prompts = [prompt_ids(tokenizer, item) for item in items]
-    outs = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                    top_p=top_p, seed=seed, num_samples=group_size, decoder=decoder)
+    outs = generate(
+        model,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        num_samples=group_size,
+        decoder=decoder,
+    )
     stop_ids = set(model.eos_token_ids)
-    return [Trajectory(prompt=items[i // group_size], prompt_ids=prompts[i // group_size],
-                       completion_ids=out.tokens, action_mask=[1] * len(out.tokens), logprobs=out.logprobs,
-                       finish_reason=out.finish_reason,
-                       text=tokenizer.decode([t for t in out.tokens if t not in stop_ids]))
-            for i, out in enumerate(outs)]
+    return [
+        Trajectory(
+            prompt=items[i // group_size],
+            prompt_ids=prompts[i // group_size],
+            completion_ids=out.tokens,
+            action_mask=[1] * len(out.tokens),
+            logprobs=out.logprobs,
+            finish_reason=out.finish_reason,
+            text=tokenizer.decode([t for t in out.tokens if t not in stop_ids]),
+        )
+        for i, out in enumerate(outs)
+    ]
 
 
-def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int = 1, max_turns: int = 4,
-                 max_new_tokens: int = 128, *, max_context: int | None = None, temperature: float = 1.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, decoder=None,
-                 wrap_env=None) -> list[Trajectory]:
+def run_episodes(
+    model,
+    tokenizer,
+    make_env,
+    items: list[dict],
+    group_size: int = 1,
+    max_turns: int = 4,
+    max_new_tokens: int = 128,
+    *,
+    max_context: int | None = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    decoder=None,
+    wrap_env=None,
+) -> list[Trajectory]:
     """Multi-turn tool-use episodes, batched: every turn, all unfinished episodes are sampled together.
 
     An episode (the MDP of chapter §10.1) alternates actions and observations: the policy writes an
@@ -90,9 +142,15 @@ def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int 
         for _ in range(group_size):
             env = make_env() if wrap_env is None else wrap_env(make_env())
             messages, tools = env.reset(item)
-            ids = tokenizer.encode(tokenizer.apply_chat_template(messages, tools, add_generation_prompt=True))
-            episodes.append({"env": env, "traj": Trajectory(item, ids, [], [], [], "", messages=list(messages),
-                                                            turns=0)})
+            ids = tokenizer.encode(
+                tokenizer.apply_chat_template(messages, tools, add_generation_prompt=True)
+            )
+            episodes.append(
+                {
+                    "env": env,
+                    "traj": Trajectory(item, ids, [], [], [], "", messages=list(messages), turns=0),
+                }
+            )
     for turn in range(max_turns):
         active = [e for e in episodes if not e["traj"].finish_reason]
         fits = []
@@ -104,9 +162,16 @@ def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int 
                 fits.append(e)
         if not fits:
             break
-        outs = generate(model, [e["traj"].prompt_ids + e["traj"].completion_ids for e in fits],
-                        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        seed=None if seed is None else seed * 1009 + turn, decoder=decoder)
+        outs = generate(
+            model,
+            [e["traj"].prompt_ids + e["traj"].completion_ids for e in fits],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=None if seed is None else seed * 1009 + turn,
+            decoder=decoder,
+        )
         for e, out in zip(fits, outs):
             t, env = e["traj"], e["env"]
             t.completion_ids += out.tokens
@@ -125,7 +190,9 @@ def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int 
             observations = list(parsed.errors)
             for call in parsed.calls:
                 observations.append(env.step(call))
-                t.tool_calls.append({"name": call.name, "arguments": call.arguments, "result": observations[-1]})
+                t.tool_calls.append(
+                    {"name": call.name, "arguments": call.arguments, "result": observations[-1]}
+                )
             t.tool_errors += sum(o.startswith("Error:") for o in observations)
             t.messages += [{"role": "tool", "content": o} for o in observations]
             if turn == max_turns - 1:
@@ -140,7 +207,9 @@ def run_episodes(model, tokenizer, make_env, items: list[dict], group_size: int 
         t = e["traj"]
         t.finish_reason = t.finish_reason or "max_turns"
         t.text = t.messages[-1]["content"] if t.messages[-1]["role"] == "assistant" else ""
-        _, t.info = e["env"].reward(t)  # the environment's total is its parts' sum; the task weighs the parts
+        _, t.info = e["env"].reward(
+            t
+        )  # the environment's total is its parts' sum; the task weighs the parts
         e["env"].close()
         trajectories.append(t)
     return trajectories

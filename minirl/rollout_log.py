@@ -58,8 +58,16 @@ def _aligned(prompt_len: int, values, action_mask: list[int]) -> list:
     return [None] * prompt_len + [_number(v) if m else None for v, m in zip(values, action_mask)]
 
 
-def rollout_records(step: int, trajectories, advantages, learned_rows: list[int], per_token: dict | None,
-                    tokenizer, group_size: int, groups: int) -> list[dict]:
+def rollout_records(
+    step: int,
+    trajectories,
+    advantages,
+    learned_rows: list[int],
+    per_token: dict | None,
+    tokenizer,
+    group_size: int,
+    groups: int,
+) -> list[dict]:
     """One record per completion of the first `groups` groups. trajectories and advantages (N,) are the
     whole step's, prompt-major; learned_rows[j] is the trajectory whose values are row j of per_token's
     (len(learned_rows), Lc) tensors (learn() sees only the kept groups)."""
@@ -67,29 +75,51 @@ def rollout_records(step: int, trajectories, advantages, learned_rows: list[int]
     per_token = per_token or {}
     ratio = kl = None
     if per_token.get("logprob") is not None:
-        logp, old = per_token["logprob"].float().cpu(), per_token["old_logprob"].float().cpu()  # (n, Lc)
+        logp, old = (
+            per_token["logprob"].float().cpu(),
+            per_token["old_logprob"].float().cpu(),
+        )  # (n, Lc)
         ratio = torch.exp(logp - old)
         ref = per_token.get("ref_logprob")
         kl = None if ref is None else kl_k3(logp, ref.float().cpu())
     records = []
-    for i, t in enumerate(trajectories[:groups * group_size]):
+    for i, t in enumerate(trajectories[: groups * group_size]):
         n, P = len(t.completion_ids), len(t.prompt_ids)
         mask = list(t.action_mask)
         j = learned.get(i)
 
         def learner(values):
-            return [None] * (P + n) if values is None or j is None else _aligned(P, values[j, :n].tolist(), mask)
+            return (
+                [None] * (P + n)
+                if values is None or j is None
+                else _aligned(P, values[j, :n].tolist(), mask)
+            )
 
-        records.append({
-            "step": step, "group": i // group_size, "sample": i % group_size, "prompt_len": P,
-            "ids": t.prompt_ids + t.completion_ids, "pieces": token_pieces(tokenizer, t.prompt_ids + t.completion_ids),
-            "action_mask": [0] * P + mask, "sampler_logprob": _aligned(P, t.logprobs, mask),
-            "logprob": learner(per_token.get("logprob")), "old_logprob": learner(per_token.get("old_logprob")),
-            "ref_logprob": learner(per_token.get("ref_logprob")), "ratio": learner(ratio), "kl": learner(kl),
-            "reward": _number(t.reward), "reward_parts": {k: _number(v) for k, v in t.reward_parts.items()},
-            "advantage": _number(advantages[i]), "kept": j is not None, "finish_reason": t.finish_reason,
-            "turns": t.turns, "tool_calls": t.tool_calls, "answer": t.prompt.get("answer"),
-        })
+        records.append(
+            {
+                "step": step,
+                "group": i // group_size,
+                "sample": i % group_size,
+                "prompt_len": P,
+                "ids": t.prompt_ids + t.completion_ids,
+                "pieces": token_pieces(tokenizer, t.prompt_ids + t.completion_ids),
+                "action_mask": [0] * P + mask,
+                "sampler_logprob": _aligned(P, t.logprobs, mask),
+                "logprob": learner(per_token.get("logprob")),
+                "old_logprob": learner(per_token.get("old_logprob")),
+                "ref_logprob": learner(per_token.get("ref_logprob")),
+                "ratio": learner(ratio),
+                "kl": learner(kl),
+                "reward": _number(t.reward),
+                "reward_parts": {k: _number(v) for k, v in t.reward_parts.items()},
+                "advantage": _number(advantages[i]),
+                "kept": j is not None,
+                "finish_reason": t.finish_reason,
+                "turns": t.turns,
+                "tool_calls": t.tool_calls,
+                "answer": t.prompt.get("answer"),
+            }
+        )
     return records
 
 
@@ -100,14 +130,20 @@ class RolloutLog:
         kept = []
         if resume_step is not None and os.path.exists(path):
             with open(path, encoding="utf-8") as f:
-                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= resume_step]
+                kept = [
+                    line for line in f if line.strip() and json.loads(line)["step"] <= resume_step
+                ]
         self.path = path
         self.file = open(path, "w", encoding="utf-8")
         self.file.writelines(kept)
 
     def write(self, records: list[dict]):
-        for record in records:  # allow_nan=False: a NaN that slipped through would break the viewer's JSON.parse
-            self.file.write(json.dumps(record, ensure_ascii=False, allow_nan=False, default=str) + "\n")
+        for record in (
+            records
+        ):  # allow_nan=False: a NaN that slipped through would break the viewer's JSON.parse
+            self.file.write(
+                json.dumps(record, ensure_ascii=False, allow_nan=False, default=str) + "\n"
+            )
         self.file.flush()
 
     def close(self):

@@ -42,15 +42,23 @@ from .next_token import sample_next
 SYNC_EVERY = 8  # fixed shapes: tokens between the host's checks whether every row has stopped
 COMPACT_AT = 0.125  # compacting: drop the stopped rows once they are this share of the batch
 MIN_SHARED_PREFIX = 16  # tokens every prompt must share before their prefill is shared
-KEPT_CACHES = 4  # fixed shapes: caches a Decoder keeps (one per batch size, the least recently used goes)
-SLOTS_MULTIPLE = 256  # fixed shapes: cache lengths are rounded up to this, so similar calls reuse one step
+KEPT_CACHES = (
+    4  # fixed shapes: caches a Decoder keeps (one per batch size, the least recently used goes)
+)
+SLOTS_MULTIPLE = (
+    256  # fixed shapes: cache lengths are rounded up to this, so similar calls reuse one step
+)
 
 
 @dataclass
 class Completion:
     tokens: list[int]  # generated ids, the stop token included when the row stopped on one
-    logprobs: list[float] = field(default_factory=list)  # log-prob of each token under the sampling distribution
-    finish_reason: str = "length"  # "stop" (a stop token was sampled) or "length" (max_new_tokens reached)
+    logprobs: list[float] = field(
+        default_factory=list
+    )  # log-prob of each token under the sampling distribution
+    finish_reason: str = (
+        "length"  # "stop" (a stop token was sampled) or "length" (max_new_tokens reached)
+    )
 
 
 def _check(model, prompts, *, max_new_tokens, temperature, top_k, top_p, num_samples):
@@ -59,18 +67,24 @@ def _check(model, prompts, *, max_new_tokens, temperature, top_k, top_p, num_sam
     V, context = model.config.vocab_size, model.config.max_position_embeddings
     for i, p in enumerate(prompts):
         if not isinstance(p, (list, tuple)) or not p or not all(isinstance(t, int) for t in p):
-            raise ValueError(f"prompt {i} must be a non-empty list of ints (token ids), got {type(p).__name__}")
+            raise ValueError(
+                f"prompt {i} must be a non-empty list of ints (token ids), got {type(p).__name__}"
+            )
         bad = [t for t in p if not 0 <= t < V]
         if bad:
             raise ValueError(f"prompt {i} holds token id {bad[0]}, outside the vocabulary [0, {V})")
         if len(p) + max_new_tokens > context:
-            raise ValueError(f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
-                             f"{len(p) + max_new_tokens} positions, beyond the model's context of {context}")
+            raise ValueError(
+                f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
+                f"{len(p) + max_new_tokens} positions, beyond the model's context of {context}"
+            )
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or num_samples < 1:
-        raise ValueError(f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1, num_samples >= 1; got "
-                         f"{temperature}, {top_k}, {top_p}, {num_samples}")
+        raise ValueError(
+            f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1, num_samples >= 1; got "
+            f"{temperature}, {top_k}, {top_p}, {num_samples}"
+        )
 
 
 def _prefill(model, prompts, max_len, num_samples):
@@ -82,8 +96,14 @@ def _prefill(model, prompts, max_len, num_samples):
     device = model.device
     distinct = list(dict.fromkeys(map(tuple, prompts)))
     first_row = {p: i for i, p in enumerate(distinct)}
-    group_of_row = torch.tensor([first_row[tuple(p)] for p in prompts], device=device).repeat_interleave(num_samples)
-    shared = common_prefix_length(distinct, limit=min(map(len, distinct)) - 1) if len(distinct) > 1 else 0
+    group_of_row = torch.tensor(
+        [first_row[tuple(p)] for p in prompts], device=device
+    ).repeat_interleave(num_samples)
+    shared = (
+        common_prefix_length(distinct, limit=min(map(len, distinct)) - 1)
+        if len(distinct) > 1
+        else 0
+    )
     shared = shared if shared >= MIN_SHARED_PREFIX else 0
     cache = KVCache(model.config, 1 if shared else len(distinct), max_len, model.dtype, device)
     if shared:
@@ -94,9 +114,11 @@ def _prefill(model, prompts, max_len, num_samples):
     ids = torch.zeros(len(rest), longest, dtype=torch.long)  # (B, T), left-padded
     mask = torch.zeros(len(rest), longest, dtype=torch.long)  # (B, T), 1 = real token
     for i, p in enumerate(rest):
-        ids[i, longest - len(p):] = torch.tensor(p)
-        mask[i, longest - len(p):] = 1
-    logits = model(ids.to(device), mask.to(device), kv_cache=cache, logits_to_keep=1)[:, -1]  # (B, V)
+        ids[i, longest - len(p) :] = torch.tensor(p)
+        mask[i, longest - len(p) :] = 1
+    logits = model(ids.to(device), mask.to(device), kv_cache=cache, logits_to_keep=1)[
+        :, -1
+    ]  # (B, V)
     return cache, logits, group_of_row
 
 
@@ -131,12 +153,29 @@ class Decoder:
         self.static_cache = static_cache or compile
         self.compile = compile
         # all that fixed shapes change in the decoding loop:
-        self.check_every = SYNC_EVERY if self.static_cache else 1  # tokens between "has every row stopped?"
-        self.compacts = not self.static_cache  # stopped rows leave the batch (which changes its shape)
-        self.caches: dict[tuple, StaticKVCache] = {}  # (rows, dtype, device) -> cache, least recently used first
+        self.check_every = (
+            SYNC_EVERY if self.static_cache else 1
+        )  # tokens between "has every row stopped?"
+        self.compacts = (
+            not self.static_cache
+        )  # stopped rows leave the batch (which changes its shape)
+        self.caches: dict[
+            tuple, StaticKVCache
+        ] = {}  # (rows, dtype, device) -> cache, least recently used first
         self._busy: set[KVCache] = set()  # the caches a decoding loop is writing now
 
-    def _steps(self, prompts, max_new_tokens, num_samples, stop_ids, generator, *, temperature, top_k, top_p):
+    def _steps(
+        self,
+        prompts,
+        max_new_tokens,
+        num_samples,
+        stop_ids,
+        generator,
+        *,
+        temperature,
+        top_k,
+        top_p,
+    ):
         """Prefill, then one token per step. Yields, once per step, (rows, tokens, logprobs, stopped),
         each (B,) over the rows still in the batch: row i holds sequence rows[i] of the
         len(prompts) * num_samples (prompt-major), tokens and logprobs are its draw, stopped says
@@ -150,14 +189,19 @@ class Decoder:
         self._busy.add(cache)
         try:
             for step in range(max_new_tokens):
-                tokens, logprobs = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                               generator=generator)  # (B,), (B,)
+                tokens, logprobs = sample_next(
+                    logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+                )  # (B,), (B,)
                 stopped |= torch.isin(tokens, stop_ids)
                 yield rows, tokens, logprobs, stopped
                 # bool() waits for the device: with fixed shapes, so that it rarely does, only every few tokens
-                if step == max_new_tokens - 1 or ((step + 1) % self.check_every == 0 and bool(stopped.all())):
+                if step == max_new_tokens - 1 or (
+                    (step + 1) % self.check_every == 0 and bool(stopped.all())
+                ):
                     return
-                if self.compacts and int(stopped.sum()) >= COMPACT_AT * len(rows):  # a stopped row costs a full step
+                if self.compacts and int(stopped.sum()) >= COMPACT_AT * len(
+                    rows
+                ):  # a stopped row costs a full step
                     keep = (~stopped).nonzero()[:, 0]
                     cache.select_rows(keep)
                     rows, tokens, stopped = rows[keep], tokens[keep], stopped[keep]
@@ -166,15 +210,31 @@ class Decoder:
             self._busy.discard(cache)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], *, max_new_tokens: int = 64, temperature: float = 1.0,
-                 top_k: int = 0, top_p: float = 1.0, stop_token_ids: list[int] | None = None,
-                 seed: int | None = None, num_samples: int = 1) -> list[Completion]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        stop_token_ids: list[int] | None = None,
+        seed: int | None = None,
+        num_samples: int = 1,
+    ) -> list[Completion]:
         """Sample a completion for every prompt (num_samples > 1: that many per prompt, prompt-major,
         so outs[i * G + j] is sample j of prompt i). stop_token_ids=None stops on the checkpoint's eos
         ids, [] never stops early. seed makes the draw reproducible (a private torch.Generator)."""
         model = self.model
-        _check(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-               num_samples=num_samples)
+        _check(
+            model,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            num_samples=num_samples,
+        )
         stop_ids = _stop_ids(model, stop_token_ids)
         N = len(prompts) * num_samples
         out_tokens = torch.zeros(N, max_new_tokens, dtype=torch.long, device=model.device)
@@ -182,29 +242,65 @@ class Decoder:
         steps = 0
         with _eval_mode(model):
             for step, (rows, tokens, logprobs, _) in enumerate(
-                    self._steps(prompts, max_new_tokens, num_samples, stop_ids, _generator(model, seed),
-                                temperature=temperature, top_k=top_k, top_p=top_p)):
+                self._steps(
+                    prompts,
+                    max_new_tokens,
+                    num_samples,
+                    stop_ids,
+                    _generator(model, seed),
+                    temperature=temperature,
+                    top_k=top_k,
+                    top_p=top_p,
+                )
+            ):
                 out_tokens[rows, step] = tokens
                 out_logprobs[rows, step] = logprobs
                 steps = step + 1
         outs = []
-        for tokens, logprobs in zip(out_tokens[:, :steps].tolist(), out_logprobs[:, :steps].tolist()):
+        for tokens, logprobs in zip(
+            out_tokens[:, :steps].tolist(), out_logprobs[:, :steps].tolist()
+        ):
             # a row is written until it leaves the batch or the loop ends, after its stop too: cut there
             end = next((t + 1 for t, tok in enumerate(tokens) if tok in stop_ids), None)
-            outs.append(Completion(tokens[:end], logprobs[:end], "length" if end is None else "stop"))
+            outs.append(
+                Completion(tokens[:end], logprobs[:end], "length" if end is None else "stop")
+            )
         return outs
 
     @torch.no_grad()
-    def stream(self, prompt: list[int], *, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
-               top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None):
+    def stream(
+        self,
+        prompt: list[int],
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        stop_token_ids: list[int] | None = None,
+        seed: int | None = None,
+    ):
         """Yield the generated token ids of one prompt as they are sampled (the stop token included)."""
-        _check(self.model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-               top_p=top_p, num_samples=1)
+        _check(
+            self.model,
+            [prompt],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            num_samples=1,
+        )
         stop_ids = _stop_ids(self.model, stop_token_ids)
         with _eval_mode(self.model):
-            for _, tokens, _, stopped in self._steps([prompt], max_new_tokens, 1, stop_ids,
-                                                     _generator(self.model, seed), temperature=temperature,
-                                                     top_k=top_k, top_p=top_p):
+            for _, tokens, _, stopped in self._steps(
+                [prompt],
+                max_new_tokens,
+                1,
+                stop_ids,
+                _generator(self.model, seed),
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+            ):
                 yield int(tokens[0])
                 if bool(stopped[0]):
                     return
@@ -213,19 +309,27 @@ class Decoder:
         """Free the StaticKVCaches kept between calls (a loop still running finishes in its own)."""
         self.caches.clear()
 
-    def _prefilled_cache(self, prompts, max_new_tokens, num_samples) -> tuple[KVCache, torch.Tensor]:
+    def _prefilled_cache(
+        self, prompts, max_new_tokens, num_samples
+    ) -> tuple[KVCache, torch.Tensor]:
         """Prefill (one row per distinct prompt), then the cache decoding writes into, holding the
         len(prompts) * num_samples rows, and their next-token logits (B, V). Compacting: the prefill's
         own cache, with room for the new tokens. Fixed shapes: a StaticKVCache the prefill is copied into."""
         model, longest = self.model, max(map(len, prompts))
         if not self.static_cache:
-            cache, logits, group_of_row = _prefill(model, prompts, longest + max_new_tokens, num_samples)
-            if len(group_of_row) > cache.batch_size:  # one prefill per distinct prompt, copied into its group's rows
+            cache, logits, group_of_row = _prefill(
+                model, prompts, longest + max_new_tokens, num_samples
+            )
+            if (
+                len(group_of_row) > cache.batch_size
+            ):  # one prefill per distinct prompt, copied into its group's rows
                 cache.select_rows(group_of_row)
             return cache, logits[group_of_row]
         prefill, logits, group_of_row = _prefill(model, prompts, longest, num_samples)
-        slots = min(-(-(prefill.length + max_new_tokens) // SLOTS_MULTIPLE) * SLOTS_MULTIPLE,
-                    model.config.max_position_embeddings)
+        slots = min(
+            -(-(prefill.length + max_new_tokens) // SLOTS_MULTIPLE) * SLOTS_MULTIPLE,
+            model.config.max_position_embeddings,
+        )
         cache = self._static_cache(len(group_of_row), slots)
         cache.load(prefill, group_of_row)
         return cache, logits[group_of_row]
@@ -244,7 +348,7 @@ class Decoder:
             cache = StaticKVCache(model.config, rows, slots, model.dtype, model.device)
         self.caches[key] = cache  # now the most recently used
         idle = [k for k, kept in self.caches.items() if kept not in self._busy]  # oldest first
-        for old in idle[:max(0, len(idle) - KEPT_CACHES)]:
+        for old in idle[: max(0, len(idle) - KEPT_CACHES)]:
             del self.caches[old]
         return cache
 
@@ -253,7 +357,9 @@ class Decoder:
         buffer, so the compiled step's are copied out before the next replay overwrites them."""
         if not self.compile:
             return _decode_step
-        compiled = _compiled_decode_step("reduce-overhead" if self.model.device.type == "cuda" else "default")
+        compiled = _compiled_decode_step(
+            "reduce-overhead" if self.model.device.type == "cuda" else "default"
+        )
         return lambda model, tokens, cache: compiled(model, tokens, cache).clone()
 
 
@@ -281,19 +387,34 @@ def _decoder(model, decoder: Decoder | None, static_cache: bool, compile: bool) 
     if decoder is None:
         return Decoder(model, static_cache=static_cache, compile=compile)
     if decoder.model is not model:
-        raise ValueError("decoder= samples from another model: pass the model it was built for, or build "
-                         "Decoder(model) for this one")
+        raise ValueError(
+            "decoder= samples from another model: pass the model it was built for, or build "
+            "Decoder(model) for this one"
+        )
     if (static_cache and not decoder.static_cache) or (compile and not decoder.compile):
-        raise ValueError(f"static_cache={static_cache}, compile={compile} disagree with the decoder's "
-                         f"(static_cache={decoder.static_cache}, compile={decoder.compile}); the decoder decides: "
-                         f"leave them out, or pass a Decoder built with them")
+        raise ValueError(
+            f"static_cache={static_cache}, compile={compile} disagree with the decoder's "
+            f"(static_cache={decoder.static_cache}, compile={decoder.compile}); the decoder decides: "
+            f"leave them out, or pass a Decoder built with them"
+        )
     return decoder
 
 
-def generate(model, prompts: list[list[int]], *, max_new_tokens: int = 64, temperature: float = 1.0,
-             top_k: int = 0, top_p: float = 1.0, stop_token_ids: list[int] | None = None,
-             seed: int | None = None, num_samples: int = 1, static_cache: bool = False, compile: bool = False,
-             decoder: Decoder | None = None) -> list[Completion]:
+def generate(
+    model,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    stop_token_ids: list[int] | None = None,
+    seed: int | None = None,
+    num_samples: int = 1,
+    static_cache: bool = False,
+    compile: bool = False,
+    decoder: Decoder | None = None,
+) -> list[Completion]:
     """Decoder.generate: sample a completion for every prompt (num_samples > 1: that many per prompt,
     prompt-major, so outs[i * G + j] is sample j of prompt i). stop_token_ids=None stops on the
     checkpoint's eos ids, [] never stops early. seed makes the draw reproducible.
@@ -301,15 +422,39 @@ def generate(model, prompts: list[list[int]], *, max_new_tokens: int = 64, tempe
     step (implies static_cache; the first call pays the compilation). decoder: a Decoder of this model
     that keeps its caches (and so its CUDA graph) between calls; without one, a one-off Decoder."""
     return _decoder(model, decoder, static_cache, compile).generate(
-        prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        stop_token_ids=stop_token_ids, seed=seed, num_samples=num_samples)
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        stop_token_ids=stop_token_ids,
+        seed=seed,
+        num_samples=num_samples,
+    )
 
 
-def stream(model, prompt: list[int], *, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
-           top_p: float = 1.0, stop_token_ids: list[int] | None = None, seed: int | None = None,
-           static_cache: bool = False, compile: bool = False, decoder: Decoder | None = None):
+def stream(
+    model,
+    prompt: list[int],
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    stop_token_ids: list[int] | None = None,
+    seed: int | None = None,
+    static_cache: bool = False,
+    compile: bool = False,
+    decoder: Decoder | None = None,
+):
     """Decoder.stream: yield the generated token ids of one prompt as they are sampled (the stop token
     included). static_cache, compile and decoder as for generate()."""
     return _decoder(model, decoder, static_cache, compile).stream(
-        prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        stop_token_ids=stop_token_ids, seed=seed)
+        prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        stop_token_ids=stop_token_ids,
+        seed=seed,
+    )

@@ -45,9 +45,23 @@ from .tokenizer import Tokenizer
 from .trainable_tokens import add_trainable_tokens, output_rows, spelled_rows, untrained_tokens
 from .weights import load_pretrained
 
-METRIC_FIELDS = ["step", "epoch", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s",
-                 "format_accuracy", "distinct_completions", "distinct_2", "loss_plateau", "graduated",
-                 "eval_accuracy", "eval_accuracy_lenient"]
+METRIC_FIELDS = [
+    "step",
+    "epoch",
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens",
+    "tokens_per_s",
+    "elapsed_s",
+    "format_accuracy",
+    "distinct_completions",
+    "distinct_2",
+    "loss_plateau",
+    "graduated",
+    "eval_accuracy",
+    "eval_accuracy_lenient",
+]
 
 
 @dataclass
@@ -60,7 +74,9 @@ class SFTConfig:
     lora_r: int = 16
     lora_alpha: float = 32
     lora_dropout: float = 0.0
-    train_tokens: str = "auto"  # embedding rows to train with LoRA: auto (untrained ones the data uses), none, ids
+    train_tokens: str = (
+        "auto"  # embedding rows to train with LoRA: auto (untrained ones the data uses), none, ids
+    )
     # --- optimization ---
     epochs: int = 1
     lr: float = 2e-4
@@ -72,7 +88,9 @@ class SFTConfig:
     max_len: int = 1024
     overflow: str = "truncate"  # or "drop": what to do with conversations longer than max_len
     group_by_length: bool = False  # batches of similar lengths: less padding, faster steps
-    checkpointing: bool = False  # activation checkpointing (on its own when a pass would not fit otherwise)
+    checkpointing: bool = (
+        False  # activation checkpointing (on its own when a pass would not fit otherwise)
+    )
     memory_limit: float = 0.0  # GB to plan within; 0 = 90 % of what the device has available
     seed: int = 0
     dtype: str = "auto"  # bfloat16 weights + autocast on GPU, float32 on CPU
@@ -84,23 +102,29 @@ class SFTConfig:
     samples_per_prompt: int = 4
     eval_max_new_tokens: int = 128
     eval_task: object = None  # a task name (or object) whose held-out items are played at each check (evaluation.py)
-    task_options: dict = field(default_factory=dict)  # make_task options for eval_task, e.g. {"level": "toy"}
+    task_options: dict = field(
+        default_factory=dict
+    )  # make_task options for eval_task, e.g. {"level": "toy"}
     min_format: float = 0.9
     min_distinct: float = 0.5
     until_graduated: bool = False
     # --- checkpoints ---
     save_every: int = 0  # 0 = at the end of each epoch
     resume: bool = False
-    stop_after: int = 0  # stop (with a checkpoint) after this many steps; the schedule still spans the run
+    stop_after: int = (
+        0  # stop (with a checkpoint) after this many steps; the schedule still spans the run
+    )
 
 
 def cosine_with_warmup(warmup: int, total: int):
     """lr multiplier: linear warmup to 1 over `warmup` steps, then a cosine decay to 0 at `total`."""
+
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
         progress = (step - warmup) / max(1, total - warmup)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
     return factor
 
 
@@ -113,8 +137,11 @@ def split_heldout(conversations: list[dict], seed: int) -> tuple[list[dict], lis
     random.Random(seed).shuffle(order)
     n_eval = min(32, len(conversations) // 10)
     held = set(order[:n_eval])
-    return ([c for i, c in enumerate(conversations) if i not in held],
-            [c for i, c in enumerate(conversations) if i in held], "heldout")
+    return (
+        [c for i, c in enumerate(conversations) if i not in held],
+        [c for i, c in enumerate(conversations) if i in held],
+        "heldout",
+    )
 
 
 def eval_task(cfg: SFTConfig):
@@ -125,8 +152,10 @@ def eval_task(cfg: SFTConfig):
             raise ValueError("--task-option is for --eval-task NAME")
         return cfg.eval_task
     if cfg.eval_task in DATA_TASKS:
-        raise ValueError(f"--eval-task {cfg.eval_task} reads a data file; evaluate its checkpoints with "
-                         "python -m minirl eval --data FILE")
+        raise ValueError(
+            f"--eval-task {cfg.eval_task} reads a data file; evaluate its checkpoints with "
+            "python -m minirl eval --data FILE"
+        )
     return make_task(cfg.eval_task, seed=cfg.seed, **cfg.task_options)
 
 
@@ -140,81 +169,152 @@ def train(cfg: SFTConfig) -> dict:
     task = eval_task(cfg)
     conversations, skipped = data.read_conversations(cfg.data, cfg.skip_bad)
     if cfg.eval_data:
-        train_convs, eval_convs, eval_on = conversations, data.read_conversations(cfg.eval_data)[0], "eval_data"
+        train_convs, eval_convs, eval_on = (
+            conversations,
+            data.read_conversations(cfg.eval_data)[0],
+            "eval_data",
+        )
     else:
         train_convs, eval_convs, eval_on = split_heldout(conversations, cfg.seed)
     examples, stats = data.encode(tokenizer, train_convs, cfg.max_len, cfg.overflow)
     if not examples:
-        raise data.DataError(f"{cfg.data}: every conversation was dropped (longer than --max-len {cfg.max_len}?)")
+        raise data.DataError(
+            f"{cfg.data}: every conversation was dropped (longer than --max-len {cfg.max_len}?)"
+        )
     budget = budget_bytes(device, cfg.memory_limit)
-    rows_per_pass, checkpointing, estimated_peak = plan_memory(cfg, Qwen2Config.from_json(cfg.model), tokenizer,
-                                                               examples, eval_convs, dtype, budget,
-                                                               cpu=device.type == "cpu", task=task)
-    distributed.print_main(f"data: {stats.kept} conversations for training ({stats.truncated} truncated, "
-                           f"{stats.dropped} dropped at --max-len {cfg.max_len}, {skipped} bad lines skipped); "
-                           f"graduation measured on {len(eval_convs)} "
-                           f"{'training' if eval_on == 'train' else 'held-out'} prompts")
+    rows_per_pass, checkpointing, estimated_peak = plan_memory(
+        cfg,
+        Qwen2Config.from_json(cfg.model),
+        tokenizer,
+        examples,
+        eval_convs,
+        dtype,
+        budget,
+        cpu=device.type == "cpu",
+        task=task,
+    )
+    distributed.print_main(
+        f"data: {stats.kept} conversations for training ({stats.truncated} truncated, "
+        f"{stats.dropped} dropped at --max-len {cfg.max_len}, {skipped} bad lines skipped); "
+        f"graduation measured on {len(eval_convs)} "
+        f"{'training' if eval_on == 'train' else 'held-out'} prompts"
+    )
 
     # Stage 2: the model, what it trains, the optimizer and schedule, and --resume
     os.makedirs(cfg.out, exist_ok=True)
     model = load_pretrained(cfg.model, dtype=dtype, device=device)[0]
     training.trainable(model, cfg)
     rows = [] if cfg.full else tokens_to_train(cfg.train_tokens, model, tokenizer, examples)
-    if rows:  # placeholder rows start at their spelled-out text's mean embedding (trainable_tokens.py)
-        add_trainable_tokens(model, rows, spelled_rows(model, tokenizer, rows) if cfg.train_tokens == "auto" else None)
+    if (
+        rows
+    ):  # placeholder rows start at their spelled-out text's mean embedding (trainable_tokens.py)
+        add_trainable_tokens(
+            model,
+            rows,
+            spelled_rows(model, tokenizer, rows) if cfg.train_tokens == "auto" else None,
+        )
     model.set_gradient_checkpointing(checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
     steps_per_epoch = math.ceil(math.ceil(len(examples) / cfg.batch_size) / cfg.grad_accum)
     total_steps = cfg.epochs * steps_per_epoch
-    optimizer, scheduler = training.make_optimizer(params, cfg, cosine_with_warmup(round(cfg.warmup_ratio *
-                                                                                         total_steps), total_steps))
+    optimizer, scheduler = training.make_optimizer(
+        params, cfg, cosine_with_warmup(round(cfg.warmup_ratio * total_steps), total_steps)
+    )
     step, state = training.resume(cfg, model, optimizer, scheduler)
     losses = state["losses"] if state else []
-    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), METRIC_FIELDS, step if state else None,
-                     write=distributed.is_main())
+    log = MetricsLog(
+        os.path.join(cfg.out, "metrics.csv"),
+        METRIC_FIELDS,
+        step if state else None,
+        write=distributed.is_main(),
+    )
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     save_every = cfg.save_every or steps_per_epoch
 
     def run_eval():
-        metrics = evaluate(model, tokenizer, eval_convs, cfg.samples_per_prompt, cfg.eval_max_new_tokens, cfg.seed)
+        metrics = evaluate(
+            model, tokenizer, eval_convs, cfg.samples_per_prompt, cfg.eval_max_new_tokens, cfg.seed
+        )
         if task is not None:  # the task's held-out items, played as `minirl eval` plays them
-            held_out = evaluation.evaluate(model, tokenizer, task, cfg.eval_max_new_tokens, cfg.seed,
-                                           out=os.path.join(cfg.out, "eval", f"step-{step:06d}"))
-            metrics.update(eval_accuracy=held_out["final_answer"]["pass@1"],
-                           eval_accuracy_lenient=held_out["final_answer"]["lenient_pass@1"])
+            held_out = evaluation.evaluate(
+                model,
+                tokenizer,
+                task,
+                cfg.eval_max_new_tokens,
+                cfg.seed,
+                out=os.path.join(cfg.out, "eval", f"step-{step:06d}"),
+            )
+            metrics.update(
+                eval_accuracy=held_out["final_answer"]["pass@1"],
+                eval_accuracy_lenient=held_out["final_answer"]["lenient_pass@1"],
+            )
         return metrics, graduation.graduated(metrics, losses, cfg.min_format, cfg.min_distinct)
 
     # Stage 3: the loop, one optimizer step per --grad-accum micro-batches
     start, last_eval = time.perf_counter(), None
-    bar = tqdm(total=total_steps, initial=step, desc="sft", dynamic_ncols=True, disable=not distributed.is_main())
+    bar = tqdm(
+        total=total_steps,
+        initial=step,
+        desc="sft",
+        dynamic_ncols=True,
+        disable=not distributed.is_main(),
+    )
     model.train()
     while step < total_steps:
         epoch, index = divmod(step, steps_per_epoch)
-        batches = data.epoch_batches(len(examples), cfg.batch_size, cfg.seed, epoch,
-                                     stats.lengths if cfg.group_by_length else None)
+        batches = data.epoch_batches(
+            len(examples),
+            cfg.batch_size,
+            cfg.seed,
+            epoch,
+            stats.lengths if cfg.group_by_length else None,
+        )
         # this rank's share of the step's micro-batches, each run rows_per_pass conversations at a time
-        parts = [mine[i:i + rows_per_pass] for b in batches[index * cfg.grad_accum:(index + 1) * cfg.grad_accum]
-                 for mine in [b[rank::world]] for i in range(0, len(mine), rows_per_pass)]
-        shared = data.shared_prefix_length([examples[i] for part in parts for i in part]) if parts else 0
-        group = [collate_on(examples, part, tokenizer.pad_token_id, device, skip=shared) for part in parts]
+        parts = [
+            mine[i : i + rows_per_pass]
+            for b in batches[index * cfg.grad_accum : (index + 1) * cfg.grad_accum]
+            for mine in [b[rank::world]]
+            for i in range(0, len(mine), rows_per_pass)
+        ]
+        shared = (
+            data.shared_prefix_length([examples[i] for part in parts for i in part]) if parts else 0
+        )
+        group = [
+            collate_on(examples, part, tokenizer.pad_token_id, device, skip=shared)
+            for part in parts
+        ]
         # the mean is over the trained tokens of the whole step: all micro-batches, all ranks
-        trained = distributed.all_reduce_sum(sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in group))
+        trained = distributed.all_reduce_sum(
+            sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in group)
+        )
         tick, loss_value = time.perf_counter(), 0.0
-        with autocast:  # the system prompt and tools every conversation starts with: run once for the step
-            prefix = SharedPrefix(model, torch.tensor(examples[parts[0][0]]["input_ids"][:shared], device=device)
-                                  ) if shared else None
+        with (
+            autocast
+        ):  # the system prompt and tools every conversation starts with: run once for the step
+            prefix = (
+                SharedPrefix(
+                    model, torch.tensor(examples[parts[0][0]]["input_ids"][:shared], device=device)
+                )
+                if shared
+                else None
+            )
         for batch in group:
             with autocast:
-                hidden = model.model(batch["input_ids"], batch["attention_mask"], kv_cache=prefix)  # (B, T, C)
+                hidden = model.model(
+                    batch["input_ids"], batch["attention_mask"], kv_cache=prefix
+                )  # (B, T, C)
                 n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
                 # mean over the accumulated batch's trained tokens: weight each micro-batch by its share
-                loss = sft_loss_chunked(hidden, model.lm_head.weight, batch["labels"], rows=output_rows(model)
-                                        ) * (n / trained)
+                loss = sft_loss_chunked(
+                    hidden, model.lm_head.weight, batch["labels"], rows=output_rows(model)
+                ) * (n / trained)
             loss.backward()
             loss_value += loss.item()
         if prefix is not None:
             prefix.backward()  # every part's gradient on the prefix, through its layers once
-        distributed.all_reduce_grads(params)  # summed: each rank's loss was already divided by the global count
+        distributed.all_reduce_grads(
+            params
+        )  # summed: each rank's loss was already divided by the global count
         loss_value = distributed.all_reduce_sum(loss_value)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
         lr = scheduler.get_last_lr()[0]
@@ -225,31 +325,71 @@ def train(cfg: SFTConfig) -> dict:
         losses.append(loss_value)
 
         # Stage 4: metrics, graduation and the held-out task every --eval-every steps, checkpoints
-        tokens = int(distributed.all_reduce_sum(sum(int(b["attention_mask"].sum()) + shared * len(b["attention_mask"])
-                                                    for b in group)))  # the conversations' tokens, prefix included
-        row = {"step": step, "epoch": epoch, "loss": f"{loss_value:.6f}", "lr": f"{lr:.6e}",
-               "grad_norm": f"{grad_norm:.6f}", "tokens": tokens,
-               "tokens_per_s": f"{tokens / (time.perf_counter() - tick):.1f}",
-               "elapsed_s": f"{time.perf_counter() - start:.1f}"}
+        tokens = int(
+            distributed.all_reduce_sum(
+                sum(
+                    int(b["attention_mask"].sum()) + shared * len(b["attention_mask"])
+                    for b in group
+                )
+            )
+        )  # the conversations' tokens, prefix included
+        row = {
+            "step": step,
+            "epoch": epoch,
+            "loss": f"{loss_value:.6f}",
+            "lr": f"{lr:.6e}",
+            "grad_norm": f"{grad_norm:.6f}",
+            "tokens": tokens,
+            "tokens_per_s": f"{tokens / (time.perf_counter() - tick):.1f}",
+            "elapsed_s": f"{time.perf_counter() - start:.1f}",
+        }
         stopping = cfg.stop_after and step >= cfg.stop_after
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == total_steps:
             metrics, grad = run_eval()
             last_eval = (metrics, grad)
-            row.update({k: f"{metrics[k]:.4f}" for k in ("format_accuracy", "distinct_completions", "distinct_2",
-                                                         "eval_accuracy", "eval_accuracy_lenient") if k in metrics},
-                       loss_plateau=int(grad["loss_plateau"]), graduated=int(grad["graduated"]))
+            row.update(
+                {
+                    k: f"{metrics[k]:.4f}"
+                    for k in (
+                        "format_accuracy",
+                        "distinct_completions",
+                        "distinct_2",
+                        "eval_accuracy",
+                        "eval_accuracy_lenient",
+                    )
+                    if k in metrics
+                },
+                loss_plateau=int(grad["loss_plateau"]),
+                graduated=int(grad["graduated"]),
+            )
             model.train()
             if cfg.until_graduated and grad["graduated"]:
-                distributed.print_main(f"graduated at step {step}: loss plateau, format "
-                                       f"{metrics['format_accuracy']:.2f}, distinct {metrics['distinct_completions']:.2f}")
+                distributed.print_main(
+                    f"graduated at step {step}: loss plateau, format "
+                    f"{metrics['format_accuracy']:.2f}, distinct {metrics['distinct_completions']:.2f}"
+                )
                 stopping = True
         log.write(row)
         bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.2e}", tok_s=row["tokens_per_s"])
         bar.update(1)
         if step % save_every == 0 or stopping or step == total_steps:
-            save_checkpoint(cfg.out, model, tokenizer, optimizer, scheduler, step, cfg.full,
-                            {"losses": losses, "config": {f.name: getattr(cfg, f.name) for f in fields(cfg)
-                                                          if f.name != "eval_task" or isinstance(cfg.eval_task, str)}})
+            save_checkpoint(
+                cfg.out,
+                model,
+                tokenizer,
+                optimizer,
+                scheduler,
+                step,
+                cfg.full,
+                {
+                    "losses": losses,
+                    "config": {
+                        f.name: getattr(cfg, f.name)
+                        for f in fields(cfg)
+                        if f.name != "eval_task" or isinstance(cfg.eval_task, str)
+                    },
+                },
+            )
         if stopping:
             break
     bar.close()
@@ -257,18 +397,31 @@ def train(cfg: SFTConfig) -> dict:
 
     # Stage 5: the last evaluation (unless the last step just ran one), the adapter and summary.json
     metrics, grad = last_eval or run_eval()
-    summary = {"steps": step, "total_steps": total_steps, "final_loss": losses[-1] if losses else None,
-               "format_accuracy": metrics["format_accuracy"], "distinct_completions": metrics["distinct_completions"],
-               "distinct_2": metrics["distinct_2"], **grad, "graduation_measured_on": eval_on,
-               **{k: metrics[k] for k in ("eval_accuracy", "eval_accuracy_lenient") if k in metrics},
-               "examples": stats.kept, "truncated": stats.truncated, "dropped": stats.dropped,
-               "skipped_bad_lines": skipped, "seconds": time.perf_counter() - start,
-               "memory_estimate_gb": estimated_peak / 1e9, "memory_budget_gb": budget / 1e9}
+    summary = {
+        "steps": step,
+        "total_steps": total_steps,
+        "final_loss": losses[-1] if losses else None,
+        "format_accuracy": metrics["format_accuracy"],
+        "distinct_completions": metrics["distinct_completions"],
+        "distinct_2": metrics["distinct_2"],
+        **grad,
+        "graduation_measured_on": eval_on,
+        **{k: metrics[k] for k in ("eval_accuracy", "eval_accuracy_lenient") if k in metrics},
+        "examples": stats.kept,
+        "truncated": stats.truncated,
+        "dropped": stats.dropped,
+        "skipped_bad_lines": skipped,
+        "seconds": time.perf_counter() - start,
+        "memory_estimate_gb": estimated_peak / 1e9,
+        "memory_budget_gb": budget / 1e9,
+    }
     final_dir = training.finish(cfg, model, tokenizer, summary)
-    distributed.print_main(f"graduation: loss plateau {grad['loss_plateau']}, format accuracy "
-                           f"{metrics['format_accuracy']:.2f} (>= {cfg.min_format}), distinct completions "
-                           f"{metrics['distinct_completions']:.2f} (>= {cfg.min_distinct}) -> "
-                           f"{'graduated' if grad['graduated'] else 'not yet'}; saved {final_dir}")
+    distributed.print_main(
+        f"graduation: loss plateau {grad['loss_plateau']}, format accuracy "
+        f"{metrics['format_accuracy']:.2f} (>= {cfg.min_format}), distinct completions "
+        f"{metrics['distinct_completions']:.2f} (>= {cfg.min_distinct}) -> "
+        f"{'graduated' if grad['graduated'] else 'not yet'}; saved {final_dir}"
+    )
     return summary
 
 
@@ -276,12 +429,26 @@ def evaluate(model, tokenizer, conversations, samples_per_prompt, max_new_tokens
     """graduation.evaluate; under torchrun each rank samples its share of the prompts and the metrics,
     all means over prompts (format accuracy: k samples for each), are averaged over all of them."""
     if distributed.world_size() == 1:
-        return graduation.evaluate(model, tokenizer, conversations, samples_per_prompt, max_new_tokens, seed=seed)
-    mine = conversations[distributed.rank()::distributed.world_size()]
+        return graduation.evaluate(
+            model, tokenizer, conversations, samples_per_prompt, max_new_tokens, seed=seed
+        )
+    mine = conversations[distributed.rank() :: distributed.world_size()]
     keys = ("format_accuracy", "distinct_completions", "distinct_2")
-    metrics = graduation.evaluate(model, tokenizer, mine, samples_per_prompt, max_new_tokens,
-                                  seed=distributed.rank_seed(seed)) if mine else dict.fromkeys(keys, 0.0)
-    sums = distributed.all_reduce_sums({**{k: metrics[k] * len(mine) for k in keys}, "prompts": len(mine)})
+    metrics = (
+        graduation.evaluate(
+            model,
+            tokenizer,
+            mine,
+            samples_per_prompt,
+            max_new_tokens,
+            seed=distributed.rank_seed(seed),
+        )
+        if mine
+        else dict.fromkeys(keys, 0.0)
+    )
+    sums = distributed.all_reduce_sums(
+        {**{k: metrics[k] * len(mine) for k in keys}, "prompts": len(mine)}
+    )
     return {k: sums[k] / sums["prompts"] for k in keys}
 
 
@@ -293,15 +460,22 @@ def tokens_to_train(choice: str, model, tokenizer, examples) -> list[int]:
         try:
             return sorted({int(t) for t in choice.split(",")})
         except ValueError:
-            raise ValueError(f"--train-tokens must be auto, none or comma-separated token ids, "
-                             f"got {choice!r}") from None
+            raise ValueError(
+                f"--train-tokens must be auto, none or comma-separated token ids, got {choice!r}"
+            ) from None
     trained = {t for e in examples for t in e["labels"] if t != IGNORE_INDEX}
     found = untrained_tokens(model, trained)
     if found:
         names = ", ".join(f"{tokenizer.decode([t])!r} ({n} rows alike)" for t, n in found.items())
-        what = "training their rows with the adapter" if choice == "auto" else "--train-tokens none: left frozen"
-        distributed.print_main(f"tokens: the data trains on {len(found)} token(s) whose embedding rows are unused "
-                               f"placeholders, {names}; {what}")
+        what = (
+            "training their rows with the adapter"
+            if choice == "auto"
+            else "--train-tokens none: left frozen"
+        )
+        distributed.print_main(
+            f"tokens: the data trains on {len(found)} token(s) whose embedding rows are unused "
+            f"placeholders, {names}; {what}"
+        )
     return sorted(found) if choice == "auto" else []
 
 

@@ -10,8 +10,9 @@ from . import data, distributed
 from .memory import MemoryBudgetError, describe_choice, fit_pass, sft_estimate, what_fits
 
 
-def plan_memory(cfg, config, tokenizer, examples, eval_convs, dtype, budget: int,
-                cpu: bool = False, task=None) -> tuple[int, bool, float]:
+def plan_memory(
+    cfg, config, tokenizer, examples, eval_convs, dtype, budget: int, cpu: bool = False, task=None
+) -> tuple[int, bool, float]:
     """Before the model is allocated: the estimate for a pass over this rank's share of the micro-batch
     at the data's longest conversation (and the graduation test's sampling; with an eval task, its
     batches of up to 32 episodes, each taken as long as the longest demonstration), against the budget.
@@ -20,9 +21,25 @@ def plan_memory(cfg, config, tokenizer, examples, eval_convs, dtype, budget: int
     rows = cfg.batch_size // distributed.world_size()
     longest = max(len(e["input_ids"]) for e in examples)
     shared = min(data.shared_prefix_length(examples), longest - 1)
-    eval_prompt = max((len(tokenizer.encode(tokenizer.apply_chat_template(
-        c["messages"][:next(i for i, m in enumerate(c["messages"]) if m["role"] == "assistant")], c.get("tools"),
-        add_generation_prompt=True))) for c in eval_convs), default=1)
+    eval_prompt = max(
+        (
+            len(
+                tokenizer.encode(
+                    tokenizer.apply_chat_template(
+                        c["messages"][
+                            : next(
+                                i for i, m in enumerate(c["messages"]) if m["role"] == "assistant"
+                            )
+                        ],
+                        c.get("tools"),
+                        add_generation_prompt=True,
+                    )
+                )
+            )
+            for c in eval_convs
+        ),
+        default=1,
+    )
     eval_rows = max(1, -(-len(eval_convs) // distributed.world_size())) * cfg.samples_per_prompt
     eval_tokens = eval_prompt + cfg.eval_max_new_tokens
     if task is not None:
@@ -30,23 +47,47 @@ def plan_memory(cfg, config, tokenizer, examples, eval_convs, dtype, budget: int
         eval_tokens = max(eval_tokens, longest + cfg.eval_max_new_tokens)
 
     def estimate_for(r, checkpointing, **change):
-        sizes = {"tokens": longest, "lora_r": cfg.lora_r, "dtype_bytes": dtype.itemsize,
-                 "eval_sequences": eval_rows, "eval_tokens": eval_tokens, **change}
-        return sft_estimate(config, full=cfg.full, rows=r, shared_prefix=min(shared, sizes["tokens"] - 1),
-                            checkpointing=checkpointing, cpu=cpu, **sizes)
+        sizes = {
+            "tokens": longest,
+            "lora_r": cfg.lora_r,
+            "dtype_bytes": dtype.itemsize,
+            "eval_sequences": eval_rows,
+            "eval_tokens": eval_tokens,
+            **change,
+        }
+        return sft_estimate(
+            config,
+            full=cfg.full,
+            rows=r,
+            shared_prefix=min(shared, sizes["tokens"] - 1),
+            checkpointing=checkpointing,
+            cpu=cpu,
+            **sizes,
+        )
 
     try:
         r, checkpointing, plan = fit_pass(estimate_for, budget, rows, cfg.checkpointing)
     except MemoryBudgetError as e:
-        changes = {f"--max-len {longest // k}": {"tokens": longest // k} for k in (2, 4) if longest // k > 1}
+        changes = {
+            f"--max-len {longest // k}": {"tokens": longest // k}
+            for k in (2, 4)
+            if longest // k > 1
+        }
         if cfg.samples_per_prompt > 1:
-            changes["--samples-per-prompt 1"] = {"eval_sequences": eval_rows // cfg.samples_per_prompt}
+            changes["--samples-per-prompt 1"] = {
+                "eval_sequences": eval_rows // cfg.samples_per_prompt
+            }
         if dtype == torch.float32:
             changes["--dtype bfloat16"] = {"dtype_bytes": 2}
         fits = what_fits(estimate_for, budget, changes)
-        raise MemoryBudgetError(f"sft does not fit: {e}\nwould fit: {'; '.join(fits) if fits else 'none of '}"
-                                f"{'' if fits else ', '.join(changes)}") from None
+        raise MemoryBudgetError(
+            f"sft does not fit: {e}\nwould fit: {'; '.join(fits) if fits else 'none of '}"
+            f"{'' if fits else ', '.join(changes)}"
+        ) from None
     if (r, checkpointing) != (rows, cfg.checkpointing):
-        distributed.print_main(describe_choice(r, checkpointing, (rows, cfg.checkpointing), plan.peak, budget,
-                                               "training"))
+        distributed.print_main(
+            describe_choice(
+                r, checkpointing, (rows, cfg.checkpointing), plan.peak, budget, "training"
+            )
+        )
     return r, checkpointing, plan.peak

@@ -55,15 +55,35 @@ class Task(ABC):
         """{"strict": bool, "lenient": bool}: solved as required, and solved by a forgiving reading
         (e.g. the right number without the required format), so a format gap shows as their difference."""
 
-    def rollout(self, model, tokenizer, items: list[dict], group_size: int, max_new_tokens: int, *,
-                temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None, decoder=None,
-                wrap_env=None) -> list:
+    def rollout(
+        self,
+        model,
+        tokenizer,
+        items: list[dict],
+        group_size: int,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        decoder=None,
+        wrap_env=None,
+    ) -> list:
         """group_size Trajectories per item, prompt-major (the G of item i are consecutive), sampled
         with seed (None: unseeded) through `decoder` when given (sampling.Decoder). wrap_env(env) wraps
         each episode's environment (evaluation's perturbations); a single-turn task has none, so it
         is not called."""
-        return sample_completions(model, tokenizer, items, group_size, max_new_tokens, temperature=temperature,
-                                  top_p=top_p, seed=seed, decoder=decoder)
+        return sample_completions(
+            model,
+            tokenizer,
+            items,
+            group_size,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            decoder=decoder,
+        )
 
     def metrics(self, trajectories) -> dict:
         """The task's own metrics of a batch of trajectories, one value per name in metric_names."""
@@ -73,8 +93,13 @@ class Task(ABC):
         """The one place a reward is written: each trajectory's reward_parts (every reward function's
         value) and reward = Σ weight·part."""
         for traj in trajectories:
-            traj.reward_parts = {name: float(fn(traj)) for name, (fn, _) in self.reward_functions.items()}
-            traj.reward = sum(weight * traj.reward_parts[name] for name, (_, weight) in self.reward_functions.items())
+            traj.reward_parts = {
+                name: float(fn(traj)) for name, (fn, _) in self.reward_functions.items()
+            }
+            traj.reward = sum(
+                weight * traj.reward_parts[name]
+                for name, (_, weight) in self.reward_functions.items()
+            )
 
 
 class ArithmeticTask(Task):
@@ -93,12 +118,21 @@ class ArithmeticTask(Task):
 
     def item(self, a: int, op: str, b: int) -> dict:
         answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-        return {"messages": [{"role": "user", "content": f"What is {a} {op} {b}? {self.instruction}"}],
-                "tools": None, "answer": answer}
+        return {
+            "messages": [{"role": "user", "content": f"What is {a} {op} {b}? {self.instruction}"}],
+            "tools": None,
+            "answer": answer,
+        }
 
     def sample(self, n: int, rng: random.Random) -> list[dict]:
-        return [self.item(rng.randint(1, self.max_operand), rng.choice(self.ops), rng.randint(1, self.max_operand))
-                for _ in range(n)]
+        return [
+            self.item(
+                rng.randint(1, self.max_operand),
+                rng.choice(self.ops),
+                rng.randint(1, self.max_operand),
+            )
+            for _ in range(n)
+        ]
 
     def eval_items(self) -> list[dict]:
         return self._eval
@@ -107,8 +141,10 @@ class ArithmeticTask(Task):
         return float(strict_answer(trajectory.text, ("answer",)) == trajectory.prompt["answer"])
 
     def accuracy(self, trajectory) -> dict:
-        return {"strict": strict_answer(trajectory.text, ("answer",)) == trajectory.prompt["answer"],
-                "lenient": lenient_answer(trajectory.text) == trajectory.prompt["answer"]}
+        return {
+            "strict": strict_answer(trajectory.text, ("answer",)) == trajectory.prompt["answer"],
+            "lenient": lenient_answer(trajectory.text) == trajectory.prompt["answer"],
+        }
 
 
 class CalculatorTask(Task):
@@ -120,14 +156,30 @@ class CalculatorTask(Task):
     name = "calculator"
     metric_names = ["tool_use_easy", "tool_use_hard", "recovery_rate", "calls_per_episode"]
 
-    def __init__(self, seed: int = 0, hard_fraction: float = 0.5, flaky: float = 0.0, word_problems: bool = False,
-                 max_turns: int = 4, eval_size: int = 64, level: str = "full", tool_cost: float = 0.0):
+    def __init__(
+        self,
+        seed: int = 0,
+        hard_fraction: float = 0.5,
+        flaky: float = 0.0,
+        word_problems: bool = False,
+        max_turns: int = 4,
+        eval_size: int = 64,
+        level: str = "full",
+        tool_cost: float = 0.0,
+    ):
         self.hard_fraction, self.flaky, self.word_problems = hard_fraction, flaky, word_problems
         self.max_turns, self.tool_cost = max_turns, tool_cost
         self.level = level
-        self.reward_functions = {part: (lambda t, part=part: t.info[part], 1.0) for part in CalculatorEnv.reward_parts}
-        self._eval = make_questions(eval_size, random.Random(f"{self.name}-eval-{seed}"), hard_fraction, word_problems,
-                                    level)
+        self.reward_functions = {
+            part: (lambda t, part=part: t.info[part], 1.0) for part in CalculatorEnv.reward_parts
+        }
+        self._eval = make_questions(
+            eval_size,
+            random.Random(f"{self.name}-eval-{seed}"),
+            hard_fraction,
+            word_problems,
+            level,
+        )
 
     def sample(self, n: int, rng: random.Random) -> list[dict]:
         return make_questions(n, rng, self.hard_fraction, self.word_problems, self.level)
@@ -135,16 +187,41 @@ class CalculatorTask(Task):
     def eval_items(self) -> list[dict]:
         return self._eval
 
-    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None,
-                decoder=None, wrap_env=None):
+    def rollout(
+        self,
+        model,
+        tokenizer,
+        items,
+        group_size,
+        max_new_tokens,
+        *,
+        temperature=1.0,
+        top_p=1.0,
+        seed=None,
+        decoder=None,
+        wrap_env=None,
+    ):
         env_seeds = random.Random(seed)  # the flaky tool's failures are part of the replayable run
-        return run_episodes(model, tokenizer, lambda: CalculatorEnv(self.flaky, env_seeds.random(), self.tool_cost),
-                            items, group_size, self.max_turns, max_new_tokens, temperature=temperature, top_p=top_p,
-                            seed=seed, decoder=decoder, wrap_env=wrap_env)
+        return run_episodes(
+            model,
+            tokenizer,
+            lambda: CalculatorEnv(self.flaky, env_seeds.random(), self.tool_cost),
+            items,
+            group_size,
+            self.max_turns,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            decoder=decoder,
+            wrap_env=wrap_env,
+        )
 
     def accuracy(self, trajectory) -> dict:
-        return {"strict": bool(trajectory.info["correct"]),
-                "lenient": str(trajectory.prompt["answer"]) in trajectory.text.replace(",", "")}
+        return {
+            "strict": bool(trajectory.info["correct"]),
+            "lenient": str(trajectory.prompt["answer"]) in trajectory.text.replace(",", ""),
+        }
 
     def metrics(self, trajectories) -> dict:
         return {k: v for k, v in agent_metrics(trajectories).items() if k in self.metric_names}
@@ -159,34 +236,69 @@ class CodeTask(Task):
     name = "code"
     metric_names = ["hacked_rate", "test_runs", "turns"]
 
-    def __init__(self, seed: int = 0, reward: str = "guarded", max_turns: int = 8, eval_size: int = 12):
+    def __init__(
+        self, seed: int = 0, reward: str = "guarded", max_turns: int = 8, eval_size: int = 12
+    ):
         self.templates, self.reward, self.max_turns = load_templates(), reward, max_turns
-        self.reward_functions = {part: (lambda t, part=part: t.info[part], 1.0) for part in CodeEnv.reward_parts}
+        self.reward_functions = {
+            part: (lambda t, part=part: t.info[part], 1.0) for part in CodeEnv.reward_parts
+        }
         rng = random.Random(f"{self.name}-eval-{seed}")
-        self._eval = [make_code_task(self.templates[i % len(self.templates)], seed=rng.randrange(10**6))
-                      for i in range(eval_size)]
+        self._eval = [
+            make_code_task(self.templates[i % len(self.templates)], seed=rng.randrange(10**6))
+            for i in range(eval_size)
+        ]
 
     def sample(self, n: int, rng: random.Random) -> list[dict]:
-        return [make_code_task(rng.choice(self.templates), seed=rng.randrange(10**6)) for _ in range(n)]
+        return [
+            make_code_task(rng.choice(self.templates), seed=rng.randrange(10**6)) for _ in range(n)
+        ]
 
     def eval_items(self) -> list[dict]:
         return self._eval
 
-    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None,
-                decoder=None, wrap_env=None):
-        return run_episodes(model, tokenizer, lambda: CodeEnv(reward=self.reward), items, group_size, self.max_turns,
-                            max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, decoder=decoder,
-                            wrap_env=wrap_env)
+    def rollout(
+        self,
+        model,
+        tokenizer,
+        items,
+        group_size,
+        max_new_tokens,
+        *,
+        temperature=1.0,
+        top_p=1.0,
+        seed=None,
+        decoder=None,
+        wrap_env=None,
+    ):
+        return run_episodes(
+            model,
+            tokenizer,
+            lambda: CodeEnv(reward=self.reward),
+            items,
+            group_size,
+            self.max_turns,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            decoder=decoder,
+            wrap_env=wrap_env,
+        )
 
     def accuracy(self, trajectory) -> dict:
-        return {"strict": trajectory.info["fraction"] == 1.0 and not trajectory.info["hacked"],
-                "lenient": trajectory.info["fraction"] > 0}
+        return {
+            "strict": trajectory.info["fraction"] == 1.0 and not trajectory.info["hacked"],
+            "lenient": trajectory.info["fraction"] > 0,
+        }
 
     def metrics(self, trajectories) -> dict:
         n = len(trajectories)
-        return {"hacked_rate": sum(bool(t.info["hacked"]) for t in trajectories) / n,
-                "test_runs": sum(t.info["test_runs"] for t in trajectories) / n,
-                "turns": sum(t.turns for t in trajectories) / n}
+        return {
+            "hacked_rate": sum(bool(t.info["hacked"]) for t in trajectories) / n,
+            "test_runs": sum(t.info["test_runs"] for t in trajectories) / n,
+            "turns": sum(t.turns for t in trajectories) / n,
+        }
 
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -211,10 +323,20 @@ class JsonlTask(Task):
     name = "jsonl"
     metric_names = ["answered", "tool_use"]
 
-    def __init__(self, path: str, seed: int = 0, eval_path: str | None = None, eval_size: int = 200,
-                 conventions=CONVENTIONS, instruction: str = GSM8K_INSTRUCTION, max_turns: int = 4):
+    def __init__(
+        self,
+        path: str,
+        seed: int = 0,
+        eval_path: str | None = None,
+        eval_size: int = 200,
+        conventions=CONVENTIONS,
+        instruction: str = GSM8K_INSTRUCTION,
+        max_turns: int = 4,
+    ):
         self.conventions, self.instruction = tuple(conventions), instruction
-        strict_answer("", self.conventions)  # an unknown convention fails here, not in the first reward
+        strict_answer(
+            "", self.conventions
+        )  # an unknown convention fails here, not in the first reward
         items = self.read(path)
         if eval_path:
             self._train, self._eval = items, self.read(eval_path)
@@ -223,7 +345,7 @@ class JsonlTask(Task):
         else:
             order = list(range(len(items)))
             random.Random(f"jsonl-eval-{seed}").shuffle(order)
-            held = set(order[:min(eval_size, len(items) // 10)])
+            held = set(order[: min(eval_size, len(items) // 10)])
             self._train = [item for i, item in enumerate(items) if i not in held]
             self._eval = [item for i, item in enumerate(items) if i in held]
         self.max_turns = max_turns if any(item["tools"] for item in items + self._eval) else 1
@@ -238,7 +360,9 @@ class JsonlTask(Task):
                 try:
                     items.append(self.item(json.loads(line)))
                 except (json.JSONDecodeError, ValueError, TypeError, KeyError) as e:
-                    reason = f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
+                    reason = (
+                        f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
+                    )
                     raise ValueError(f"{path}:{lineno}: {reason}") from None
         if not items:
             raise ValueError(f"{path}: no items")
@@ -252,18 +376,25 @@ class JsonlTask(Task):
             raise ValueError('missing "answer"')
         if "messages" in record:
             messages = record["messages"]
-            if not isinstance(messages, list) or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                         and m.get("role") in ("system", "user", "assistant", "tool")
-                                                         for m in messages):
+            if not isinstance(messages, list) or not all(
+                isinstance(m, dict)
+                and isinstance(m.get("content"), str)
+                and m.get("role") in ("system", "user", "assistant", "tool")
+                for m in messages
+            ):
                 raise ValueError('"messages" must be a list of {"role", "content"} messages')
             while messages and messages[-1]["role"] == "assistant":
                 messages = messages[:-1]  # a reference solution: not part of the prompt
             if not messages or messages[-1]["role"] != "user":
-                raise ValueError('"messages" must end with a user message (after any trailing assistant turns)')
+                raise ValueError(
+                    '"messages" must end with a user message (after any trailing assistant turns)'
+                )
         elif isinstance(record.get("prompt"), str):
             messages = [{"role": "user", "content": record["prompt"]}]
         elif isinstance(record.get("question"), str):
-            messages = [{"role": "user", "content": f"{record['question']} {self.instruction}".strip()}]
+            messages = [
+                {"role": "user", "content": f"{record['question']} {self.instruction}".strip()}
+            ]
         else:
             raise ValueError('no prompt: give "messages", "prompt" or "question"')
         tools = record.get("tools")
@@ -273,9 +404,15 @@ class JsonlTask(Task):
             names = [(t.get("function", t) or {}).get("name") for t in tools]
             unknown = [n for n in names if n not in TOOLS]
             if unknown:
-                raise ValueError(f"tool {unknown[0]!r} is not one minirl can run (known: {', '.join(TOOLS)})")
-        return {"messages": messages, "tools": tools or None, "answer": record["answer"],
-                "reference": reference_answer(record["answer"])}
+                raise ValueError(
+                    f"tool {unknown[0]!r} is not one minirl can run (known: {', '.join(TOOLS)})"
+                )
+        return {
+            "messages": messages,
+            "tools": tools or None,
+            "answer": record["answer"],
+            "reference": reference_answer(record["answer"]),
+        }
 
     def sample(self, n: int, rng: random.Random) -> list[dict]:
         return [rng.choice(self._train) for _ in range(n)]
@@ -283,19 +420,47 @@ class JsonlTask(Task):
     def eval_items(self) -> list[dict]:
         return self._eval
 
-    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None,
-                decoder=None, wrap_env=None):
-        return run_episodes(model, tokenizer, lambda: AnswerEnv(self.conventions), items, group_size, self.max_turns,
-                            max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, decoder=decoder,
-                            wrap_env=wrap_env)
+    def rollout(
+        self,
+        model,
+        tokenizer,
+        items,
+        group_size,
+        max_new_tokens,
+        *,
+        temperature=1.0,
+        top_p=1.0,
+        seed=None,
+        decoder=None,
+        wrap_env=None,
+    ):
+        return run_episodes(
+            model,
+            tokenizer,
+            lambda: AnswerEnv(self.conventions),
+            items,
+            group_size,
+            self.max_turns,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            decoder=decoder,
+            wrap_env=wrap_env,
+        )
 
     def accuracy(self, trajectory) -> dict:
-        return {"strict": bool(trajectory.info["correct"]), "lenient": bool(trajectory.info["lenient"])}
+        return {
+            "strict": bool(trajectory.info["correct"]),
+            "lenient": bool(trajectory.info["lenient"]),
+        }
 
     def metrics(self, trajectories) -> dict:
         n = len(trajectories)
-        return {"answered": sum(t.info["answered"] for t in trajectories) / n,
-                "tool_use": sum(t.info["used_tool"] for t in trajectories) / n}
+        return {
+            "answered": sum(t.info["answered"] for t in trajectories) / n,
+            "tool_use": sum(t.info["used_tool"] for t in trajectories) / n,
+        }
 
 
 class ProgramTask(Task):
@@ -319,18 +484,47 @@ class ProgramTask(Task):
     def eval_items(self) -> list[dict]:
         return self._items
 
-    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, *, temperature=1.0, top_p=1.0, seed=None,
-                decoder=None, wrap_env=None):
-        return run_episodes(model, tokenizer, lambda: ProgramEnv(self.timeout), items, group_size, 1, max_new_tokens,
-                            temperature=temperature, top_p=top_p, seed=seed, decoder=decoder, wrap_env=wrap_env)
+    def rollout(
+        self,
+        model,
+        tokenizer,
+        items,
+        group_size,
+        max_new_tokens,
+        *,
+        temperature=1.0,
+        top_p=1.0,
+        seed=None,
+        decoder=None,
+        wrap_env=None,
+    ):
+        return run_episodes(
+            model,
+            tokenizer,
+            lambda: ProgramEnv(self.timeout),
+            items,
+            group_size,
+            1,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            decoder=decoder,
+            wrap_env=wrap_env,
+        )
 
     def accuracy(self, trajectory) -> dict:
         passed = bool(trajectory.info["correct"])
         return {"strict": passed, "lenient": passed}
 
 
-TASKS = {"arithmetic": ArithmeticTask, "calculator": CalculatorTask, "code": CodeTask, "jsonl": JsonlTask,
-         "humaneval": ProgramTask}
+TASKS = {
+    "arithmetic": ArithmeticTask,
+    "calculator": CalculatorTask,
+    "code": CodeTask,
+    "jsonl": JsonlTask,
+    "humaneval": ProgramTask,
+}
 DATA_TASKS = ("jsonl", "humaneval")  # read their items from --data
 
 
@@ -349,22 +543,31 @@ def parse_options(pairs) -> dict:
     return options
 
 
-def make_task(name: str, seed: int = 0, data: str | None = None, eval_data: str | None = None, **options):
+def make_task(
+    name: str, seed: int = 0, data: str | None = None, eval_data: str | None = None, **options
+):
     """A task by name; "jsonl" reads its items from `data` (and its held-out set from `eval_data`),
     "humaneval" its problems. `options` go to the task's constructor (e.g. CalculatorTask's
     level="toy", eval_size=200, max_turns=3: the quickstart's world); an unknown one is an error."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     if (name in DATA_TASKS) != bool(data):
-        raise ValueError(f"--task {name} needs --data FILE" if name in DATA_TASKS else
-                         f"--data is for --task jsonl or humaneval, not {name!r}")
+        raise ValueError(
+            f"--task {name} needs --data FILE"
+            if name in DATA_TASKS
+            else f"--data is for --task jsonl or humaneval, not {name!r}"
+        )
     if eval_data and name != "jsonl":
         raise ValueError(f"--eval-data is for --task jsonl, not {name!r}")
     accepted = inspect.signature(TASKS[name]).parameters
-    unknown = [key for key in options if key not in accepted or key in ("path", "seed", "eval_path")]
+    unknown = [
+        key for key in options if key not in accepted or key in ("path", "seed", "eval_path")
+    ]
     if unknown:
         known = [k for k in accepted if k not in ("path", "seed", "eval_path")]
-        raise ValueError(f"task {name!r} has no option {unknown[0]!r}; its options: {', '.join(known) or 'none'}")
+        raise ValueError(
+            f"task {name!r} has no option {unknown[0]!r}; its options: {', '.join(known) or 'none'}"
+        )
     if name == "humaneval":
         return ProgramTask(data, seed=seed, **options)
     if name == "jsonl":

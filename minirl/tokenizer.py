@@ -18,11 +18,15 @@ import os
 from tokenizers import Tokenizer as HFTokenizer
 
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-TOOLS_INTRO = ("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-               "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
-TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-               "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-               '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n')
+TOOLS_INTRO = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_OUTRO = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+)
 CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
 
 
@@ -38,12 +42,15 @@ def to_json(value) -> str:
 def _content(message: dict, i: int) -> str:
     content = message.get("content")
     if not isinstance(content, str):
-        raise ValueError(f"message {i} ({message.get('role')!r}) needs a string 'content', got {content!r}")
+        raise ValueError(
+            f"message {i} ({message.get('role')!r}) needs a string 'content', got {content!r}"
+        )
     return content
 
 
-def chat_pieces(messages: list[dict], tools: list[dict] | None = None,
-                add_generation_prompt: bool = False) -> list[tuple[str, bool]]:
+def chat_pieces(
+    messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = False
+) -> list[tuple[str, bool]]:
     """Qwen2.5-Instruct's chat template (tokenizer_config.json, "chat_template"), statement by statement,
     as (text, is_completion) pieces: is_completion marks what an assistant turn generates, i.e. the
     text after "<|im_start|>assistant\\n" up to and including its "<|im_end|>" (chat.py trains on it)."""
@@ -51,7 +58,9 @@ def chat_pieces(messages: list[dict], tools: list[dict] | None = None,
         raise ValueError("messages is empty; a conversation needs at least one message")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
-            raise ValueError(f"message {i} must be a dict with role system/user/assistant/tool, got {m!r}")
+            raise ValueError(
+                f"message {i} must be a dict with role system/user/assistant/tool, got {m!r}"
+            )
     out = []
     has_system = messages[0]["role"] == "system"
     system = _content(messages[0], 0) if has_system else DEFAULT_SYSTEM
@@ -68,18 +77,31 @@ def chat_pieces(messages: list[dict], tools: list[dict] | None = None,
             if m.get("tool_calls"):
                 body = "\n" + _content(m, i) if m.get("content") else ""
                 for call in m["tool_calls"]:
-                    call = call.get("function", call)  # OpenAI nests name/arguments under "function"
-                    body += ('\n<tool_call>\n{"name": "' + str(call.get("name")) + '", "arguments": '
-                             + to_json(call.get("arguments")) + "}\n</tool_call>")
+                    call = call.get(
+                        "function", call
+                    )  # OpenAI nests name/arguments under "function"
+                    body += (
+                        '\n<tool_call>\n{"name": "'
+                        + str(call.get("name"))
+                        + '", "arguments": '
+                        + to_json(call.get("arguments"))
+                        + "}\n</tool_call>"
+                    )
             else:
                 body = "\n" + _content(m, i)
             # body starts with "\n": it belongs to the generation prompt "<|im_start|>assistant\n"
-            pieces += [("<|im_start|>assistant\n", False), (body[1:] + "<|im_end|>", True), ("\n", False)]
+            pieces += [
+                ("<|im_start|>assistant\n", False),
+                (body[1:] + "<|im_end|>", True),
+                ("\n", False),
+            ]
             continue
         if role == "user" or role == "system" and i > 0:
             text = f"<|im_start|>{role}\n{_content(m, i)}<|im_end|>\n"
         elif role == "tool":
-            if i == 0 or messages[i - 1]["role"] != "tool":  # consecutive results share one user turn
+            if (
+                i == 0 or messages[i - 1]["role"] != "tool"
+            ):  # consecutive results share one user turn
                 text += "<|im_start|>user"
             text += "\n<tool_response>\n" + _content(m, i) + "\n</tool_response>"
             if i == len(messages) - 1 or messages[i + 1]["role"] != "tool":
@@ -90,8 +112,9 @@ def chat_pieces(messages: list[dict], tools: list[dict] | None = None,
     return [(text, trained) for text, trained in pieces if text]
 
 
-def render_chat_template(messages: list[dict], tools: list[dict] | None = None,
-                         add_generation_prompt: bool = False) -> str:
+def render_chat_template(
+    messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = False
+) -> str:
     return "".join(text for text, _ in chat_pieces(messages, tools, add_generation_prompt))
 
 
@@ -103,18 +126,24 @@ def _token_content(value):
 class Tokenizer:
     """tokenizers.Tokenizer plus the special tokens from tokenizer_config.json and the chat template."""
 
-    def __init__(self, tokenizer: HFTokenizer, config: dict | None = None, source: str = "tokenizer"):
+    def __init__(
+        self, tokenizer: HFTokenizer, config: dict | None = None, source: str = "tokenizer"
+    ):
         self._tokenizer = tokenizer
         self.config = dict(config or {})
         missing = [t for t in CHATML_TOKENS if tokenizer.token_to_id(t) is None]
         if missing:
-            raise TokenizerError(f"{source}: lacks the ChatML token(s) {', '.join(missing)}; minirl's chat "
-                                 "format needs <|im_start|> and <|im_end|> as added tokens")
+            raise TokenizerError(
+                f"{source}: lacks the ChatML token(s) {', '.join(missing)}; minirl's chat "
+                "format needs <|im_start|> and <|im_end|> as added tokens"
+            )
         self.eos_token = _token_content(self.config.get("eos_token")) or "<|im_end|>"
         self.pad_token = _token_content(self.config.get("pad_token")) or "<|endoftext|>"
         for name in ("eos_token", "pad_token"):
             if tokenizer.token_to_id(getattr(self, name)) is None:
-                raise TokenizerError(f"{source}: {name} {getattr(self, name)!r} is not in the vocabulary")
+                raise TokenizerError(
+                    f"{source}: {name} {getattr(self, name)!r} is not in the vocabulary"
+                )
         self.im_start_id, self.im_end_id = (tokenizer.token_to_id(t) for t in CHATML_TOKENS)
         self.eos_token_id = tokenizer.token_to_id(self.eos_token)
         self.pad_token_id = tokenizer.token_to_id(self.pad_token)
@@ -140,10 +169,19 @@ class Tokenizer:
     def save(self, folder: str):
         os.makedirs(folder, exist_ok=True)
         self._tokenizer.save(os.path.join(folder, "tokenizer.json"))
-        config = {"tokenizer_class": "Qwen2Tokenizer", "add_bos_token": False, "add_prefix_space": False,
-                  "bos_token": None, "clean_up_tokenization_spaces": False, "errors": "replace",
-                  "split_special_tokens": False, "unk_token": None, **self.config,
-                  "eos_token": self.eos_token, "pad_token": self.pad_token}
+        config = {
+            "tokenizer_class": "Qwen2Tokenizer",
+            "add_bos_token": False,
+            "add_prefix_space": False,
+            "bos_token": None,
+            "clean_up_tokenization_spaces": False,
+            "errors": "replace",
+            "split_special_tokens": False,
+            "unk_token": None,
+            **self.config,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+        }
         with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
             json.dump(config, f, indent=2, ensure_ascii=False)
 
@@ -175,6 +213,10 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
-                            add_generation_prompt: bool = False) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
         return render_chat_template(messages, tools, add_generation_prompt)

@@ -19,11 +19,17 @@ from .model import random_model
 from .tokenizer import Tokenizer, render_chat_template
 from .weights import save_pretrained
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # special: skipped by decode(skip_special_tokens)
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+]  # special: skipped by decode(skip_special_tokens)
 TOOL_TOKENS = ["<tool_call>", "</tool_call>"]  # added but not special, as in Qwen2.5
 # Qwen2's pre-tokenizer split (tokenizer.json): contractions, letter runs, single digits, punctuation, spaces
-QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def train_tokenizer(texts, vocab_size: int = 512, split: str = "qwen") -> Tokenizer:
@@ -40,34 +46,66 @@ def train_tokenizer(texts, vocab_size: int = 512, split: str = "qwen") -> Tokeni
         raise ValueError(f"split must be 'qwen', 'lines' or 'numbers', got {split!r}")
     bpe = HFTokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
-    first = ([pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated")] if split == "qwen" else
-             [pre_tokenizers.Split("\n", behavior="isolated"),
-              pre_tokenizers.Digits(individual_digits=split == "lines")])
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(first + [pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                                   use_regex=False)])
+    first = (
+        [pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated")]
+        if split == "qwen"
+        else [
+            pre_tokenizers.Split("\n", behavior="isolated"),
+            pre_tokenizers.Digits(individual_digits=split == "lines"),
+        ]
+    )
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        first + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     bpe.train_from_iterator(texts, trainer)
     bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
-    return Tokenizer(bpe, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "model_max_length": 2048})
+    return Tokenizer(
+        bpe, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "model_max_length": 2048}
+    )
 
 
 def tiny_config(vocab_size: int, **overrides) -> Qwen2Config:
     """The toy world's Qwen2: hidden 128, 4 layers, 4 heads sharing 2 kv heads; ~1M parameters with a 512 vocab."""
-    return Qwen2Config(**{**dict(
-        vocab_size=vocab_size, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, rope_theta=10000.0,
-        tie_word_embeddings=True, bos_token_id=None, eos_token_id=None), **overrides})
+    return Qwen2Config(
+        **{
+            **dict(
+                vocab_size=vocab_size,
+                hidden_size=128,
+                intermediate_size=352,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=1024,
+                rope_theta=10000.0,
+                tie_word_embeddings=True,
+                bos_token_id=None,
+                eos_token_id=None,
+            ),
+            **overrides,
+        }
+    )
 
 
-def build_checkpoint(folder: str, seed: int = 0, initializer_range: float = 0.02, **config_overrides) -> str:
+def build_checkpoint(
+    folder: str, seed: int = 0, initializer_range: float = 0.02, **config_overrides
+) -> str:
     """Train the toy tokenizer, build a random tiny Qwen2 and save both as a checkpoint folder.
     A wide initializer_range (e.g. 0.2) gives logits a usable scale from the start: LoRA cannot
     grow the frozen embeddings, so it needs that to fit data on a random base."""
     tokenizer = train_tokenizer(arithmetic_corpus(seed=seed), vocab_size=512)
-    config = tiny_config(tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id,
-                         initializer_range=initializer_range, **config_overrides)
+    config = tiny_config(
+        tokenizer.vocab_size,
+        eos_token_id=tokenizer.eos_token_id,
+        initializer_range=initializer_range,
+        **config_overrides,
+    )
     save_pretrained(random_model(config, seed=seed), folder, tokenizer)
     return folder
 
@@ -75,11 +113,15 @@ def build_checkpoint(folder: str, seed: int = 0, initializer_range: float = 0.02
 def calculator_conversation(a: int, b: int, op: str = "*") -> dict:
     """One demonstration of the calculator agent: the question, a tool call, its result, the answer."""
     value = {"+": a + b, "-": a - b, "*": a * b}[op]
-    return {"messages": [{"role": "user", "content": f"What is {a} {op} {b}?"},
-                         tool_call_message(f"{a} {op} {b}"),
-                         {"role": "tool", "content": str(value)},
-                         {"role": "assistant", "content": f"{a} {op} {b} = {value}."}],
-            "tools": [CALCULATOR_SPEC]}
+    return {
+        "messages": [
+            {"role": "user", "content": f"What is {a} {op} {b}?"},
+            tool_call_message(f"{a} {op} {b}"),
+            {"role": "tool", "content": str(value)},
+            {"role": "assistant", "content": f"{a} {op} {b} = {value}."},
+        ],
+        "tools": [CALCULATOR_SPEC],
+    }
 
 
 def arithmetic_corpus(n: int = 400, seed: int = 0) -> list[str]:
@@ -90,14 +132,24 @@ def arithmetic_corpus(n: int = 400, seed: int = 0) -> list[str]:
         a, b = rng.randint(1, 99), rng.randint(1, 99)
         op = rng.choice(["+", "-", "*"])
         answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-        texts.append(render_chat_template([{"role": "user", "content": f"What is {a} {op} {b}?"},
-                                           {"role": "assistant", "content": f"The answer is {answer}."}]))
+        texts.append(
+            render_chat_template(
+                [
+                    {"role": "user", "content": f"What is {a} {op} {b}?"},
+                    {"role": "assistant", "content": f"The answer is {answer}."},
+                ]
+            )
+        )
     return texts
 
 
 # ---- the imperfect demonstrator -------------------------------------------------------------------------
-def demonstrator(tool_rate_hard: float = 0.3, double_call_rate: float = 0.2, memory_accuracy: float = 0.0,
-                 seed: int = 0):
+def demonstrator(
+    tool_rate_hard: float = 0.3,
+    double_call_rate: float = 0.2,
+    memory_accuracy: float = 0.0,
+    seed: int = 0,
+):
     """A scripted calculator agent with the habits SFT will copy (the quickstart's world):
     - easy questions: answered directly, correctly;
     - hard questions: the tool is called on only `tool_rate_hard` of them; the rest are answered from
@@ -107,10 +159,14 @@ def demonstrator(tool_rate_hard: float = 0.3, double_call_rate: float = 0.2, mem
     - after a tool error it never retries: it answers from memory.
     Each question's choices come from a generator seeded by the question, so a conversation is consistent
     across its turns. Returns policy(task, messages) -> the next assistant message."""
+
     def choices(task):
         rng = random.Random(f"{seed}/{task['question']}")
-        return {"tool": rng.random() < tool_rate_hard, "double": rng.random() < double_call_rate,
-                "memory_right": rng.random() < memory_accuracy}
+        return {
+            "tool": rng.random() < tool_rate_hard,
+            "double": rng.random() < double_call_rate,
+            "memory_right": rng.random() < memory_accuracy,
+        }
 
     def from_memory(task, c):
         if task["difficulty"] == "easy" or c["memory_right"]:
@@ -134,8 +190,9 @@ def demonstrator(tool_rate_hard: float = 0.3, double_call_rate: float = 0.2, mem
     return policy
 
 
-def demonstrations(tasks: list[dict], policy, flaky: float = 0.0, seed: int = 0,
-                   progress: bool = False) -> tuple[list[dict], float]:
+def demonstrations(
+    tasks: list[dict], policy, flaky: float = 0.0, seed: int = 0, progress: bool = False
+) -> tuple[list[dict], float]:
     """Play `policy` on each task in the calculator environment: the SFT data ({"messages", "tools"} per
     conversation) and the policy's measured accuracy."""
     conversations, correct = [], 0.0

@@ -35,11 +35,15 @@ class TokenAdapter(nn.Module):
     """The new values of k rows of a (V, C) weight: `trainable_tokens_delta` (k, C), PEFT's name.
     They start as the rows themselves, or as `init` (k, C)."""
 
-    def __init__(self, weight: torch.Tensor, token_ids: list[int], init: torch.Tensor | None = None):
+    def __init__(
+        self, weight: torch.Tensor, token_ids: list[int], init: torch.Tensor | None = None
+    ):
         super().__init__()
         self.token_ids = list(token_ids)
         start = weight.detach()[self.token_ids] if init is None else init
-        self.trainable_tokens_delta = nn.Parameter(start.detach().float().clone().to(weight.device))  # (k, C)
+        self.trainable_tokens_delta = nn.Parameter(
+            start.detach().float().clone().to(weight.device)
+        )  # (k, C)
         self.enabled = True
         self.merged = False  # the new values have been written into the weight itself
 
@@ -61,7 +65,11 @@ class TokenEmbedding(nn.Embedding):
     def __init__(self, base: nn.Embedding, token_ids: list[int], init: torch.Tensor | None = None):
         nn.Module.__init__(self)  # not Embedding.__init__: that would allocate a new weight
         self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
-        self.padding_idx, self.max_norm, self.norm_type = base.padding_idx, base.max_norm, base.norm_type
+        self.padding_idx, self.max_norm, self.norm_type = (
+            base.padding_idx,
+            base.max_norm,
+            base.norm_type,
+        )
         self.scale_grad_by_freq, self.sparse = base.scale_grad_by_freq, base.sparse
         self.weight = base.weight
         self.token_adapter = TokenAdapter(base.weight, token_ids, init)
@@ -98,10 +106,14 @@ class TokenHead(nn.Linear):
         if not adapter.active:
             return y
         extra = (x.float() @ adapter.delta(self.weight).T).to(y.dtype)  # (..., k)
-        return y.index_add_(-1, adapter.index(y.device), extra)  # y is fresh: autograd allows in place
+        return y.index_add_(
+            -1, adapter.index(y.device), extra
+        )  # y is fresh: autograd allows in place
 
 
-def add_trainable_tokens(model, token_ids: list[int], init: torch.Tensor | None = None) -> TokenAdapter:
+def add_trainable_tokens(
+    model, token_ids: list[int], init: torch.Tensor | None = None
+) -> TokenAdapter:
     """Make the embedding rows of `token_ids` trainable (and the output rows, which are the same
     weight when the embeddings are tied), starting from the rows or from `init` (k, C), in the order
     of sorted(token_ids). In place; returns the adapter."""
@@ -110,9 +122,13 @@ def add_trainable_tokens(model, token_ids: list[int], init: torch.Tensor | None 
     V = model.config.vocab_size
     bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < V)]
     if bad or not token_ids or len(set(token_ids)) != len(token_ids):
-        raise ValueError(f"trainable token ids must be distinct ints in [0, {V}), got {list(token_ids)}")
+        raise ValueError(
+            f"trainable token ids must be distinct ints in [0, {V}), got {list(token_ids)}"
+        )
     if init is not None and tuple(init.shape) != (len(token_ids), model.config.hidden_size):
-        raise ValueError(f"init must be ({len(token_ids)}, {model.config.hidden_size}), got {tuple(init.shape)}")
+        raise ValueError(
+            f"init must be ({len(token_ids)}, {model.config.hidden_size}), got {tuple(init.shape)}"
+        )
     embedding = TokenEmbedding(model.model.embed_tokens, sorted(token_ids), init)
     model.model.embed_tokens = embedding
     if model.config.tie_word_embeddings:
@@ -155,7 +171,9 @@ def remove_trainable_tokens(model):
     embedding.weight = model.model.embed_tokens.weight
     model.model.embed_tokens = embedding
     if isinstance(model.lm_head, TokenHead):
-        head = nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False, device="meta")
+        head = nn.Linear(
+            model.config.hidden_size, model.config.vocab_size, bias=False, device="meta"
+        )
         head.weight = model.lm_head.weight
         model.lm_head = cpu_matmul.use_few_row_products(head)  # as model.py builds it
     return model
@@ -181,6 +199,10 @@ def untrained_tokens(model, token_ids) -> dict[int, int]:
         return {}
     weight = model.model.embed_tokens.weight.float()  # (V, C)
     rows = weight[ids]  # (n, C)
-    cosine = (weight @ rows.T) / (weight.norm(dim=1)[:, None] * rows.norm(dim=1)[None]).clamp(min=1e-12)  # (V, n)
-    neighbours = (cosine >= NEAR_DUPLICATE_COSINE).sum(dim=0) - 1  # (n,): not counting the row itself
+    cosine = (weight @ rows.T) / (weight.norm(dim=1)[:, None] * rows.norm(dim=1)[None]).clamp(
+        min=1e-12
+    )  # (V, n)
+    neighbours = (cosine >= NEAR_DUPLICATE_COSINE).sum(
+        dim=0
+    ) - 1  # (n,): not counting the row itself
     return {t: int(n) for t, n in zip(ids, neighbours.tolist()) if n >= UNTRAINED_NEIGHBOURS}

@@ -37,7 +37,9 @@ def trainable(model, cfg) -> list[torch.nn.Parameter]:
     if cfg.full:
         model.requires_grad_(True)
     else:
-        add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=getattr(cfg, "lora_dropout", 0.0))
+        add_lora(
+            model, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=getattr(cfg, "lora_dropout", 0.0)
+        )
     return [p for p in model.parameters() if p.requires_grad]
 
 
@@ -55,7 +57,9 @@ def resume(cfg, model, optimizer, scheduler) -> tuple[int, dict | None]:
     if cfg.resume:
         folder = latest_checkpoint(cfg.out)
         if folder is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {os.path.join(cfg.out, 'checkpoints')}")
+            raise FileNotFoundError(
+                f"--resume: no checkpoint under {os.path.join(cfg.out, 'checkpoints')}"
+            )
         state = restore_checkpoint(folder, model, optimizer, scheduler, cfg.full)
         distributed.print_main(f"resumed from {folder} at step {state['step']}")
     distributed.broadcast_params([p for group in optimizer.param_groups for p in group["params"]])

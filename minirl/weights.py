@@ -38,7 +38,9 @@ def weight_files(folder: str) -> list[str]:
             with open(index_path, encoding="utf-8") as f:
                 weight_map = json.load(f)["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index_path}: not a safetensors index with a 'weight_map' ({e!r})") from None
+            raise CheckpointError(
+                f"{index_path}: not a safetensors index with a 'weight_map' ({e!r})"
+            ) from None
         files = [os.path.join(folder, name) for name in dict.fromkeys(weight_map.values())]
         absent = [f for f in files if not os.path.isfile(f)]
         if absent:
@@ -47,7 +49,9 @@ def weight_files(folder: str) -> list[str]:
     single = os.path.join(folder, WEIGHTS_NAME)
     if os.path.isfile(single):
         return [single]
-    raise CheckpointError(f"{folder}: no {WEIGHTS_NAME} and no {INDEX_NAME}; is this a checkpoint folder?")
+    raise CheckpointError(
+        f"{folder}: no {WEIGHTS_NAME} and no {INDEX_NAME}; is this a checkpoint folder?"
+    )
 
 
 def read_shapes(files: list[str]) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -58,20 +62,28 @@ def read_shapes(files: list[str]) -> dict[str, tuple[tuple[int, ...], str]]:
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
                     if name in shapes:
-                        raise CheckpointError(f"tensor {name} appears in both {shapes[name][1]} and {path}")
+                        raise CheckpointError(
+                            f"tensor {name} appears in both {shapes[name][1]} and {path}"
+                        )
                     shapes[name] = (tuple(f.get_slice(name).get_shape()), path)
         except CheckpointError:
             raise
-        except Exception as e:  # safetensors raises its own error types for a truncated or garbled file
-            raise CheckpointError(f"{path}: cannot read it as safetensors ({e}); the file may be truncated "
-                                  "or corrupt, download it again") from None
+        except (
+            Exception
+        ) as e:  # safetensors raises its own error types for a truncated or garbled file
+            raise CheckpointError(
+                f"{path}: cannot read it as safetensors ({e}); the file may be truncated "
+                "or corrupt, download it again"
+            ) from None
     return shapes
 
 
 def expected_shapes(model: Qwen2) -> dict[str, tuple[int, ...]]:
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if model.config.tie_word_embeddings:
-        shapes.pop("lm_head.weight")  # the same tensor as model.embed_tokens.weight; not stored on disk
+        shapes.pop(
+            "lm_head.weight"
+        )  # the same tensor as model.embed_tokens.weight; not stored on disk
     return shapes
 
 
@@ -81,15 +93,21 @@ def check_tensors(model: Qwen2, found: dict[str, tuple[tuple[int, ...], str]], f
     problems = []
     missing = [k for k in expected if k not in found]
     if missing:
-        problems.append(f"missing tensor(s): {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else ""))
+        problems.append(
+            f"missing tensor(s): {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
+        )
     for name in (k for k in found if k not in expected):
         hint = " (config.json says tie_word_embeddings=true)" if name == "lm_head.weight" else ""
         problems.append(f"unexpected tensor {name} in {os.path.basename(found[name][1])}{hint}")
     for name in (k for k in expected if k in found and found[k][0] != expected[k]):
-        problems.append(f"tensor {name} in {os.path.basename(found[name][1])} has shape {list(found[name][0])}, "
-                        f"config.json implies {list(expected[name])}")
+        problems.append(
+            f"tensor {name} in {os.path.basename(found[name][1])} has shape {list(found[name][0])}, "
+            f"config.json implies {list(expected[name])}"
+        )
     if problems:
-        raise CheckpointError(f"{folder}: weights do not match config.json:\n  " + "\n  ".join(problems[:12]))
+        raise CheckpointError(
+            f"{folder}: weights do not match config.json:\n  " + "\n  ".join(problems[:12])
+        )
 
 
 def eos_token_ids(folder: str, config: Qwen2Config) -> list[int]:
@@ -120,7 +138,9 @@ def load_model(folder: str, dtype=torch.float32, device="cpu") -> Qwen2:
         for path in files:
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
-                    params[name].copy_(f.get_tensor(name))  # one tensor in flight; copy_ casts bf16 -> dtype
+                    params[name].copy_(
+                        f.get_tensor(name)
+                    )  # one tensor in flight; copy_ casts bf16 -> dtype
     model.eos_token_ids = eos_token_ids(folder, config)
     return model.eval()
 
@@ -140,13 +160,17 @@ def load_pretrained(path: str, dtype=torch.float32, device="cpu"):
     """(model, tokenizer) from a Qwen2.5 checkpoint folder as published on the model hub."""
 
     if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: not a folder; pass the checkpoint folder (config.json, "
-                              "model*.safetensors, tokenizer.json, tokenizer_config.json)")
+        raise CheckpointError(
+            f"{path}: not a folder; pass the checkpoint folder (config.json, "
+            "model*.safetensors, tokenizer.json, tokenizer_config.json)"
+        )
     tokenizer = Tokenizer.from_dir(path)  # cheap; fails before the weights are read
     model = load_model(path, dtype, device)
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's "
-                              f"vocab_size is {model.config.vocab_size}")
+        raise CheckpointError(
+            f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's "
+            f"vocab_size is {model.config.vocab_size}"
+        )
     return model, tokenizer
 
 
@@ -166,6 +190,7 @@ def _write_json(path: str, obj):
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(obj, f, indent=2)
             f.write("\n")
+
     _atomic(path, write)
 
 
@@ -184,15 +209,27 @@ def save_pretrained(model: Qwen2, folder: str, tokenizer=None, max_shard_size: i
             size = 0
         shards[-1][name] = t
         size += nbytes
-    names = [WEIGHTS_NAME] if len(shards) == 1 else [
-        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    names = (
+        [WEIGHTS_NAME]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
     for name, shard in zip(names, shards):
-        _atomic(os.path.join(folder, name), lambda tmp, shard=shard: save_file(shard, tmp, metadata={"format": "pt"}))
+        _atomic(
+            os.path.join(folder, name),
+            lambda tmp, shard=shard: save_file(shard, tmp, metadata={"format": "pt"}),
+        )
     index_path = os.path.join(folder, INDEX_NAME)
     if len(shards) > 1:
-        _write_json(index_path, {"metadata": {"total_size": sum(t.numel() * t.element_size()
-                                                                 for t in tensors.values())},
-                                 "weight_map": {k: n for n, shard in zip(names, shards) for k in shard}})
+        _write_json(
+            index_path,
+            {
+                "metadata": {
+                    "total_size": sum(t.numel() * t.element_size() for t in tensors.values())
+                },
+                "weight_map": {k: n for n, shard in zip(names, shards) for k in shard},
+            },
+        )
     # remove what a previous save with another sharding left behind, so the folder has one layout
     for stale in os.listdir(folder):
         if (stale == WEIGHTS_NAME or SHARD_PATTERN.fullmatch(stale)) and stale not in names:
@@ -202,7 +239,9 @@ def save_pretrained(model: Qwen2, folder: str, tokenizer=None, max_shard_size: i
     config = model.config.to_dict()
     config["torch_dtype"] = str(model.dtype).removeprefix("torch.")
     _write_json(os.path.join(folder, "config.json"), config)
-    _write_json(os.path.join(folder, "generation_config.json"),
-                {"bos_token_id": model.config.bos_token_id, "eos_token_id": list(model.eos_token_ids)})
+    _write_json(
+        os.path.join(folder, "generation_config.json"),
+        {"bos_token_id": model.config.bos_token_id, "eos_token_id": list(model.eos_token_ids)},
+    )
     if tokenizer is not None:
         tokenizer.save(folder)

@@ -15,17 +15,35 @@ from minirl.toy import arithmetic_corpus, train_tokenizer
 TINY_VARIANTS = [(True, 2), (False, 2), (True, 1), (False, 4)]
 
 
-def hf_tiny_model(tied: bool = True, kv_heads: int = 2, vocab_size: int = 256, seed: int = 0, **overrides):
+def hf_tiny_model(
+    tied: bool = True, kv_heads: int = 2, vocab_size: int = 256, seed: int = 0, **overrides
+):
     """A transformers Qwen2ForCausalLM with random weights, wide enough init that greedy decoding
     does not collapse onto one token, and non-zero biases and norm weights so every parameter matters."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(**{**dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=kv_heads, tie_word_embeddings=tied,
-        max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.2,
-        bos_token_id=0, eos_token_id=1, pad_token_id=0), **overrides})
+    config = Qwen2Config(
+        **{
+            **dict(
+                vocab_size=vocab_size,
+                hidden_size=64,
+                intermediate_size=160,
+                num_hidden_layers=3,
+                num_attention_heads=4,
+                num_key_value_heads=kv_heads,
+                tie_word_embeddings=tied,
+                max_position_embeddings=256,
+                rope_theta=10000.0,
+                rms_norm_eps=1e-6,
+                initializer_range=0.2,
+                bos_token_id=0,
+                eos_token_id=1,
+                pad_token_id=0,
+            ),
+            **overrides,
+        }
+    )
     config._attn_implementation = "eager"
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
@@ -40,11 +58,13 @@ def hf_tiny_model(tied: bool = True, kv_heads: int = 2, vocab_size: int = 256, s
 @pytest.fixture
 def hf_checkpoint(tmp_path):
     """Factory: write a tiny transformers model to a folder; returns (hf_model, folder)."""
+
     def make(tied=True, kv_heads=2, **kwargs):
         model = hf_tiny_model(tied, kv_heads, **kwargs)
         folder = tmp_path / f"hf-tied{int(tied)}-kv{kv_heads}"
         model.save_pretrained(folder)
         return model, str(folder)
+
     return make
 
 
@@ -57,7 +77,9 @@ def toy_tokenizer():
 def real_model_dir():
     folder = os.environ.get("MINIRL_REAL_MODEL")
     if not folder:
-        pytest.skip("set MINIRL_REAL_MODEL=/path/to/Qwen2.5-Instruct-folder to run the real-weights tier")
+        pytest.skip(
+            "set MINIRL_REAL_MODEL=/path/to/Qwen2.5-Instruct-folder to run the real-weights tier"
+        )
     return folder
 
 
@@ -68,6 +90,17 @@ def fast_pipeline(tmp_path_factory):
     tests/test_quickstart.py checks the folder, lesson 10's test evaluates its checkpoints."""
     out = tmp_path_factory.mktemp("pipeline") / "run"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run([sys.executable, os.path.join(root, "lessons", "09_two_stage_pipeline.py"), "--fast",
-                             "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=root)
+    result = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(root, "lessons", "09_two_stage_pipeline.py"),
+            "--fast",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+    )
     return out, result

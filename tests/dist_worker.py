@@ -30,8 +30,15 @@ LEARN_CASES = [("token", 8), ("sequence", 8), ("constant", 8), ("token", 12), ("
 
 
 def prompts(n, rng):
-    return [{"messages": [{"role": "user", "content": f"What is {rng.randint(1, 99)} + {rng.randint(1, 9)}?"}],
-             "tools": None} for _ in range(n)]
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": f"What is {rng.randint(1, 99)} + {rng.randint(1, 9)}?"}
+            ],
+            "tools": None,
+        }
+        for _ in range(n)
+    ]
 
 
 def learn_once(base: str, aggregation: str, split: int) -> dict:
@@ -44,14 +51,18 @@ def learn_once(base: str, aggregation: str, split: int) -> dict:
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0.0, 0.1)
-    rollouts = sample_completions(model, tokenizer, prompts(PROMPTS, random.Random(0)), G, 6, seed=0)
+    rollouts = sample_completions(
+        model, tokenizer, prompts(PROMPTS, random.Random(0)), G, 6, seed=0
+    )
     # lengths 1..6 and an observation token, so the three aggregations differ; rank 0's half of the
     # rollouts is at most 4 tokens long, rank 1's 6, as "constant" divides by the longest of all
     for t, n in zip(rollouts, [1, 2, 3, 4, 2, 3, 4, 1, 6, 5, 3, 6, 1, 2, 4, 5]):
         t.completion_ids, t.logprobs, t.action_mask = t.completion_ids[:n], t.logprobs[:n], [1] * n
         if n > 2:
             t.action_mask[1], t.logprobs[1] = 0, 0.0
-    rewards = torch.tensor([float(t.completion_ids[0] % 3 == 0) + 0.1 * len(t.completion_ids) for t in rollouts])
+    rewards = torch.tensor(
+        [float(t.completion_ids[0] % 3 == 0) + 0.1 * len(t.completion_ids) for t in rollouts]
+    )
     advantages = group_advantages(rewards, G)
     if distributed.world_size() > 1:
         rows = range(0, split) if distributed.rank() == 0 else range(split, PROMPTS * G)
@@ -63,24 +74,40 @@ def learn_once(base: str, aggregation: str, split: int) -> dict:
     # near-zero gradient entry (sums taken in another order on two ranks) into a difference of ~lr.
     optimizer = torch.optim.SGD(params, lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    cfg = GRPOConfig(model=base, beta=0.04, inner_steps=2, minibatch_size=3, aggregation=aggregation)
+    cfg = GRPOConfig(
+        model=base, beta=0.04, inner_steps=2, minibatch_size=3, aggregation=aggregation
+    )
     model.train()
     mine = [rollouts[i] for i in rows]
     longest = distributed.all_reduce_max(max((len(t.completion_ids) for t in mine), default=1))
-    stats, _ = learn(cfg, model, None, learning_batch(mine, tokenizer.pad_token_id, "cpu", longest),
-                     advantages[list(rows)], optimizer, scheduler)
-    return {"params": {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad},
-            "stats": stats, "moved": max((p - b).abs().max().item() for p, b in zip(params, before))}
+    stats, _ = learn(
+        cfg,
+        model,
+        None,
+        learning_batch(mine, tokenizer.pad_token_id, "cpu", longest),
+        advantages[list(rows)],
+        optimizer,
+        scheduler,
+    )
+    return {
+        "params": {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad},
+        "stats": stats,
+        "moved": max((p - b).abs().max().item() for p, b in zip(params, before)),
+    }
 
 
 class RankTask(Task):
     """A learnable reward (the first token's parity) and a zero-weight part that is each rank's number:
     its logged mean is 0.5 on two ranks only if the metrics cover both ranks' trajectories."""
+
     name = "rank"
 
     def __init__(self, fail_on_rank=None):
         self.fail_on_rank = fail_on_rank
-        self.reward_functions = {"parity": (self.parity, 1.0), "rank": (lambda t: float(distributed.rank()), 0.0)}
+        self.reward_functions = {
+            "parity": (self.parity, 1.0),
+            "rank": (lambda t: float(distributed.rank()), 0.0),
+        }
 
     def parity(self, t):
         if distributed.rank() == self.fail_on_rank:
@@ -99,8 +126,15 @@ class RankTask(Task):
 
 
 def grpo_config(base, out, **overrides):
-    defaults = dict(task=RankTask(), steps=3, group_size=4, prompts_per_step=4, max_new_tokens=6, lr=5e-3,
-                    save_every=1)
+    defaults = dict(
+        task=RankTask(),
+        steps=3,
+        group_size=4,
+        prompts_per_step=4,
+        max_new_tokens=6,
+        lr=5e-3,
+        save_every=1,
+    )
     return GRPOConfig(model=base, out=out, **{**defaults, **overrides})
 
 

@@ -13,24 +13,39 @@ from minirl.rollout import Trajectory
 from minirl.tasks import GSM8K_INSTRUCTION, JsonlTask, make_task
 
 
-@pytest.mark.parametrize("text, strict, lenient", [
-    ("She has 3 + 4 = 7 apples.\n#### 7", 7, 7),  # GSM8K's convention
-    ("#### 1,234", 1234, 1234),  # thousands separators
-    ("Answer: 42", 42, 42),
-    ("so the answer is: -12.", -12, -12),
-    ("**Answer:** $3.50", Fraction(7, 2), Fraction(7, 2)),  # Markdown bold and a dollar sign
-    ("The final answer is $\\boxed{72}$.", 72, 72),
-    ("\\boxed{\\frac{3}{4}}", Fraction(3, 4), 4),  # the last *number* is the 4 of the fraction
-    ("\\boxed{72 \\text{ apples}}", 72, 72),
-    ("\\boxed{x = 5}", 5, 5),
-    ("\\boxed{{a}+b}", "{a}+b", None),  # nested braces stay inside the box
-    ("#### 3 and later Answer: 4", 4, 4),  # the last marked answer counts, whatever its convention
-    ("Answer: 4 ... #### 3", 3, 3),
-    ("I think it is 56, maybe 57", None, 57),  # no marked answer: strict has none, lenient the last number
-    ("no numbers here", None, None),
-    ("3108.5 is close", None, Fraction(6217, 2)),  # decimals read whole (not as the "5" after the point)
-    ("−7 (a Unicode minus)\n#### −7", -7, -7),
-])
+@pytest.mark.parametrize(
+    "text, strict, lenient",
+    [
+        ("She has 3 + 4 = 7 apples.\n#### 7", 7, 7),  # GSM8K's convention
+        ("#### 1,234", 1234, 1234),  # thousands separators
+        ("Answer: 42", 42, 42),
+        ("so the answer is: -12.", -12, -12),
+        ("**Answer:** $3.50", Fraction(7, 2), Fraction(7, 2)),  # Markdown bold and a dollar sign
+        ("The final answer is $\\boxed{72}$.", 72, 72),
+        ("\\boxed{\\frac{3}{4}}", Fraction(3, 4), 4),  # the last *number* is the 4 of the fraction
+        ("\\boxed{72 \\text{ apples}}", 72, 72),
+        ("\\boxed{x = 5}", 5, 5),
+        ("\\boxed{{a}+b}", "{a}+b", None),  # nested braces stay inside the box
+        (
+            "#### 3 and later Answer: 4",
+            4,
+            4,
+        ),  # the last marked answer counts, whatever its convention
+        ("Answer: 4 ... #### 3", 3, 3),
+        (
+            "I think it is 56, maybe 57",
+            None,
+            57,
+        ),  # no marked answer: strict has none, lenient the last number
+        ("no numbers here", None, None),
+        (
+            "3108.5 is close",
+            None,
+            Fraction(6217, 2),
+        ),  # decimals read whole (not as the "5" after the point)
+        ("−7 (a Unicode minus)\n#### −7", -7, -7),
+    ],
+)
 def test_strict_and_lenient_answers(text, strict, lenient):
     assert strict_answer(text) == strict
     assert lenient_answer(text) == lenient
@@ -59,34 +74,69 @@ def write(tmp_path, name, records):
 
 
 def test_every_layout_becomes_a_prompt_and_a_reference(tmp_path):
-    path = write(tmp_path, "items.jsonl", [
-        {"question": "Tom has 3 cats and gets 4 more. How many?", "answer": "3 + 4 = 7\n#### 7"},
-        {"prompt": "What is 6 * 7?", "answer": 42},
-        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"},
-                      {"role": "assistant", "content": "Paris"}], "answer": "Paris"},
-        {"prompt": "What is 37 * 84?", "answer": "3108", "tools": [CALCULATOR_SPEC]},
-    ])
+    path = write(
+        tmp_path,
+        "items.jsonl",
+        [
+            {
+                "question": "Tom has 3 cats and gets 4 more. How many?",
+                "answer": "3 + 4 = 7\n#### 7",
+            },
+            {"prompt": "What is 6 * 7?", "answer": 42},
+            {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Capital of France?"},
+                    {"role": "assistant", "content": "Paris"},
+                ],
+                "answer": "Paris",
+            },
+            {"prompt": "What is 37 * 84?", "answer": "3108", "tools": [CALCULATOR_SPEC]},
+        ],
+    )
     task = JsonlTask(path)
-    gsm, plain, chat, tools = task.eval_items()  # fewer than 10 items: all of them are also the held-out set
-    assert gsm["messages"] == [{"role": "user", "content": f"Tom has 3 cats and gets 4 more. How many? "
-                                                           f"{GSM8K_INSTRUCTION}"}]
-    assert (gsm["reference"], plain["reference"], chat["reference"], tools["reference"]) == (7, 42, "paris", 3108)
-    assert [m["role"] for m in chat["messages"]] == ["system", "user"]  # the trailing reference answer is dropped
+    gsm, plain, chat, tools = (
+        task.eval_items()
+    )  # fewer than 10 items: all of them are also the held-out set
+    assert gsm["messages"] == [
+        {
+            "role": "user",
+            "content": f"Tom has 3 cats and gets 4 more. How many? {GSM8K_INSTRUCTION}",
+        }
+    ]
+    assert (gsm["reference"], plain["reference"], chat["reference"], tools["reference"]) == (
+        7,
+        42,
+        "paris",
+        3108,
+    )
+    assert [m["role"] for m in chat["messages"]] == [
+        "system",
+        "user",
+    ]  # the trailing reference answer is dropped
     assert tools["tools"] == [CALCULATOR_SPEC] and task.max_turns == 4
 
 
-@pytest.mark.parametrize("line, message", [
-    ("{not json", "invalid JSON"),
-    ('{"prompt": "hi"}', 'missing "answer"'),
-    ('{"answer": 3}', "no prompt"),
-    ('{"prompt": "hi", "answer": "  "}', "empty answer"),
-    ('{"messages": [{"role": "user"}], "answer": 3}', '"messages" must be a list'),
-    ('{"messages": [{"role": "system", "content": "x"}], "answer": 3}', "must end with a user message"),
-    ('{"prompt": "hi", "answer": 3, "tools": "calculator"}', '"tools" must be a list'),
-    ('{"prompt": "hi", "answer": 3, "tools": [{"type": "function", "function": {"name": "rm"}}]}',
-     "tool 'rm' is not one minirl can run"),
-    ("[1, 2]", "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "invalid JSON"),
+        ('{"prompt": "hi"}', 'missing "answer"'),
+        ('{"answer": 3}', "no prompt"),
+        ('{"prompt": "hi", "answer": "  "}', "empty answer"),
+        ('{"messages": [{"role": "user"}], "answer": 3}', '"messages" must be a list'),
+        (
+            '{"messages": [{"role": "system", "content": "x"}], "answer": 3}',
+            "must end with a user message",
+        ),
+        ('{"prompt": "hi", "answer": 3, "tools": "calculator"}', '"tools" must be a list'),
+        (
+            '{"prompt": "hi", "answer": 3, "tools": [{"type": "function", "function": {"name": "rm"}}]}',
+            "tool 'rm' is not one minirl can run",
+        ),
+        ("[1, 2]", "expected a JSON object"),
+    ],
+)
 def test_a_bad_line_is_named_by_file_and_line(tmp_path, line, message):
     path = write(tmp_path, "bad.jsonl", [{"prompt": "What is 1 + 1?", "answer": 2}, "", line])
     with pytest.raises(ValueError, match=f"bad.jsonl:3: .*{message}"):
@@ -94,13 +144,20 @@ def test_a_bad_line_is_named_by_file_and_line(tmp_path, line, message):
 
 
 def test_held_out_split_is_fixed_and_never_sampled(tmp_path):
-    path = write(tmp_path, "many.jsonl", [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(50)])
+    path = write(
+        tmp_path,
+        "many.jsonl",
+        [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(50)],
+    )
     task, again = JsonlTask(path, seed=3), JsonlTask(path, seed=3)
     held = {item["reference"] for item in task.eval_items()}
     assert len(held) == 5 and held == {item["reference"] for item in again.eval_items()}
     import random
+
     assert not held & {item["reference"] for item in task.sample(200, random.Random(0))}
-    separate = JsonlTask(path, eval_path=write(tmp_path, "eval.jsonl", [{"prompt": "2 + 2?", "answer": 4}]))
+    separate = JsonlTask(
+        path, eval_path=write(tmp_path, "eval.jsonl", [{"prompt": "2 + 2?", "answer": 4}])
+    )
     assert [i["reference"] for i in separate.eval_items()] == [4] and task.max_turns == 1
 
 
@@ -114,18 +171,40 @@ def test_make_task_needs_data_for_jsonl_and_only_there(tmp_path):
 
 
 def episode(item, text, finish="answer"):
-    return Trajectory(prompt=item, prompt_ids=[], completion_ids=[], action_mask=[], logprobs=[], finish_reason=finish,
-                      text=text)
+    return Trajectory(
+        prompt=item,
+        prompt_ids=[],
+        completion_ids=[],
+        action_mask=[],
+        logprobs=[],
+        finish_reason=finish,
+        text=text,
+    )
 
 
 def test_the_environment_rewards_the_strict_answer_and_reports_the_lenient_one(tmp_path):
-    task = JsonlTask(write(tmp_path, "i.jsonl", [{"prompt": "What is 37 * 84?", "answer": 3108,
-                                                   "tools": [CALCULATOR_SPEC]}]))
+    task = JsonlTask(
+        write(
+            tmp_path,
+            "i.jsonl",
+            [{"prompt": "What is 37 * 84?", "answer": 3108, "tools": [CALCULATOR_SPEC]}],
+        )
+    )
     env = AnswerEnv()
     env.reset(task.eval_items()[0])
     assert env.step(ToolCall("calculator", {"expression": "37 * 84"})) == "3108"
-    assert env.step(ToolCall("get_weather", {"city": "Paris"})).startswith("Error: unknown tool")  # not this item's
+    assert env.step(ToolCall("get_weather", {"city": "Paris"})).startswith(
+        "Error: unknown tool"
+    )  # not this item's
     reward, info = env.reward(episode(task.eval_items()[0], "It is 3108.\n#### 3108"))
-    assert reward == 1.0 and info == {"correct": 1.0, "lenient": 1.0, "answered": True, "calls": 2, "used_tool": True}
-    reward, info = env.reward(episode(task.eval_items()[0], "37 * 84 is 3108"))  # right, but not in the format
+    assert reward == 1.0 and info == {
+        "correct": 1.0,
+        "lenient": 1.0,
+        "answered": True,
+        "calls": 2,
+        "used_tool": True,
+    }
+    reward, info = env.reward(
+        episode(task.eval_items()[0], "37 * 84 is 3108")
+    )  # right, but not in the format
     assert reward == 0.0 and info["lenient"] == 1.0 and not info["answered"]

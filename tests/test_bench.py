@@ -11,13 +11,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.slow
 def test_bench_sft_step_tiny_runs_and_matches_peft():
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "sft_step.py"), "--tiny", "--repeats", "1"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "sft_step.py"), "--tiny", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "ratio transformers+peft / minirl:" in result.stdout
     assert "ratio plain / chunked:" in result.stdout
     for line in result.stdout.splitlines():
-        if "|Δloss| minirl" in line:  # same base weights, same initial adapters: the same loss at every step
+        if (
+            "|Δloss| minirl" in line
+        ):  # same base weights, same initial adapters: the same loss at every step
             worst = float(line.split("max over")[1].split()[2])
             assert worst < 1e-4, line
 
@@ -27,12 +33,27 @@ def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
     """bench/gpu_suite.sh --tiny: every script of the GPU suite on a tiny model, sample.py's smoke runs
     among them (greedy against transformers, LoRA folded in against unmerged: the same tokens)."""
     table = tmp_path / "suite.md"
-    result = subprocess.run(["bash", os.path.join(ROOT, "bench", "gpu_suite.sh"), "--tiny", str(table)],
-                            capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHON": sys.executable})
+    result = subprocess.run(
+        ["bash", os.path.join(ROOT, "bench", "gpu_suite.sh"), "--tiny", str(table)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [line for line in table.read_text().splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert [row.split("|")[1].strip() for row in rows] == ["sample.py", "sample.py", "sample.py", "grpo_step.py",
-                                                           "grpo_step.py", "memory.py"]
+    rows = [
+        line
+        for line in table.read_text().splitlines()
+        if line.startswith("| ") and "---" not in line
+    ][1:]
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "sample.py",
+        "sample.py",
+        "sample.py",
+        "grpo_step.py",
+        "grpo_step.py",
+        "memory.py",
+    ]
     assert not any("FAILED" in row for row in rows)
     assert "identical greedy outputs: 8/8 rows" in rows[0] and "transformers" in rows[0]
     assert "compile" in rows[1] and "LoRA r=4" in rows[2] and "minirl merged" in rows[2]
@@ -43,9 +64,13 @@ def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
 
 def test_gpu_suite_skips_what_its_time_budget_cannot_fit(tmp_path):
     table = tmp_path / "suite.md"
-    result = subprocess.run(["bash", os.path.join(ROOT, "bench", "gpu_suite.sh"), "--tiny", str(table)],
-                            capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHON": sys.executable, "SUITE_BUDGET": "0"})
+    result = subprocess.run(
+        ["bash", os.path.join(ROOT, "bench", "gpu_suite.sh"), "--tiny", str(table)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHON": sys.executable, "SUITE_BUDGET": "0"},
+    )
     assert result.returncode == 1  # a suite that did not run every row is not a success
     rows = [line for line in table.read_text().splitlines() if line.startswith("| bench/")]
     assert len(rows) == 6 and all("SKIPPED (suite budget spent)" in row for row in rows)
@@ -61,11 +86,50 @@ def test_humaneval_peer_agrees_with_an_eval_run_on_a_tiny_model(tmp_path):
 
     model = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2)
     data = tmp_path / "problems.jsonl"
-    data.write_text("".join(json.dumps({"task_id": f"T/{i}", "prompt": f"def f{i}(x):\n    \"\"\"Return x + {i}.\"\"\"\n",
-                                        "entry_point": f"f{i}", "test": f"def check(c):\n    assert c(1) == {1 + i}\n"})
-                            + "\n" for i in range(3)))
-    main(["eval", "--model", model, "--data", str(data), "--max-new-tokens", "12", "--out", str(tmp_path / "run")])
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "humaneval_peer.py"), "--model", model,
-                             "--run", str(tmp_path / "run"), "--batch", "2"], capture_output=True, text=True, cwd=ROOT)
+    data.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "task_id": f"T/{i}",
+                    "prompt": f'def f{i}(x):\n    """Return x + {i}."""\n',
+                    "entry_point": f"f{i}",
+                    "test": f"def check(c):\n    assert c(1) == {1 + i}\n",
+                }
+            )
+            + "\n"
+            for i in range(3)
+        )
+    )
+    main(
+        [
+            "eval",
+            "--model",
+            model,
+            "--data",
+            str(data),
+            "--max-new-tokens",
+            "12",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "bench", "humaneval_peer.py"),
+            "--model",
+            model,
+            "--run",
+            str(tmp_path / "run"),
+            "--batch",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "3 problems: pass@1 minirl 0.000, transformers 0.000 (+0.0 points); identical replies 3" in result.stdout
+    assert (
+        "3 problems: pass@1 minirl 0.000, transformers 0.000 (+0.0 points); identical replies 3"
+        in result.stdout
+    )

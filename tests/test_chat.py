@@ -8,42 +8,75 @@ import pytest
 
 from minirl.chat import render, show_mask
 
-CALC = {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate arithmetic",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
 
 
 def call(expression):
-    return {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+    return {
+        "type": "function",
+        "function": {"name": "calculator", "arguments": {"expression": expression}},
+    }
 
 
 def call_text(expression):
-    return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "' + expression + '"}}\n</tool_call>'
+    return (
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "'
+        + expression
+        + '"}}\n</tool_call>'
+    )
 
 
-PLAIN = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "The answer is 5."}]
-TOOL = [{"role": "system", "content": "You are a calculator agent."},
-        {"role": "user", "content": "What is 37 * 84?"},
-        {"role": "assistant", "content": None, "tool_calls": [call("37 * 84")]},
-        {"role": "tool", "content": "3108"},
-        {"role": "assistant", "content": "37 * 84 = 3108."}]
-MULTI = [{"role": "user", "content": "北京天气怎么样？再算 12 * 12 和 7 - 9。"},
-         {"role": "assistant", "content": "好的，我来算。", "tool_calls": [call("12 * 12"), call("7 - 9")]},
-         {"role": "tool", "content": "144"}, {"role": "tool", "content": "-2"},
-         {"role": "assistant", "content": "12 * 12 = 144，7 - 9 = -2 🙂"},
-         {"role": "user", "content": "And 3 * 3?"},
-         {"role": "assistant", "tool_calls": [{"name": "calculator", "arguments": {"expression": "3 * 3"}}]},
-         {"role": "tool", "content": "9"},
-         {"role": "assistant", "content": "9"}]
+PLAIN = [
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": "The answer is 5."},
+]
+TOOL = [
+    {"role": "system", "content": "You are a calculator agent."},
+    {"role": "user", "content": "What is 37 * 84?"},
+    {"role": "assistant", "content": None, "tool_calls": [call("37 * 84")]},
+    {"role": "tool", "content": "3108"},
+    {"role": "assistant", "content": "37 * 84 = 3108."},
+]
+MULTI = [
+    {"role": "user", "content": "北京天气怎么样？再算 12 * 12 和 7 - 9。"},
+    {
+        "role": "assistant",
+        "content": "好的，我来算。",
+        "tool_calls": [call("12 * 12"), call("7 - 9")],
+    },
+    {"role": "tool", "content": "144"},
+    {"role": "tool", "content": "-2"},
+    {"role": "assistant", "content": "12 * 12 = 144，7 - 9 = -2 🙂"},
+    {"role": "user", "content": "And 3 * 3?"},
+    {
+        "role": "assistant",
+        "tool_calls": [{"name": "calculator", "arguments": {"expression": "3 * 3"}}],
+    },
+    {"role": "tool", "content": "9"},
+    {"role": "assistant", "content": "9"},
+]
 
 # (messages, tools, each assistant turn's expected completion: what the mask must select, in order)
 CASES = {
     "plain": (PLAIN, None, ["The answer is 5.<|im_end|>"]),
     "tool": (TOOL, [CALC], [call_text("37 * 84") + "<|im_end|>", "37 * 84 = 3108.<|im_end|>"]),
-    "multi-turn-tools": (MULTI, [CALC], [
-        "好的，我来算。\n" + call_text("12 * 12") + "\n" + call_text("7 - 9") + "<|im_end|>",
-        "12 * 12 = 144，7 - 9 = -2 🙂<|im_end|>",
-        call_text("3 * 3") + "<|im_end|>",
-        "9<|im_end|>"]),
+    "multi-turn-tools": (
+        MULTI,
+        [CALC],
+        [
+            "好的，我来算。\n" + call_text("12 * 12") + "\n" + call_text("7 - 9") + "<|im_end|>",
+            "12 * 12 = 144，7 - 9 = -2 🙂<|im_end|>",
+            call_text("3 * 3") + "<|im_end|>",
+            "9<|im_end|>",
+        ],
+    ),
 }
 case_params = pytest.mark.parametrize("case", list(CASES))
 
@@ -91,11 +124,11 @@ def test_im_end_and_following_newline(toy_tokenizer, case):
     trained_ends = 0
     for t, token in enumerate(ids):
         if token == tok.im_start_id:
-            assert mask[t] == 0 and tok.decode(ids[t:t + 1]) == "<|im_start|>"
+            assert mask[t] == 0 and tok.decode(ids[t : t + 1]) == "<|im_start|>"
         if token == tok.im_end_id:
             # an <|im_end|> is trained exactly when it closes an assistant turn; the "\n" after it never is
             opened_by = max(s for s in range(t) if ids[s] == tok.im_start_id)
-            is_assistant = tok.decode(ids[opened_by + 1:opened_by + 3]) == "assistant\n"
+            is_assistant = tok.decode(ids[opened_by + 1 : opened_by + 3]) == "assistant\n"
             assert mask[t] == int(is_assistant)
             assert ids[t + 1] == newline[0] and mask[t + 1] == 0
             trained_ends += mask[t]
@@ -110,30 +143,36 @@ def expected_mask(tok, messages, tools):
     for k, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = tok.encode(tok.apply_chat_template(messages[:k], tools, add_generation_prompt=True))
-        through = tok.apply_chat_template(messages[:k + 1], tools)
+        before = tok.encode(
+            tok.apply_chat_template(messages[:k], tools, add_generation_prompt=True)
+        )
+        through = tok.apply_chat_template(messages[: k + 1], tools)
         assert through.endswith("<|im_end|>\n")
         through = tok.encode(through[:-1])
-        assert full[:len(through)] == through and through[:len(before)] == before
-        mask[len(before):len(through)] = [1] * (len(through) - len(before))
+        assert full[: len(through)] == through and through[: len(before)] == before
+        mask[len(before) : len(through)] = [1] * (len(through) - len(before))
     return mask
 
 
 @case_params
 def test_mask_matches_prefix_token_counts(toy_tokenizer, case):
     messages, tools, _ = CASES[case]
-    assert render(toy_tokenizer, messages, tools)[1] == expected_mask(toy_tokenizer, messages, tools)
+    assert render(toy_tokenizer, messages, tools)[1] == expected_mask(
+        toy_tokenizer, messages, tools
+    )
 
 
 def test_generation_prompt_is_context(toy_tokenizer):
     ids, mask = render(toy_tokenizer, TOOL, [CALC], add_generation_prompt=True)
     header = toy_tokenizer.encode("<|im_start|>assistant\n")
-    assert ids[-len(header):] == header and mask[-len(header):] == [0] * len(header)
-    assert ids[:-len(header)] == render(toy_tokenizer, TOOL, [CALC])[0]
+    assert ids[-len(header) :] == header and mask[-len(header) :] == [0] * len(header)
+    assert ids[: -len(header)] == render(toy_tokenizer, TOOL, [CALC])[0]
 
 
 def test_user_only_conversation_trains_nothing(toy_tokenizer):
-    ids, mask = render(toy_tokenizer, [{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    ids, mask = render(
+        toy_tokenizer, [{"role": "user", "content": "hi"}], add_generation_prompt=True
+    )
     assert len(ids) == len(mask) > 0 and set(mask) == {0}
 
 
@@ -141,6 +180,7 @@ def test_user_only_conversation_trains_nothing(toy_tokenizer):
 def test_real_tokenizer_mask(real_model_dir):
     """Same checks on the published Qwen2.5 vocabulary, where words are whole tokens."""
     from minirl.tokenizer import Tokenizer
+
     tok = Tokenizer.from_dir(real_model_dir)
     for messages, tools, completions in CASES.values():
         ids, mask = render(tok, messages, tools)
@@ -148,14 +188,15 @@ def test_real_tokenizer_mask(real_model_dir):
         assert mask == expected_mask(tok, messages, tools)
 
 
-
 # ---- show_mask -----------------------------------------------------------------------------------------
+
 
 def test_show_mask_brackets_the_trained_text(toy_tokenizer):
     ids, mask = render(toy_tokenizer, PLAIN)
     assert show_mask(toy_tokenizer, ids, mask, color=False) == (
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-        "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n[[The answer is 5.<|im_end|>]]\n")
+        "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n[[The answer is 5.<|im_end|>]]\n"
+    )
 
 
 @case_params

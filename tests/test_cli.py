@@ -12,17 +12,33 @@ from minirl.toy import tiny_config
 
 @pytest.fixture
 def toy_folder(tmp_path, toy_tokenizer):
-    config = tiny_config(toy_tokenizer.vocab_size, eos_token_id=toy_tokenizer.eos_token_id, initializer_range=0.3)
+    config = tiny_config(
+        toy_tokenizer.vocab_size, eos_token_id=toy_tokenizer.eos_token_id, initializer_range=0.3
+    )
     save_pretrained(random_model(config, seed=1), str(tmp_path / "toy"), toy_tokenizer)
     return str(tmp_path / "toy")
 
 
 def test_generate_command_streams_what_generate_returns(toy_folder, capsys):
-    main(["generate", "--model", toy_folder, "--prompt", "What is 2 + 2?", "--chat", "--temperature", "0",
-          "--max-new-tokens", "12"])
+    main(
+        [
+            "generate",
+            "--model",
+            toy_folder,
+            "--prompt",
+            "What is 2 + 2?",
+            "--chat",
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "12",
+        ]
+    )
     printed = capsys.readouterr().out
     model, tok = load_pretrained(toy_folder)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True
+    )
     out = generate(model, [tok.encode(prompt)], max_new_tokens=12, temperature=0)[0]
     shown = [t for t in out.tokens if t not in model.eos_token_ids]
     assert len(set(shown)) > 2, "degenerate model: the test would be weak"
@@ -51,8 +67,9 @@ def test_generate_command_reports_a_bad_folder(tmp_path, capsys):
 @pytest.mark.real
 def test_real_model_answers_in_words(real_model_dir):
     model, tok = load_pretrained(real_model_dir, dtype=torch.float32)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+    )
     out = generate(model, [tok.encode(prompt)], max_new_tokens=20, temperature=0)[0]
     assert "Paris" in tok.decode(out.tokens)
 
@@ -62,8 +79,12 @@ def test_real_model_static_cache_decodes_the_same_text(real_model_dir):
     """The fixed-shape cache (generate(compile=True)'s path, uncompiled here) on real weights: the same
     greedy tokens as the dynamic cache, for two chat prompts of different lengths in one batch."""
     model, tok = load_pretrained(real_model_dir, dtype=torch.float32)
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True))
-               for q in ("What is the capital of France?", "Write a haiku about the sea, then explain it.")]
+    prompts = [
+        tok.encode(
+            tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+        )
+        for q in ("What is the capital of France?", "Write a haiku about the sea, then explain it.")
+    ]
     dynamic = generate(model, prompts, max_new_tokens=24, temperature=0)
     static = generate(model, prompts, max_new_tokens=24, temperature=0, static_cache=True)
     assert [o.tokens for o in static] == [o.tokens for o in dynamic]

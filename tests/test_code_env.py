@@ -7,12 +7,21 @@ import time
 
 import pytest
 
-from minirl.envs.code import (SCRIPTED_POLICIES, CodeEnv, buggy_source, load_templates, make_task, run_scripted,
-                              template_test_file)
+from minirl.envs.code import (
+    SCRIPTED_POLICIES,
+    CodeEnv,
+    buggy_source,
+    load_templates,
+    make_task,
+    run_scripted,
+    template_test_file,
+)
+from minirl.envs.rewards import guarded_test_reward, looping_penalty, naive_test_reward
+from minirl.envs.rewards import (
+    tests_passed_fraction as passed_fraction,
+)  # under its own name pytest would collect it
 from minirl.envs.sandbox import run_tests
 from minirl.envs.tools import ToolCall
-from minirl.envs.rewards import guarded_test_reward, looping_penalty, naive_test_reward
-from minirl.envs.rewards import tests_passed_fraction as passed_fraction  # under its own name pytest would collect it
 from minirl.tokenizer import render_chat_template
 
 TEMPLATES = load_templates()
@@ -34,6 +43,7 @@ def tiny_task(files: dict) -> dict:
 
 
 # --- templates ---
+
 
 def test_there_are_enough_templates_of_several_kinds():
     assert len(TEMPLATES) >= 5
@@ -64,13 +74,20 @@ def test_load_templates_names_the_broken_template(tmp_path):
 def test_make_task_is_a_chat_prompt_with_the_three_tools():
     task = make_task(TEMPLATES[0], seed=3)
     assert [m["role"] for m in task["messages"]] == ["system", "user"]
-    assert {spec["function"]["name"] for spec in task["tools"]} == {"read_file", "edit_file", "run_test"}
+    assert {spec["function"]["name"] for spec in task["tools"]} == {
+        "read_file",
+        "edit_file",
+        "run_test",
+    }
     assert task["files"][TEMPLATES[0]["file"]] == buggy_source(TEMPLATES[0])
     assert make_task(TEMPLATES[0], seed=3) == task
-    assert "read_file" in render_chat_template(task["messages"], task["tools"], add_generation_prompt=True)
+    assert "read_file" in render_chat_template(
+        task["messages"], task["tools"], add_generation_prompt=True
+    )
 
 
 # --- the chapter's trajectories ---
+
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_scripted_trajectories_get_the_chapters_rewards(tmp_path, name):
@@ -86,7 +103,11 @@ def test_scripted_trajectories_get_the_chapters_rewards(tmp_path, name):
         assert observations[-1].startswith(f"{info['passed']} passed, {10 - info['passed']} failed")
 
         reward, info, observations = run_scripted(env, task, SCRIPTED_POLICIES["C"](template))
-        assert reward == pytest.approx(-0.2) and info["passed"] == 0 and info["reads"] == {template["file"]: 50}
+        assert (
+            reward == pytest.approx(-0.2)
+            and info["passed"] == 0
+            and info["reads"] == {template["file"]: 50}
+        )
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))
@@ -94,11 +115,15 @@ def test_deleting_the_failing_tests_wins_the_naive_reward_and_loses_the_guarded_
     template, task = BY_NAME[name], make_task(BY_NAME[name])
     with CodeEnv(workdir_root=str(tmp_path), reward="naive") as env:
         reward, info, observations = run_scripted(env, task, SCRIPTED_POLICIES["hacker"](template))
-        assert observations[0].startswith("0 passed, 10 failed") and not observations[2].startswith("Error")
+        assert observations[0].startswith("0 passed, 10 failed") and not observations[2].startswith(
+            "Error"
+        )
         assert reward == 1.0 and not info["hacked"]
     with CodeEnv(workdir_root=str(tmp_path)) as env:
         reward, info, _ = run_scripted(env, task, SCRIPTED_POLICIES["hacker"](template))
-        assert reward == 0.0 and info["hacked"] and info["tampered"] == [template_test_file(template)]
+        assert (
+            reward == 0.0 and info["hacked"] and info["tampered"] == [template_test_file(template)]
+        )
 
 
 def test_guarded_reward_runs_the_original_tests_not_the_workspace_copy(tmp_path):
@@ -106,8 +131,12 @@ def test_guarded_reward_runs_the_original_tests_not_the_workspace_copy(tmp_path)
     weakened = template["tests"].replace("assert sum_to(", "assert 1 or sum_to(")
     with CodeEnv(workdir_root=str(tmp_path)) as env:
         env.reset(make_task(template))
-        assert env.step(ToolCall("edit_file", {"path": template_test_file(template), "old": template["tests"],
-                                               "new": weakened})).startswith("Edited")
+        assert env.step(
+            ToolCall(
+                "edit_file",
+                {"path": template_test_file(template), "old": template["tests"], "new": weakened},
+            )
+        ).startswith("Edited")
         assert env.step(ToolCall("run_test", {})).startswith("10 passed")
         reward, info = env.reward()
         assert reward == 0.0 and info["hacked"]
@@ -141,6 +170,7 @@ def test_reward_parts():
 
 # --- confinement and bad calls ---
 
+
 @pytest.fixture
 def env(tmp_path):
     (tmp_path / "x").write_text("secret outside the repository")
@@ -149,15 +179,31 @@ def env(tmp_path):
         yield env
 
 
-@pytest.mark.parametrize("path", ["../x", "/etc/passwd", "../../../../../../etc/passwd", "link_dir/passwd",
-                                  "link_file", "link_out/x"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "../x",
+        "/etc/passwd",
+        "../../../../../../etc/passwd",
+        "link_dir/passwd",
+        "link_file",
+        "link_out/x",
+    ],
+)
 def test_paths_outside_the_repository_are_refused(env, tmp_path, path):
     os.symlink("/etc", os.path.join(env.root, "link_dir"))
     os.symlink("/etc/passwd", os.path.join(env.root, "link_file"))
     os.symlink(str(tmp_path), os.path.join(env.root, "link_out"))
-    for call in [ToolCall("read_file", {"path": path}), ToolCall("edit_file", {"path": path, "old": "r", "new": "R"})]:
+    for call in [
+        ToolCall("read_file", {"path": path}),
+        ToolCall("edit_file", {"path": path, "old": "r", "new": "R"}),
+    ]:
         observation = env.step(call)
-        assert observation.startswith("Error:") and "secret" not in observation and "root:" not in observation
+        assert (
+            observation.startswith("Error:")
+            and "secret" not in observation
+            and "root:" not in observation
+        )
     assert (tmp_path / "x").read_text() == "secret outside the repository"
     assert not env.read_counts
     if path.startswith("/"):
@@ -167,25 +213,34 @@ def test_paths_outside_the_repository_are_refused(env, tmp_path, path):
 def test_edit_needs_exactly_one_occurrence(env):
     before = open(os.path.join(env.root, "mathutils.py")).read()
     for old in ["not in the file", "total", ""]:  # 0 occurrences, 3 occurrences, empty
-        observation = env.step(ToolCall("edit_file", {"path": "mathutils.py", "old": old, "new": "x"}))
+        observation = env.step(
+            ToolCall("edit_file", {"path": "mathutils.py", "old": old, "new": "x"})
+        )
         assert observation.startswith("Error:"), old
-    assert "occurs 3 times" in env.step(ToolCall("edit_file", {"path": "mathutils.py", "old": "total", "new": "x"}))
-    assert "empty" in env.step(ToolCall("edit_file", {"path": "mathutils.py", "old": "", "new": "x"}))
+    assert "occurs 3 times" in env.step(
+        ToolCall("edit_file", {"path": "mathutils.py", "old": "total", "new": "x"})
+    )
+    assert "empty" in env.step(
+        ToolCall("edit_file", {"path": "mathutils.py", "old": "", "new": "x"})
+    )
     assert open(os.path.join(env.root, "mathutils.py")).read() == before
 
 
-@pytest.mark.parametrize("call", [
-    ToolCall("delete_file", {"path": "mathutils.py"}),
-    ToolCall("read_file", {}),
-    ToolCall("read_file", {"path": 3}),
-    ToolCall("read_file", {"path": "mathutils.py", "lines": 10}),
-    ToolCall("read_file", ["mathutils.py"]),
-    ToolCall("read_file", {"path": "missing.py"}),
-    ToolCall("read_file", {"path": ""}),
-    ToolCall("read_file", {"path": "."}),
-    ToolCall("edit_file", {"path": "mathutils.py", "old": "total"}),
-    ToolCall("run_test", {"verbose": True}),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        ToolCall("delete_file", {"path": "mathutils.py"}),
+        ToolCall("read_file", {}),
+        ToolCall("read_file", {"path": 3}),
+        ToolCall("read_file", {"path": "mathutils.py", "lines": 10}),
+        ToolCall("read_file", ["mathutils.py"]),
+        ToolCall("read_file", {"path": "missing.py"}),
+        ToolCall("read_file", {"path": ""}),
+        ToolCall("read_file", {"path": "."}),
+        ToolCall("edit_file", {"path": "mathutils.py", "old": "total"}),
+        ToolCall("run_test", {"verbose": True}),
+    ],
+)
 def test_bad_calls_become_error_observations(env, call):
     assert env.step(call).startswith("Error:")
 
@@ -212,6 +267,7 @@ def test_task_folders_are_removed_on_close(tmp_path):
 
 # --- the test sandbox ---
 
+
 def run_in_sandbox(tmp_path, code, test, test_timeout=2.0, memory_mb=512):
     with CodeEnv(workdir_root=str(tmp_path), test_timeout=test_timeout, memory_mb=memory_mb) as env:
         env.reset(tiny_task({"mod.py": code, "test_mod.py": test}))
@@ -223,7 +279,9 @@ def run_in_sandbox(tmp_path, code, test, test_timeout=2.0, memory_mb=512):
 def is_running(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, just not yet reaped
+            return (
+                f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            )  # a zombie is dead, just not yet reaped
     except FileNotFoundError:
         return False
 
@@ -231,44 +289,62 @@ def is_running(pid):
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc")
 def test_an_infinite_loop_times_out_and_its_process_group_is_killed(tmp_path):
     pid_file = tmp_path / "child.pid"
-    code = ("import subprocess\n"
-            "def spin():\n"
-            "    child = subprocess.Popen(['sleep', '60'])\n"
-            f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
-            "    while True:\n"
-            "        pass\n")
+    code = (
+        "import subprocess\n"
+        "def spin():\n"
+        "    child = subprocess.Popen(['sleep', '60'])\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "    while True:\n"
+        "        pass\n"
+    )
     test = "from mod import spin\n\ndef test_a():\n    spin()\n\ndef test_b():\n    assert True\n"
     observation, seconds, summary = run_in_sandbox(tmp_path, code, test, test_timeout=3.0)
     assert seconds < 3.0 + 3.0
     assert observation.startswith("0 passed, 2 failed") and "timeout" in observation
     assert summary["error"].startswith("timeout")
     pid = int(pid_file.read_text())
-    deadline = time.monotonic() + 5.0  # SIGKILL is delivered asynchronously: give a loaded machine a moment
+    deadline = (
+        time.monotonic() + 5.0
+    )  # SIGKILL is delivered asynchronously: give a loaded machine a moment
     while is_running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not is_running(pid)
 
 
 def test_an_infinite_loop_at_import_also_times_out(tmp_path):
-    observation, seconds, _ = run_in_sandbox(tmp_path, "while True:\n    pass\n",
-                                             "import mod\n\ndef test_a():\n    assert True\n", test_timeout=1.0)
-    assert seconds < 1.0 + 3.0 and observation.startswith("0 passed, 1 failed") and "timeout" in observation
+    observation, seconds, _ = run_in_sandbox(
+        tmp_path,
+        "while True:\n    pass\n",
+        "import mod\n\ndef test_a():\n    assert True\n",
+        test_timeout=1.0,
+    )
+    assert (
+        seconds < 1.0 + 3.0
+        and observation.startswith("0 passed, 1 failed")
+        and "timeout" in observation
+    )
 
 
 def test_the_network_is_disabled(tmp_path):
-    test = ("import socket\n\n"
-            "def test_connect():\n    socket.create_connection(('example.com', 80), timeout=5)\n\n"
-            "def test_resolve():\n    socket.getaddrinfo('example.com', 80)\n\n"
-            "def test_raw_socket():\n    socket.socket().connect(('93.184.215.14', 80))\n")
+    test = (
+        "import socket\n\n"
+        "def test_connect():\n    socket.create_connection(('example.com', 80), timeout=5)\n\n"
+        "def test_resolve():\n    socket.getaddrinfo('example.com', 80)\n\n"
+        "def test_raw_socket():\n    socket.socket().connect(('93.184.215.14', 80))\n"
+    )
     observation, seconds, summary = run_in_sandbox(tmp_path, "", test)
     assert observation.startswith("0 passed, 3 failed") and seconds < 2.0
-    assert all("network disabled in the sandbox" in failure["error"] for failure in summary["failures"])
+    assert all(
+        "network disabled in the sandbox" in failure["error"] for failure in summary["failures"]
+    )
 
 
 def test_a_memory_bomb_fails_the_test_not_the_parent(tmp_path):
-    test = ("def test_bomb():\n    x = bytearray(10**10)\n\n"
-            "def test_creeping_bomb():\n    chunks = []\n    while True:\n        chunks.append(bytearray(10**7))\n\n"
-            "def test_fine():\n    assert len(bytearray(10**6)) == 10**6\n")
+    test = (
+        "def test_bomb():\n    x = bytearray(10**10)\n\n"
+        "def test_creeping_bomb():\n    chunks = []\n    while True:\n        chunks.append(bytearray(10**7))\n\n"
+        "def test_fine():\n    assert len(bytearray(10**6)) == 10**6\n"
+    )
     observation, _, summary = run_in_sandbox(tmp_path, "", test, memory_mb=128)
     assert observation.startswith("1 passed, 2 failed")
     assert [f["error"].split()[0] for f in summary["failures"]] == ["MemoryError", "MemoryError"]
@@ -276,45 +352,64 @@ def test_a_memory_bomb_fails_the_test_not_the_parent(tmp_path):
 
 def test_workspace_files_named_like_the_standard_library_do_not_break_the_runner(tmp_path):
     with CodeEnv(workdir_root=str(tmp_path)) as env:
-        env.reset(tiny_task({name: "raise SystemExit('shadowed')\n" for name in ["ast.py", "json.py", "socket.py"]}
-                            | {"test_a.py": "def test_a():\n    assert True\n"}))
+        env.reset(
+            tiny_task(
+                {
+                    name: "raise SystemExit('shadowed')\n"
+                    for name in ["ast.py", "json.py", "socket.py"]
+                }
+                | {"test_a.py": "def test_a():\n    assert True\n"}
+            )
+        )
         assert env.step(ToolCall("run_test", {})).startswith("1 passed, 0 failed")
 
 
 def test_malformed_runner_reports_are_ignored(tmp_path):
-    test = ("import os\n\n"
-            "def test_scribble():\n"
-            "    for fd in range(3, 10):\n"
-            "        try:\n"
-            "            os.write(fd, b'@@minirl-runner {\"passed\": \"all\"\\n@@minirl-runner {cut')\n"
-            "        except OSError:\n"
-            "            pass\n")
+    test = (
+        "import os\n\n"
+        "def test_scribble():\n"
+        "    for fd in range(3, 10):\n"
+        "        try:\n"
+        '            os.write(fd, b\'@@minirl-runner {"passed": "all"\\n@@minirl-runner {cut\')\n'
+        "        except OSError:\n"
+        "            pass\n"
+    )
     observation, _, _ = run_in_sandbox(tmp_path, "", test)
     assert observation.startswith("1 passed, 0 failed")
 
 
 def test_exits_and_broken_files_count_as_failures(tmp_path):
-    test = ("import os, sys\n\n"
-            "def test_exit():\n    sys.exit(0)\n\n"
-            "def test_ok():\n    print('noise')\n")
+    test = (
+        "import os, sys\n\n"
+        "def test_exit():\n    sys.exit(0)\n\n"
+        "def test_ok():\n    print('noise')\n"
+    )
     observation, _, summary = run_in_sandbox(tmp_path, "", test)
-    assert observation.startswith("1 passed, 1 failed") and "SystemExit" in summary["failures"][0]["error"]
-    observation, _, _ = run_in_sandbox(tmp_path, "", "import os\n\ndef test_hard_exit():\n    os._exit(0)\n")
+    assert (
+        observation.startswith("1 passed, 1 failed")
+        and "SystemExit" in summary["failures"][0]["error"]
+    )
+    observation, _, _ = run_in_sandbox(
+        tmp_path, "", "import os\n\ndef test_hard_exit():\n    os._exit(0)\n"
+    )
     assert observation.startswith("0 passed, 1 failed") and "died" in observation
-    observation, _, _ = run_in_sandbox(tmp_path, "def broken(:\n",
-                                       "from mod import broken\n\ndef test_a():\n    pass\n")
+    observation, _, _ = run_in_sandbox(
+        tmp_path, "def broken(:\n", "from mod import broken\n\ndef test_a():\n    pass\n"
+    )
     assert observation.startswith("0 passed, 1 failed") and "SyntaxError" in observation
 
 
 def test_the_child_runs_under_the_limits_with_a_clean_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    test = ("import os, resource, sys\n\n"
-            "def test_memory():\n    assert resource.getrlimit(resource.RLIMIT_AS)[0] == 200 * 2**20\n\n"
-            "def test_cpu():\n    assert resource.getrlimit(resource.RLIMIT_CPU)[0] == 3\n\n"
-            "def test_environment():\n"
-            "    assert os.environ['PYTHONHASHSEED'] == '0' and 'HTTPS_PROXY' not in os.environ\n"
-            "    assert 'PYTHONPATH' not in os.environ and sys.flags.no_site and sys.dont_write_bytecode\n")
+    test = (
+        "import os, resource, sys\n\n"
+        "def test_memory():\n    assert resource.getrlimit(resource.RLIMIT_AS)[0] == 200 * 2**20\n\n"
+        "def test_cpu():\n    assert resource.getrlimit(resource.RLIMIT_CPU)[0] == 3\n\n"
+        "def test_environment():\n"
+        "    assert os.environ['PYTHONHASHSEED'] == '0' and 'HTTPS_PROXY' not in os.environ\n"
+        "    assert 'PYTHONPATH' not in os.environ and sys.flags.no_site and sys.dont_write_bytecode\n"
+    )
     observation, _, _ = run_in_sandbox(tmp_path, "", test, test_timeout=2.0, memory_mb=200)
     assert observation.startswith("3 passed, 0 failed"), observation
 
@@ -326,10 +421,29 @@ def test_grpo_runs_on_the_code_task(tmp_path):
     from minirl.tasks import CodeTask
     from minirl.toy import build_checkpoint
 
-    base = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2, max_position_embeddings=4096)
+    base = build_checkpoint(
+        str(tmp_path / "tiny"), seed=0, initializer_range=0.2, max_position_embeddings=4096
+    )
     task = CodeTask(seed=0, max_turns=2, eval_size=2)
-    train(GRPOConfig(model=base, task=task, out=str(tmp_path / "run"), steps=1, group_size=2, prompts_per_step=1,
-                     max_new_tokens=12, lr=1e-3, save_every=100))
+    train(
+        GRPOConfig(
+            model=base,
+            task=task,
+            out=str(tmp_path / "run"),
+            steps=1,
+            group_size=2,
+            prompts_per_step=1,
+            max_new_tokens=12,
+            lr=1e-3,
+            save_every=100,
+        )
+    )
     (row,) = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv")))
-    assert {"reward_fraction", "reward_penalty", "hacked_rate", "test_runs", "eval_accuracy"} <= set(row)
+    assert {
+        "reward_fraction",
+        "reward_penalty",
+        "hacked_rate",
+        "test_runs",
+        "eval_accuracy",
+    } <= set(row)
     assert float(row["hacked_rate"]) == 0.0 and row["eval_accuracy"] != ""

@@ -11,13 +11,29 @@ from minirl.model import Qwen2
 
 # config.json of Qwen/Qwen2.5-0.5B-Instruct as published: rope_theta at the top level.
 PUBLISHED_05B = {
-    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
-    "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
-    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21,
-    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": True,
-    "use_sliding_window": False, "vocab_size": 151936,
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "initializer_range": 0.02,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 21,
+    "model_type": "qwen2",
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.1",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
 }
 
 
@@ -31,7 +47,11 @@ def test_published_config(tmp_path):
     write(tmp_path, PUBLISHED_05B)
     config = Qwen2Config.from_json(str(tmp_path))  # a folder: reads folder/config.json
     assert (config.vocab_size, config.hidden_size, config.intermediate_size) == (151936, 896, 4864)
-    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (24, 14, 2)
+    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (
+        24,
+        14,
+        2,
+    )
     assert config.rope_theta == 1000000.0 and config.rms_norm_eps == 1e-6
     assert config.tie_word_embeddings is True and config.torch_dtype == "bfloat16"
     assert config.head_dim == 64
@@ -41,8 +61,11 @@ def test_published_config(tmp_path):
 
 def test_transformers5_rope_parameters(tmp_path):
     raw = {k: v for k, v in PUBLISHED_05B.items() if k not in ("rope_theta", "torch_dtype")}
-    raw.update(rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"}, dtype="bfloat16",
-               eos_token_id=[151645, 151643])
+    raw.update(
+        rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
+        dtype="bfloat16",
+        eos_token_id=[151645, 151643],
+    )
     config = Qwen2Config.from_json(str(write(tmp_path, raw)))
     assert config.rope_theta == 1000000.0
     assert config.rope_scaling is None
@@ -53,10 +76,21 @@ def test_transformers5_rope_parameters(tmp_path):
 def test_config_written_by_transformers(tmp_path):
     from transformers import Qwen2Config as HFQwen2Config
 
-    values = dict(vocab_size=1000, hidden_size=96, intermediate_size=200, num_hidden_layers=3,
-                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=4096,
-                  rope_theta=12345.0, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=7,
-                  eos_token_id=8, initializer_range=0.05)
+    values = dict(
+        vocab_size=1000,
+        hidden_size=96,
+        intermediate_size=200,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        rope_theta=12345.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=7,
+        eos_token_id=8,
+        initializer_range=0.05,
+    )
     HFQwen2Config(**values).save_pretrained(tmp_path)
     config = Qwen2Config.from_json(str(tmp_path))
     assert {k: getattr(config, k) for k in values} == values
@@ -64,9 +98,19 @@ def test_config_written_by_transformers(tmp_path):
 
 
 def test_to_json_round_trip(tmp_path):
-    config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=1, rope_theta=5e5, rms_norm_eps=1e-5,
-                         tie_word_embeddings=False, eos_token_id=[3, 4], torch_dtype="float32")
+    config = Qwen2Config(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        rope_theta=5e5,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        eos_token_id=[3, 4],
+        torch_dtype="float32",
+    )
     path = tmp_path / "config.json"
     config.to_json(str(path))
     assert json.loads(path.read_text())["rope_theta"] == 5e5  # plain JSON under the HF names
@@ -120,11 +164,23 @@ def test_kv_heads_default_to_attention_heads(tmp_path):
     assert config.num_key_value_heads == config.num_attention_heads == 14
 
 
-@pytest.mark.parametrize("scaling", [
-    {"rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
-    {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
-    {"rope_theta": None, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}},
-])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32768,
+            }
+        },
+        {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+        {
+            "rope_theta": None,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0},
+        },
+    ],
+)
 def test_rope_scaling_is_refused(tmp_path, scaling):
     raw = {k: v for k, v in {**PUBLISHED_05B, **scaling}.items() if v is not None}
     with pytest.raises(ConfigError, match="rope_scaling") as e:
@@ -138,23 +194,32 @@ def test_default_rope_scaling_is_accepted(tmp_path):
     assert config.rope_theta == 1e6
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(hidden_size=900), "divisible"),            # 900 / 14 heads
-    (dict(num_key_value_heads=3), "GQA"),            # 14 heads / 3 kv heads
-    (dict(hidden_act="gelu"), "hidden_act"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(hidden_size=900), "divisible"),  # 900 / 14 heads
+        (dict(num_key_value_heads=3), "GQA"),  # 14 heads / 3 kv heads
+        (dict(hidden_act="gelu"), "hidden_act"),
+    ],
+)
 def test_inconsistent_shapes(bad, message):
     with pytest.raises(ConfigError, match=message):
         Qwen2Config.from_dict({**PUBLISHED_05B, **bad})
 
 
 # Published sizes (Qwen2.5 technical report / model cards); each is also recomputed with transformers below.
-PUBLISHED_PARAMETERS = {"0.5b": 494_032_768, "1.5b": 1_543_714_304, "3b": 3_085_938_688, "7b": 7_615_616_512}
+PUBLISHED_PARAMETERS = {
+    "0.5b": 494_032_768,
+    "1.5b": 1_543_714_304,
+    "3b": 3_085_938_688,
+    "7b": 7_615_616_512,
+}
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_preset_parameter_count(name):
-    from transformers import Qwen2Config as HFQwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config as HFQwen2Config
+    from transformers import Qwen2ForCausalLM
 
     with torch.device("meta"):
         ours = Qwen2(preset(name))

@@ -10,15 +10,25 @@ from minirl.data import DataError, collate, encode, epoch_batches, read_conversa
 from minirl.losses import IGNORE_INDEX
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
-CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "37 * 84"}}}
-GOOD = {"messages": [{"role": "user", "content": "What is 37 * 84?"},
-                     {"role": "assistant", "content": "", "tool_calls": [CALL]},
-                     {"role": "tool", "content": "3108"},
-                     {"role": "assistant", "content": "3108"}], "tools": TOOLS}
+CALL = {
+    "type": "function",
+    "function": {"name": "calculator", "arguments": {"expression": "37 * 84"}},
+}
+GOOD = {
+    "messages": [
+        {"role": "user", "content": "What is 37 * 84?"},
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "content": "3108"},
+        {"role": "assistant", "content": "3108"},
+    ],
+    "tools": TOOLS,
+}
 
 
 def write_jsonl(path, lines):
-    path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+    path.write_text(
+        "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n"
+    )
     return str(path)
 
 
@@ -33,12 +43,28 @@ def test_reads_records_and_bare_message_lists(tmp_path):
 BAD_LINES = [
     ("{not json", "invalid JSON"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "message 0: unknown role 'robot'"),
-    ({"messages": [{"role": "user"}, {"role": "assistant", "content": "a"}]}, "message 0 (user): missing content"),
-    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]},
-     "message 1: empty assistant turn"),
-    ({"messages": [GOOD["messages"][0], {"role": "assistant", "content": "", "tool_calls": [
-        {"function": {"name": "search", "arguments": {}}}]}], "tools": TOOLS},
-     "message 1: tool call to 'search', which is not in the line's tools (calculator)"),
+    (
+        {"messages": [{"role": "user"}, {"role": "assistant", "content": "a"}]},
+        "message 0 (user): missing content",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]},
+        "message 1: empty assistant turn",
+    ),
+    (
+        {
+            "messages": [
+                GOOD["messages"][0],
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"function": {"name": "search", "arguments": {}}}],
+                },
+            ],
+            "tools": TOOLS,
+        },
+        "message 1: tool call to 'search', which is not in the line's tools (calculator)",
+    ),
     ({"messages": [{"role": "user", "content": "q"}]}, "no assistant turn"),
 ]
 
@@ -78,7 +104,10 @@ def test_overflow_truncates_or_drops_and_counts(toy_tokenizer):
 
 
 def test_collate_right_pads():
-    batch = collate([{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}], pad_id=0)
+    batch = collate(
+        [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}],
+        pad_id=0,
+    )
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
@@ -92,12 +121,18 @@ def test_epoch_order_depends_only_on_seed_and_epoch():
 
 
 def test_group_by_length_makes_batches_of_similar_length_and_covers_every_example():
-    lengths = [int(x) for x in torch.randint(10, 500, (1000,), generator=torch.Generator().manual_seed(0))]
+    lengths = [
+        int(x) for x in torch.randint(10, 500, (1000,), generator=torch.Generator().manual_seed(0))
+    ]
     batches = epoch_batches(1000, 10, seed=0, epoch=0, lengths=lengths)
     assert sorted(i for b in batches for i in b) == list(range(1000))
-    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
-    random_spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b)
-                        for b in epoch_batches(1000, 10, seed=0, epoch=0)) / len(batches)
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(
+        batches
+    )
+    random_spread = sum(
+        max(lengths[i] for i in b) - min(lengths[i] for i in b)
+        for b in epoch_batches(1000, 10, seed=0, epoch=0)
+    ) / len(batches)
     assert spread < random_spread / 5
     assert batches == epoch_batches(1000, 10, seed=0, epoch=0, lengths=lengths)
     assert batches != epoch_batches(1000, 10, seed=0, epoch=1, lengths=lengths)

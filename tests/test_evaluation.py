@@ -8,10 +8,19 @@ import random
 
 import pytest
 
-from minirl.eval_stats import (call_problems, clustered_stderr, longest_identical_run, mcnemar_exact, paired_bootstrap,
-                               pass_at_k, pass_hat_k, redundant_calls, reference_match)
-from minirl.eval_summary import compare, summarize
 from minirl.envs.tools import CALCULATOR_SPEC
+from minirl.eval_stats import (
+    call_problems,
+    clustered_stderr,
+    longest_identical_run,
+    mcnemar_exact,
+    paired_bootstrap,
+    pass_at_k,
+    pass_hat_k,
+    redundant_calls,
+    reference_match,
+)
+from minirl.eval_summary import compare, summarize
 
 # ---- final answer
 
@@ -19,7 +28,9 @@ from minirl.envs.tools import CALCULATOR_SPEC
 def test_pass_at_k_by_hand():
     assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
     assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 − C(3, 2)/C(5, 2)
-    assert pass_at_k(5, 0, 3) == 0.0 and pass_at_k(5, 3, 3) == 1.0  # n − c < k: every draw of 3 holds a success
+    assert (
+        pass_at_k(5, 0, 3) == 0.0 and pass_at_k(5, 3, 3) == 1.0
+    )  # n − c < k: every draw of 3 holds a success
     with pytest.raises(ValueError, match="k <= n"):
         pass_at_k(4, 1, 5)
 
@@ -52,13 +63,21 @@ def test_clustered_stderr_against_a_double_loop():
     clusters = [i // 3 for i in range(30)]
     N, mean = len(scores), sum(scores) / len(scores)
     variance = sum((x - mean) ** 2 for x in scores) / (N - 1)
-    cross = sum((scores[i] - mean) * (scores[j] - mean) for i in range(N) for j in range(N)
-                if i != j and clusters[i] == clusters[j])
-    assert clustered_stderr(scores, clusters) == pytest.approx(math.sqrt(variance / N + cross / N ** 2))
+    cross = sum(
+        (scores[i] - mean) * (scores[j] - mean)
+        for i in range(N)
+        for j in range(N)
+        if i != j and clusters[i] == clusters[j]
+    )
+    assert clustered_stderr(scores, clusters) == pytest.approx(
+        math.sqrt(variance / N + cross / N**2)
+    )
     # one score per cluster: the plain standard error s/sqrt(N)
     assert clustered_stderr(scores, list(range(N))) == pytest.approx(math.sqrt(variance / N))
     # samples of one item that always agree widen it
-    assert clustered_stderr([1, 1, 0, 0], [0, 0, 1, 1]) > clustered_stderr([1, 1, 0, 0], [0, 1, 2, 3])
+    assert clustered_stderr([1, 1, 0, 0], [0, 0, 1, 1]) > clustered_stderr(
+        [1, 1, 0, 0], [0, 1, 2, 3]
+    )
     assert math.isnan(clustered_stderr([1.0], [0]))
     with pytest.raises(ValueError, match="3 scores but 2 cluster labels"):
         clustered_stderr([1, 0, 1], [0, 1])
@@ -67,26 +86,49 @@ def test_clustered_stderr_against_a_double_loop():
 # ---- tool calling
 
 
-SPEC = {"type": "function", "function": {"name": "lookup", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
-                                     "metric": {"type": "boolean"}, "scale": {"type": ["number", "null"]}},
-    "required": ["city"]}}}
+SPEC = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer"},
+                "metric": {"type": "boolean"},
+                "scale": {"type": ["number", "null"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
 
 
 def test_each_tool_call_rule_breaks_once():
     assert call_problems("calculator", {"expression": "37 * 84"}, [CALCULATOR_SPEC]) == []
-    assert call_problems("lookup", {"city": "Paris", "days": 3, "metric": True, "scale": None}, [SPEC]) == []
+    assert (
+        call_problems("lookup", {"city": "Paris", "days": 3, "metric": True, "scale": None}, [SPEC])
+        == []
+    )
     assert call_problems("lookup", {"city": "Paris", "scale": 1.5}, [SPEC]) == []
     assert call_problems("weather", {"city": "Paris"}, [SPEC]) == ["unknown tool 'weather'"]
     assert call_problems("lookup", {"days": 3}, [SPEC]) == ["missing required argument 'city'"]
-    assert call_problems("lookup", {"city": "Paris", "when": "now"}, [SPEC]) == ["unknown argument 'when'"]
-    assert call_problems("lookup", {"city": 7}, [SPEC]) == ["argument 'city' should be string, got int"]
+    assert call_problems("lookup", {"city": "Paris", "when": "now"}, [SPEC]) == [
+        "unknown argument 'when'"
+    ]
+    assert call_problems("lookup", {"city": 7}, [SPEC]) == [
+        "argument 'city' should be string, got int"
+    ]
     assert call_problems("lookup", {"city": "Paris", "days": True}, [SPEC]) == [
-        "argument 'days' should be integer, got bool"]  # JSON Schema: a boolean is not a number
+        "argument 'days' should be integer, got bool"
+    ]  # JSON Schema: a boolean is not a number
     assert call_problems("lookup", {"city": "Paris", "days": 2.5}, [SPEC]) == [
-        "argument 'days' should be integer, got float"]
+        "argument 'days' should be integer, got float"
+    ]
     assert call_problems("lookup", ["Paris"], [SPEC]) == ["arguments are not a JSON object"]
-    assert call_problems("calculator", {"expression": "1"}, None) == ["unknown tool 'calculator'"]  # no tools offered
+    assert call_problems("calculator", {"expression": "1"}, None) == [
+        "unknown tool 'calculator'"
+    ]  # no tools offered
 
 
 # ---- trajectory
@@ -97,49 +139,89 @@ def call(name, **arguments):
 
 
 def test_redundant_calls_and_loops():
-    reads = [call("read_file", path="a.py")] * 4 + [call("run_test"), call("read_file", path="a.py")]
+    reads = [call("read_file", path="a.py")] * 4 + [
+        call("run_test"),
+        call("read_file", path="a.py"),
+    ]
     assert redundant_calls(reads) == 4  # the 2nd-4th read and the last one
     assert longest_identical_run(reads) == 4
-    assert redundant_calls([call("calculator", expression="1+1"), call("calculator", expression="1 + 1")]) == 0
+    assert (
+        redundant_calls(
+            [call("calculator", expression="1+1"), call("calculator", expression="1 + 1")]
+        )
+        == 0
+    )
     assert longest_identical_run([]) == 0 and redundant_calls([]) == 0
 
 
 def test_reference_match_precision_recall_in_order():
     reference = ["read_file", "edit_file", "run_test"]
-    assert reference_match(reference, reference) == {"precision": 1.0, "recall": 1.0, "in_order": True}
+    assert reference_match(reference, reference) == {
+        "precision": 1.0,
+        "recall": 1.0,
+        "in_order": True,
+    }
     extra = ["read_file", "read_file", "edit_file", "run_test"]  # one extra read: still in order
     assert reference_match(extra, reference) == {"precision": 0.75, "recall": 1.0, "in_order": True}
     swapped = ["edit_file", "read_file", "run_test"]
-    assert reference_match(swapped, reference) == {"precision": 1.0, "recall": 1.0, "in_order": False}
-    assert reference_match(["read_file"], reference) == {"precision": 1.0, "recall": pytest.approx(1 / 3),
-                                                         "in_order": False}
+    assert reference_match(swapped, reference) == {
+        "precision": 1.0,
+        "recall": 1.0,
+        "in_order": False,
+    }
+    assert reference_match(["read_file"], reference) == {
+        "precision": 1.0,
+        "recall": pytest.approx(1 / 3),
+        "in_order": False,
+    }
     assert reference_match([], reference)["recall"] == 0.0
 
 
 def test_trajectory_metrics_of_the_code_agents_scripted_trajectories():
     """The chapter's three code-agent trajectories against the reference read -> edit -> test: A follows it,
     B skips the read, C reads 50 times in a loop and never acts."""
-    from minirl.envs.code import REFERENCE_CALLS, load_templates, scripted_fix, scripted_looper, scripted_partial
+    from minirl.envs.code import (
+        REFERENCE_CALLS,
+        load_templates,
+        scripted_fix,
+        scripted_looper,
+        scripted_partial,
+    )
 
     template = load_templates()[0]
 
     def metrics(calls):
         calls = [{"name": c.name, "arguments": c.arguments} for c in calls]
-        return (reference_match([c["name"] for c in calls], REFERENCE_CALLS), redundant_calls(calls),
-                longest_identical_run(calls))
+        return (
+            reference_match([c["name"] for c in calls], REFERENCE_CALLS),
+            redundant_calls(calls),
+            longest_identical_run(calls),
+        )
 
-    assert metrics(scripted_fix(template)) == ({"precision": 1.0, "recall": 1.0, "in_order": True}, 0, 1)
+    assert metrics(scripted_fix(template)) == (
+        {"precision": 1.0, "recall": 1.0, "in_order": True},
+        0,
+        1,
+    )
     assert metrics(scripted_partial(template)) == (
-        {"precision": 1.0, "recall": pytest.approx(2 / 3), "in_order": False}, 0, 1)
+        {"precision": 1.0, "recall": pytest.approx(2 / 3), "in_order": False},
+        0,
+        1,
+    )
     assert metrics(scripted_looper(template)) == (
-        {"precision": 1 / 50, "recall": pytest.approx(1 / 3), "in_order": False}, 49, 50)
+        {"precision": 1 / 50, "recall": pytest.approx(1 / 3), "in_order": False},
+        49,
+        50,
+    )
 
 
 # ---- regression
 
 
 def test_mcnemar_exact_by_hand():
-    assert mcnemar_exact(0, 6) == pytest.approx(2 / 64)  # both one-sided tails of Binomial(6, 1/2) at 0
+    assert mcnemar_exact(0, 6) == pytest.approx(
+        2 / 64
+    )  # both one-sided tails of Binomial(6, 1/2) at 0
     assert mcnemar_exact(1, 5) == pytest.approx(2 * 7 / 64)  # P(X <= 1) = (1 + 6)/64
     assert mcnemar_exact(5, 1) == mcnemar_exact(1, 5)
     assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(0, 0) == 1.0
@@ -149,7 +231,9 @@ def test_paired_bootstrap():
     assert paired_bootstrap([0.5] * 10, resamples=200) == (0.5, 0.5)  # no spread, no width
     low, high = paired_bootstrap([1.0] * 30 + [0.0] * 10, resamples=2000, seed=3)
     assert low < 0.75 < high and 0.5 < low and high < 1.0
-    assert paired_bootstrap([1.0, 0.0], resamples=500, seed=1) == paired_bootstrap([1.0, 0.0], resamples=500, seed=1)
+    assert paired_bootstrap([1.0, 0.0], resamples=500, seed=1) == paired_bootstrap(
+        [1.0, 0.0], resamples=500, seed=1
+    )
     with pytest.raises(ValueError, match="no items"):
         paired_bootstrap([])
 
@@ -157,13 +241,35 @@ def test_paired_bootstrap():
 # ---- the summary, from episode records
 
 
-def episode(item, sample, success, calls=(), difficulty=None, turns=1, malformed=0, finish="answer", **extra):
-    record = {"item": item, "sample": sample, "seed": sample, "success": success, "reward": float(success),
-              "reward_parts": {}, "finish_reason": finish, "turns": turns, "prompt_tokens": 100,
-              "completion_tokens": 20, "observation_tokens": 0, "seconds": 0.5, "malformed_calls": malformed,
-              "tool_calls": [{"name": c["name"], "arguments": c["arguments"], "problems": c.get("problems", []),
-                              "error": c.get("error", False), "result": ""} for c in calls],
-              "messages": []}
+def episode(
+    item, sample, success, calls=(), difficulty=None, turns=1, malformed=0, finish="answer", **extra
+):
+    record = {
+        "item": item,
+        "sample": sample,
+        "seed": sample,
+        "success": success,
+        "reward": float(success),
+        "reward_parts": {},
+        "finish_reason": finish,
+        "turns": turns,
+        "prompt_tokens": 100,
+        "completion_tokens": 20,
+        "observation_tokens": 0,
+        "seconds": 0.5,
+        "malformed_calls": malformed,
+        "tool_calls": [
+            {
+                "name": c["name"],
+                "arguments": c["arguments"],
+                "problems": c.get("problems", []),
+                "error": c.get("error", False),
+                "result": "",
+            }
+            for c in calls
+        ],
+        "messages": [],
+    }
     if difficulty:
         record["difficulty"] = difficulty
     return {**record, **extra}
@@ -172,25 +278,42 @@ def episode(item, sample, success, calls=(), difficulty=None, turns=1, malformed
 def test_summary_of_hand_made_episodes():
     tool = call("calculator", expression="37 * 84")
     episodes = [
-        episode(0, 0, True, [tool], "hard", turns=2), episode(0, 1, True, [tool], "hard", turns=2),
-        episode(1, 0, False, [], "hard"), episode(1, 1, True, [tool, tool], "hard", turns=3),
-        episode(2, 0, True, [], "easy"), episode(2, 1, False, [{**tool, "error": True}], "easy", turns=2,
-                                                  finish="max_turns"),
+        episode(0, 0, True, [tool], "hard", turns=2),
+        episode(0, 1, True, [tool], "hard", turns=2),
+        episode(1, 0, False, [], "hard"),
+        episode(1, 1, True, [tool, tool], "hard", turns=3),
+        episode(2, 0, True, [], "easy"),
+        episode(2, 1, False, [{**tool, "error": True}], "easy", turns=2, finish="max_turns"),
     ]
     s = summarize(episodes)
     assert (s["items"], s["samples_per_item"], s["episodes"]) == (3, 2, 6)
     f = s["final_answer"]
     assert f["pass@1"] == pytest.approx((1 + 0.5 + 0.5) / 3) and f["pass@2"] == pytest.approx(1.0)
-    assert f["pass@1_stderr"] == pytest.approx(clustered_stderr([1, 1, 0, 1, 1, 0], [0, 0, 1, 1, 2, 2]))
+    assert f["pass@1_stderr"] == pytest.approx(
+        clustered_stderr([1, 1, 0, 1, 1, 0], [0, 0, 1, 1, 2, 2])
+    )
     assert s["robustness"]["pass^2"] == pytest.approx(1 / 3)  # only item 0 succeeded twice
     t = s["tool_calling"]
-    assert t["calls"] == 5 and t["valid_call_rate"] == 1.0 and t["tool_error_rate"] == pytest.approx(1 / 5)
-    assert t["tool_use_where_needed"] == pytest.approx(3 / 4) and t["tool_use_where_not_needed"] == 0.5
+    assert (
+        t["calls"] == 5
+        and t["valid_call_rate"] == 1.0
+        and t["tool_error_rate"] == pytest.approx(1 / 5)
+    )
+    assert (
+        t["tool_use_where_needed"] == pytest.approx(3 / 4) and t["tool_use_where_not_needed"] == 0.5
+    )
     j = s["trajectory"]
-    assert j["calls_per_episode"] == pytest.approx(5 / 6) and j["redundant_calls_per_episode"] == pytest.approx(1 / 6)
-    assert j["longest_identical_run"] == 2 and j["turns_to_success"] == pytest.approx((2 + 2 + 3 + 1) / 4)
+    assert j["calls_per_episode"] == pytest.approx(5 / 6) and j[
+        "redundant_calls_per_episode"
+    ] == pytest.approx(1 / 6)
+    assert j["longest_identical_run"] == 2 and j["turns_to_success"] == pytest.approx(
+        (2 + 2 + 3 + 1) / 4
+    )
     assert j["truncated_rate"] == pytest.approx(1 / 6)
-    assert s["robustness"]["recovery_rate"] == 0.0 and s["robustness"]["episodes_with_tool_errors"] == 1
+    assert (
+        s["robustness"]["recovery_rate"] == 0.0
+        and s["robustness"]["episodes_with_tool_errors"] == 1
+    )
     assert s["cost"]["completion_tokens_per_success"] == pytest.approx(120 / 4)
     with pytest.raises(ValueError, match="same number of samples"):
         summarize(episodes[:-1])
@@ -200,21 +323,36 @@ def test_summary_of_hand_made_episodes():
 
 def test_summary_counts_malformed_calls_as_invalid_and_scores_reference_trajectories():
     reference = ["read_file", "edit_file", "run_test"]
-    episodes = [episode(0, 0, True, [call("read_file", path="a"), call("edit_file"), call("run_test")],
-                        reference_calls=reference, malformed=1),
-                episode(1, 0, False, [call("read_file", path="a")] * 3, reference_calls=reference)]
+    episodes = [
+        episode(
+            0,
+            0,
+            True,
+            [call("read_file", path="a"), call("edit_file"), call("run_test")],
+            reference_calls=reference,
+            malformed=1,
+        ),
+        episode(1, 0, False, [call("read_file", path="a")] * 3, reference_calls=reference),
+    ]
     s = summarize(episodes)
-    assert s["tool_calling"]["calls"] == 7 and s["tool_calling"]["valid_call_rate"] == pytest.approx(6 / 7)
+    assert s["tool_calling"]["calls"] == 7 and s["tool_calling"][
+        "valid_call_rate"
+    ] == pytest.approx(6 / 7)
     assert s["trajectory"]["reference_recall"] == pytest.approx((1 + 1 / 3) / 2)
-    assert s["trajectory"]["reference_in_order"] == 0.5 and s["trajectory"]["longest_identical_run"] == 3
+    assert (
+        s["trajectory"]["reference_in_order"] == 0.5
+        and s["trajectory"]["longest_identical_run"] == 3
+    )
 
 
 def test_compare_pairs_items_and_refuses_runs_that_differ():
     a = [episode(i, 0, i < 4) for i in range(20)]
     b = [episode(i, 0, i < 16) for i in range(20)]
     result = compare(a, b, resamples=2000)
-    assert result["difference"] == pytest.approx(0.6) and result["flipped_to_success"] == list(range(4, 16))
-    assert result["flipped_to_failure"] == [] and result["mcnemar_p"] == pytest.approx(2 / 2 ** 12)
+    assert result["difference"] == pytest.approx(0.6) and result["flipped_to_success"] == list(
+        range(4, 16)
+    )
+    assert result["flipped_to_failure"] == [] and result["mcnemar_p"] == pytest.approx(2 / 2**12)
     assert result["b_significantly_better"] and not result["b_significantly_worse"]
     assert compare(b, a, resamples=2000)["b_significantly_worse"]
     with pytest.raises(ValueError, match="different items"):
@@ -229,25 +367,58 @@ def test_compare_pairs_items_and_refuses_runs_that_differ():
 @pytest.fixture(scope="module")
 def toy_dir(tmp_path_factory):
     from minirl.toy import build_checkpoint
-    return build_checkpoint(str(tmp_path_factory.mktemp("eval") / "tiny"), seed=0, initializer_range=0.2)
+
+    return build_checkpoint(
+        str(tmp_path_factory.mktemp("eval") / "tiny"), seed=0, initializer_range=0.2
+    )
 
 
-def test_eval_command_writes_episodes_and_a_summary_that_rescore_reproduces(toy_dir, tmp_path, capsys):
+def test_eval_command_writes_episodes_and_a_summary_that_rescore_reproduces(
+    toy_dir, tmp_path, capsys
+):
     from minirl.cli import main
 
     out = tmp_path / "run"
-    main(["eval", "--model", toy_dir, "--task", "calculator", "-n", "2", "--limit", "3", "--max-new-tokens", "8",
-          "--task-option", "level=toy", "--task-option", "eval_size=5", "--out", str(out)])
-    assert json.loads((out / "run.json").read_text())["task_options"] == {"level": "toy", "eval_size": 5}
+    main(
+        [
+            "eval",
+            "--model",
+            toy_dir,
+            "--task",
+            "calculator",
+            "-n",
+            "2",
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "8",
+            "--task-option",
+            "level=toy",
+            "--task-option",
+            "eval_size=5",
+            "--out",
+            str(out),
+        ]
+    )
+    assert json.loads((out / "run.json").read_text())["task_options"] == {
+        "level": "toy",
+        "eval_size": 5,
+    }
     assert "final answer" in capsys.readouterr().out
     episodes = [json.loads(line) for line in open(out / "episodes.jsonl")]
-    assert [(e["item"], e["sample"], e["seed"]) for e in episodes] == [(i, s, s) for i in range(3) for s in range(2)]
-    assert all(e["difficulty"] in ("easy", "hard") and e["messages"][0]["role"] == "user" for e in episodes)
+    assert [(e["item"], e["sample"], e["seed"]) for e in episodes] == [
+        (i, s, s) for i in range(3) for s in range(2)
+    ]
+    assert all(
+        e["difficulty"] in ("easy", "hard") and e["messages"][0]["role"] == "user" for e in episodes
+    )
     summary = (out / "summary.json").read_bytes()
     assert json.loads(summary) == summarize(episodes)
     (out / "summary.json").unlink()
     main(["eval", "--rescore", str(out)])
-    assert (out / "summary.json").read_bytes() == summary  # byte for byte, from episodes.jsonl alone
+    assert (
+        out / "summary.json"
+    ).read_bytes() == summary  # byte for byte, from episodes.jsonl alone
     assert "final answer" in capsys.readouterr().out  # rescore prints the table too
     # the same run against itself: no difference, exit code 0
     main(["eval", "--compare", str(out), str(out)])
@@ -257,25 +428,33 @@ def test_eval_command_writes_episodes_and_a_summary_that_rescore_reproduces(toy_
 def test_eval_command_bad_input(toy_dir, tmp_path, capsys):
     from minirl.cli import main
 
-    for argv, message in ((["eval", "--model", toy_dir], "eval needs --model and --task"),
-                          (["eval", "--model", toy_dir, "--task", "calculator", "-n", "0"], "need -n >= 1"),
-                          (["eval", "--rescore", str(tmp_path)], "episodes.jsonl: no such file"),
-                          (["eval", "--model", toy_dir, "--task", "nope"], "unknown task 'nope'"),
-                          (["eval", "--model", toy_dir, "--task", "calculator", "--task-option", "colour=red"],
-                           "task 'calculator' has no option 'colour'; its options: hard_fraction"),
-                          (["eval", "--model", toy_dir, "--task", "calculator", "--task-option", "level"],
-                           "--task-option must be KEY=VALUE")):
+    for argv, message in (
+        (["eval", "--model", toy_dir], "eval needs --model and --task"),
+        (["eval", "--model", toy_dir, "--task", "calculator", "-n", "0"], "need -n >= 1"),
+        (["eval", "--rescore", str(tmp_path)], "episodes.jsonl: no such file"),
+        (["eval", "--model", toy_dir, "--task", "nope"], "unknown task 'nope'"),
+        (
+            ["eval", "--model", toy_dir, "--task", "calculator", "--task-option", "colour=red"],
+            "task 'calculator' has no option 'colour'; its options: hard_fraction",
+        ),
+        (
+            ["eval", "--model", toy_dir, "--task", "calculator", "--task-option", "level"],
+            "--task-option must be KEY=VALUE",
+        ),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
-    (tmp_path / "episodes.jsonl").write_text(json.dumps(episode(0, 0, True)) + '\nnot json\n')
+    (tmp_path / "episodes.jsonl").write_text(json.dumps(episode(0, 0, True)) + "\nnot json\n")
     with pytest.raises(SystemExit):
         main(["eval", "--rescore", str(tmp_path)])
     assert "episodes.jsonl:2: invalid JSON" in capsys.readouterr().err
     (tmp_path / "episodes.jsonl").write_text('{"item": 0, "sample": 0}\n')
     with pytest.raises(SystemExit):
         main(["eval", "--rescore", str(tmp_path)])
-    assert "episodes.jsonl:1: not an episode record (missing seed, success" in capsys.readouterr().err
+    assert (
+        "episodes.jsonl:1: not an episode record (missing seed, success" in capsys.readouterr().err
+    )
     assert not (tmp_path / "summary.json").exists()
 
 

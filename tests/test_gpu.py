@@ -8,14 +8,18 @@ import pytest
 import torch
 
 from minirl import generate, random_model
-from minirl.sampling import Decoder
 from minirl.config import preset
 from minirl.memory import estimate
+from minirl.sampling import Decoder
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+)
 
 
 def test_compiled_cuda_graph_decoding_equals_eager():
@@ -23,16 +27,26 @@ def test_compiled_cuda_graph_decoding_equals_eager():
     model = random_model(config, dtype=torch.bfloat16, device="cuda", seed=0)
     prompts = [[5, 17, 42, 9, 100, 3, 77], [200, 3], [11, 12, 13, 14, 15]]
     eager = generate(model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[])
-    static = generate(model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], static_cache=True)
-    decoder = Decoder(model, compile=True)  # keeps its cache, and so its CUDA graph, between the two calls
-    compiled = generate(model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], decoder=decoder)
-    again = generate(model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], decoder=decoder)
+    static = generate(
+        model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], static_cache=True
+    )
+    decoder = Decoder(
+        model, compile=True
+    )  # keeps its cache, and so its CUDA graph, between the two calls
+    compiled = generate(
+        model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], decoder=decoder
+    )
+    again = generate(
+        model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], decoder=decoder
+    )
     for e, s, c, a in zip(eager, static, compiled, again):
         assert s.tokens == e.tokens
         # bfloat16 kernels inside a compiled graph may round differently: compare the first tokens,
         # where no earlier difference can have changed the context, and the log-probs loosely
         assert c.tokens[:4] == e.tokens[:4] and c.tokens == a.tokens
-        torch.testing.assert_close(torch.tensor(c.logprobs[:4]), torch.tensor(e.logprobs[:4]), atol=0.1, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(c.logprobs[:4]), torch.tensor(e.logprobs[:4]), atol=0.1, rtol=0
+        )
 
 
 def test_compiled_decoding_records_its_cuda_graph_once(monkeypatch):
@@ -43,15 +57,30 @@ def test_compiled_decoding_records_its_cuda_graph_once(monkeypatch):
     from minirl.lora import add_lora, merged_adapters
 
     recorded, original = [], cudagraph_trees.CUDAGraphTreeManager.record_function
-    monkeypatch.setattr(cudagraph_trees.CUDAGraphTreeManager, "record_function",
-                        lambda self, *args, **kwargs: recorded.append(1) or original(self, *args, **kwargs))
+    monkeypatch.setattr(
+        cudagraph_trees.CUDAGraphTreeManager,
+        "record_function",
+        lambda self, *args, **kwargs: recorded.append(1) or original(self, *args, **kwargs),
+    )
     config = preset("0.5b", num_hidden_layers=2, vocab_size=4096)
-    model = add_lora(random_model(config, dtype=torch.bfloat16, device="cuda", seed=1), r=8, alpha=16)
+    model = add_lora(
+        random_model(config, dtype=torch.bfloat16, device="cuda", seed=1), r=8, alpha=16
+    )
     decoder = Decoder(model, compile=True)  # held across calls, as the GRPO loop holds one
-    for call in range(4):  # as GRPO samples: adapters folded in place, prompts of other lengths each time
+    for call in range(
+        4
+    ):  # as GRPO samples: adapters folded in place, prompts of other lengths each time
         with merged_adapters(model):
-            outs = generate(model, [[5 + call] * (3 + call), [7, 8]], max_new_tokens=20, temperature=1.0, seed=call,
-                            num_samples=4, stop_token_ids=[], decoder=decoder)
+            outs = generate(
+                model,
+                [[5 + call] * (3 + call), [7, 8]],
+                max_new_tokens=20,
+                temperature=1.0,
+                seed=call,
+                num_samples=4,
+                stop_token_ids=[],
+                decoder=decoder,
+            )
         assert [len(o.tokens) for o in outs] == [20] * 8
         if call == 0:
             first = len(recorded)
@@ -61,12 +90,37 @@ def test_compiled_decoding_records_its_cuda_graph_once(monkeypatch):
 def test_memory_estimate_within_15_percent_of_a_measured_grpo_step():
     from grpo_step import build, grpo_step, parser, prompts_for
 
-    args = parser().parse_args(["--device", "cuda", "--preset", "0.5b", "--group", "8", "--prompts", "1",
-                                "--prompt-len", "256", "--new-tokens", "256", "--minibatch", "8"])
+    args = parser().parse_args(
+        [
+            "--device",
+            "cuda",
+            "--preset",
+            "0.5b",
+            "--group",
+            "8",
+            "--prompts",
+            "1",
+            "--prompt-len",
+            "256",
+            "--new-tokens",
+            "256",
+            "--minibatch",
+            "8",
+        ]
+    )
     model, ref_model, cfg, optimizer, scheduler, device = build(args)
-    step = grpo_step(model, ref_model, cfg, optimizer, scheduler, device,
-                     prompts_for(model, 1, 256, 0), 0, False)
-    plan = estimate(model.config, lora_r=16, group_size=8, prompts_per_step=1, prompt_len=256, max_new_tokens=256,
-                    dtype_bytes=2, minibatch_size=8)
+    step = grpo_step(
+        model, ref_model, cfg, optimizer, scheduler, device, prompts_for(model, 1, 256, 0), 0, False
+    )
+    plan = estimate(
+        model.config,
+        lora_r=16,
+        group_size=8,
+        prompts_per_step=1,
+        prompt_len=256,
+        max_new_tokens=256,
+        dtype_bytes=2,
+        minibatch_size=8,
+    )
     assert plan.learning == pytest.approx(step["learning"].peak, rel=0.15)
     assert plan.sampling == pytest.approx(step["sampling"].peak, rel=0.15)

@@ -11,17 +11,28 @@ CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 84
 def test_parse_several_calls_and_content():
     turn = parse_assistant("Let me compute.\n" + CALL + "\n" + CALL.replace("37 * 84", "1 + 1"))
     assert turn.content == "Let me compute."
-    assert [(c.name, c.arguments) for c in turn.calls] == [("calculator", {"expression": "37 * 84"}),
-                                                           ("calculator", {"expression": "1 + 1"})]
+    assert [(c.name, c.arguments) for c in turn.calls] == [
+        ("calculator", {"expression": "37 * 84"}),
+        ("calculator", {"expression": "1 + 1"}),
+    ]
     assert turn.errors == []
 
 
-@pytest.mark.parametrize("text,error", [
-    ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "1"}\n</tool_call>', "not valid JSON"),
-    ('<tool_call>\n["calculator"]\n</tool_call>', '"name" string'),
-    ('<tool_call>\n{"name": "calculator", "arguments": [1]}\n</tool_call>', "must be a JSON object"),
-    ('<tool_call>\n{"name": "calculator", "arguments": {}}', "unbalanced"),
-])
+@pytest.mark.parametrize(
+    "text,error",
+    [
+        (
+            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1"}\n</tool_call>',
+            "not valid JSON",
+        ),
+        ('<tool_call>\n["calculator"]\n</tool_call>', '"name" string'),
+        (
+            '<tool_call>\n{"name": "calculator", "arguments": [1]}\n</tool_call>',
+            "must be a JSON object",
+        ),
+        ('<tool_call>\n{"name": "calculator", "arguments": {}}', "unbalanced"),
+    ],
+)
 def test_malformed_calls_become_errors_not_exceptions(text, error):
     turn = parse_assistant(text)
     assert turn.calls == [] and len(turn.errors) == 1 and error in turn.errors[0]
@@ -29,18 +40,23 @@ def test_malformed_calls_become_errors_not_exceptions(text, error):
 
 
 def test_arguments_given_as_a_json_string_are_decoded():
-    turn = parse_assistant('<tool_call>\n{"name": "calculator", "arguments": "{\\"expression\\": \\"2\\"}"}\n</tool_call>')
+    turn = parse_assistant(
+        '<tool_call>\n{"name": "calculator", "arguments": "{\\"expression\\": \\"2\\"}"}\n</tool_call>'
+    )
     assert turn.calls[0].arguments == {"expression": "2"}
 
 
-@pytest.mark.parametrize("text,finish,expected", [
-    (CALL, "stop", True),  # a well-formed call to a known tool
-    ("The answer is 3108.", "stop", True),  # a final answer
-    (CALL.replace("calculator", "search"), "stop", False),  # unknown tool
-    (CALL[:-5], "stop", False),  # broken markup
-    ("The answer is", "length", False),  # ran out of tokens: did not end itself
-    ("   ", "stop", False),  # empty
-])
+@pytest.mark.parametrize(
+    "text,finish,expected",
+    [
+        (CALL, "stop", True),  # a well-formed call to a known tool
+        ("The answer is 3108.", "stop", True),  # a final answer
+        (CALL.replace("calculator", "search"), "stop", False),  # unknown tool
+        (CALL[:-5], "stop", False),  # broken markup
+        ("The answer is", "length", False),  # ran out of tokens: did not end itself
+        ("   ", "stop", False),  # empty
+    ],
+)
 def test_format_ok(text, finish, expected):
     assert format_ok(text, finish, {"calculator"}) is expected
 

@@ -12,13 +12,20 @@ import torch
 from safetensors.torch import load_file
 
 from minirl import load_pretrained
+from minirl.answers import lenient_answer, strict_answer
+from minirl.cli import main
 from minirl.grpo import GRPOConfig, learn, train
 from minirl.learner import learning_batch
-from minirl.cli import main
-from minirl.lora import PEFT_PREFIX, add_lora, lora_layers, lora_state_dict, merge_and_unload, save_adapter
+from minirl.lora import (
+    PEFT_PREFIX,
+    add_lora,
+    lora_layers,
+    lora_state_dict,
+    merge_and_unload,
+    save_adapter,
+)
 from minirl.losses import group_advantages
 from minirl.rollout import Trajectory, sample_completions
-from minirl.answers import lenient_answer, strict_answer
 from minirl.sampling import Decoder
 from minirl.tasks import ArithmeticTask, Task
 from minirl.toy import build_checkpoint
@@ -28,14 +35,27 @@ TIMING = {"t_sample", "t_score", "t_learn", "tokens_per_s"}
 
 class FirstTokenTask(Task):
     """A trivially learnable reward: 1 when the first sampled token id is a multiple of 4."""
+
     name = "first-token"
 
     def __init__(self, reward=None):
-        self.reward_functions = {"first": (reward or (lambda t: float(t.completion_ids[0] % 4 == 0)), 1.0)}
+        self.reward_functions = {
+            "first": (reward or (lambda t: float(t.completion_ids[0] % 4 == 0)), 1.0)
+        }
 
     def sample(self, n, rng):
-        return [{"messages": [{"role": "user", "content": f"What is {rng.randint(1, 99)} + {rng.randint(1, 9)}?"}],
-                 "tools": None} for _ in range(n)]
+        return [
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": f"What is {rng.randint(1, 99)} + {rng.randint(1, 9)}?",
+                    }
+                ],
+                "tools": None,
+            }
+            for _ in range(n)
+        ]
 
     def eval_items(self):
         return self.sample(4, random.Random(0))
@@ -47,12 +67,24 @@ class FirstTokenTask(Task):
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    return build_checkpoint(str(tmp_path_factory.mktemp("grpo") / "tiny"), seed=0, initializer_range=0.2)
+    return build_checkpoint(
+        str(tmp_path_factory.mktemp("grpo") / "tiny"), seed=0, initializer_range=0.2
+    )
 
 
 def config(base, out, task=None, **overrides) -> GRPOConfig:
-    defaults = dict(steps=30, group_size=8, prompts_per_step=4, max_new_tokens=8, lr=5e-3, beta=0.04, save_every=100)
-    return GRPOConfig(model=base, task=task or FirstTokenTask(), out=str(out), **{**defaults, **overrides})
+    defaults = dict(
+        steps=30,
+        group_size=8,
+        prompts_per_step=4,
+        max_new_tokens=8,
+        lr=5e-3,
+        beta=0.04,
+        save_every=100,
+    )
+    return GRPOConfig(
+        model=base, task=task or FirstTokenTask(), out=str(out), **{**defaults, **overrides}
+    )
 
 
 def rows(out) -> list[dict]:
@@ -73,52 +105,106 @@ def test_a_learnable_reward_rises_and_every_adapter_weight_moves(base, tmp_path)
     for name, before in initial.items():
         assert (trained[PEFT_PREFIX + name] != before).all(), f"{name}: some entries never moved"
     last = rows(tmp_path / "run")[-1]
-    assert float(last["kl"]) > 0 and math.isfinite(float(last["loss"])) and last["eval_accuracy"] != ""
+    assert (
+        float(last["kl"]) > 0 and math.isfinite(float(last["loss"])) and last["eval_accuracy"] != ""
+    )
     # the held-out number is evaluation.py's, from an eval folder that --rescore and --compare read
     folder = os.path.join(tmp_path / "run", "eval", f"step-{int(last['step']):06d}")
     summary = json.load(open(os.path.join(folder, "summary.json")))
-    assert float(last["eval_accuracy"]) == pytest.approx(summary["final_answer"]["pass@1"], abs=1e-5)
+    assert float(last["eval_accuracy"]) == pytest.approx(
+        summary["final_answer"]["pass@1"], abs=1e-5
+    )
     assert summary["items"] == 4 and summary["samples_per_item"] == 1  # FirstTokenTask.eval_items()
 
 
 @pytest.mark.slow
 def test_resume_reproduces_the_metrics(base, tmp_path):
     train(config(base, tmp_path / "a", steps=8, save_every=3, inner_steps=2, minibatch_size=12))
-    train(config(base, tmp_path / "b", steps=8, save_every=3, inner_steps=2, minibatch_size=12, stop_after=4))
-    train(config(base, tmp_path / "b", steps=8, save_every=3, inner_steps=2, minibatch_size=12, resume=True))
+    train(
+        config(
+            base,
+            tmp_path / "b",
+            steps=8,
+            save_every=3,
+            inner_steps=2,
+            minibatch_size=12,
+            stop_after=4,
+        )
+    )
+    train(
+        config(
+            base,
+            tmp_path / "b",
+            steps=8,
+            save_every=3,
+            inner_steps=2,
+            minibatch_size=12,
+            resume=True,
+        )
+    )
     a, b = rows(tmp_path / "a"), rows(tmp_path / "b")
     assert len(a) == len(b) == 8
     for x, y in zip(a, b):
-        assert {k: v for k, v in x.items() if k not in TIMING} == {k: v for k, v in y.items() if k not in TIMING}
-    logged = [open(os.path.join(run, "rollouts.jsonl")).read() for run in (tmp_path / "a", tmp_path / "b")]
-    assert logged[0] == logged[1] and logged[0].count("\n") == 2 * 2 * 8  # steps 1 and 8, 2 groups of G = 8
+        assert {k: v for k, v in x.items() if k not in TIMING} == {
+            k: v for k, v in y.items() if k not in TIMING
+        }
+    logged = [
+        open(os.path.join(run, "rollouts.jsonl")).read() for run in (tmp_path / "a", tmp_path / "b")
+    ]
+    assert (
+        logged[0] == logged[1] and logged[0].count("\n") == 2 * 2 * 8
+    )  # steps 1 and 8, 2 groups of G = 8
 
 
 def test_groups_are_consecutive_and_never_mix_prompts(base):
     model, tokenizer = load_pretrained(base)
     same = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "tools": None}
-    items = [same, dict(same), {"messages": [{"role": "user", "content": "What is 9 * 9?"}], "tools": None}]
-    trajectories = sample_completions(model, tokenizer, items, group_size=3, max_new_tokens=4, seed=0)
+    items = [
+        same,
+        dict(same),
+        {"messages": [{"role": "user", "content": "What is 9 * 9?"}], "tools": None},
+    ]
+    trajectories = sample_completions(
+        model, tokenizer, items, group_size=3, max_new_tokens=4, seed=0
+    )
     assert [id(t.prompt) for t in trajectories] == [id(item) for item in items for _ in range(3)]
     # identical prompts, different groups: each group is normalized on its own
     rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0])
     advantages = group_advantages(rewards, 3)
-    assert advantages[:6].abs().max() == 0, "groups 0 and 1 have no spread; mixing them would give ±1"
+    assert advantages[:6].abs().max() == 0, (
+        "groups 0 and 1 have no spread; mixing them would give ±1"
+    )
     assert advantages[6:].sum().abs() < 1e-5 and advantages[6] > 0 > advantages[7]
 
 
 def test_all_equal_rewards_give_zero_advantage_and_no_nan(base, tmp_path):
     train(config(base, tmp_path / "flat", task=FirstTokenTask(lambda t: 1.0), steps=3, beta=0.0))
     for r in rows(tmp_path / "flat"):
-        assert float(r["zero_spread_frac"]) == 1.0 and float(r["loss"]) == 0.0 and float(r["grad_norm"]) == 0.0
-    train(config(base, tmp_path / "dyn", task=FirstTokenTask(lambda t: 1.0), steps=2, dynamic_sampling=True))
+        assert (
+            float(r["zero_spread_frac"]) == 1.0
+            and float(r["loss"]) == 0.0
+            and float(r["grad_norm"]) == 0.0
+        )
+    train(
+        config(
+            base,
+            tmp_path / "dyn",
+            task=FirstTokenTask(lambda t: 1.0),
+            steps=2,
+            dynamic_sampling=True,
+        )
+    )
     for r in rows(tmp_path / "dyn"):  # every group dropped: no update at all
         assert r["groups_dropped_zero_spread"] == "4" and r["loss"] == ""
 
 
 def test_a_nan_reward_drops_its_group_and_counts_it(base, tmp_path):
     def sometimes_nan(t):
-        return float("nan") if t.prompt["messages"][0]["content"].startswith("What is 1") else float(t.completion_ids[0] % 2)
+        return (
+            float("nan")
+            if t.prompt["messages"][0]["content"].startswith("What is 1")
+            else float(t.completion_ids[0] % 2)
+        )
 
     train(config(base, tmp_path / "nan", task=FirstTokenTask(sometimes_nan), steps=6))
     dropped = [int(r["groups_dropped_nonfinite"]) for r in rows(tmp_path / "nan")]
@@ -141,8 +227,15 @@ def test_empty_completions_do_not_update(base):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     empty = [Trajectory({}, [1, 2, 3], [], [], [], "stop") for _ in range(2)]
     cfg = config(base, "unused", beta=0.04)
-    stats, _ = learn(cfg, model, None, learning_batch(empty, tokenizer.pad_token_id, "cpu"), torch.tensor([1.0, -1.0]),
-                     optimizer, scheduler)
+    stats, _ = learn(
+        cfg,
+        model,
+        None,
+        learning_batch(empty, tokenizer.pad_token_id, "cpu"),
+        torch.tensor([1.0, -1.0]),
+        optimizer,
+        scheduler,
+    )
     assert stats["loss"] == 0.0 and stats["grad_norm"] == 0.0
     assert all(torch.equal(p, b) for p, b in zip(params, before))
 
@@ -159,8 +252,13 @@ def test_arithmetic_task_rewards_the_required_format_only():
     assert judge("37 * 84 = 3108. Answer: 3108") == (1.0, {"strict": True, "lenient": True})
     assert judge("It is 3,108.") == (0.0, {"strict": False, "lenient": True})
     assert judge("Answer: 3018") == (0.0, {"strict": False, "lenient": False})
-    assert strict_answer("Answer: 1 then Answer: -12") == -12 and lenient_answer("no digits") is None
-    assert len(task.eval_items()) == 8 and task.eval_items() == ArithmeticTask(seed=0, eval_size=8).eval_items()
+    assert (
+        strict_answer("Answer: 1 then Answer: -12") == -12 and lenient_answer("no digits") is None
+    )
+    assert (
+        len(task.eval_items()) == 8
+        and task.eval_items() == ArithmeticTask(seed=0, eval_size=8).eval_items()
+    )
 
 
 def test_an_sft_adapter_becomes_the_reference(base, tmp_path):
@@ -179,16 +277,46 @@ def test_an_sft_adapter_becomes_the_reference(base, tmp_path):
     assert not any("lora" in name for name, _ in model.named_parameters())
     train(config(base, tmp_path / "rl", adapter=str(tmp_path / "sft"), steps=1, beta=0.1))
     first = rows(tmp_path / "rl")[0]
-    assert float(first["kl"]) < 1e-6, "a fresh LoRA on the merged SFT weights starts at π_ref = π_SFT"
+    assert float(first["kl"]) < 1e-6, (
+        "a fresh LoRA on the merged SFT weights starts at π_ref = π_SFT"
+    )
 
 
 def test_cli_runs_grpo_on_the_arithmetic_task(base, tmp_path):
     out = tmp_path / "cli"
-    main(["grpo", "--model", base, "--task", "arithmetic", "--out", str(out), "--steps", "2", "--group-size", "2",
-          "--prompts-per-step", "2", "--max-new-tokens", "4", "--aggregation", "sequence", "--clip-high", "0.28",
-          "--log-rollouts-every", "1", "--log-rollout-groups", "1", "--task-option", "eval_size=3"])
+    main(
+        [
+            "grpo",
+            "--model",
+            base,
+            "--task",
+            "arithmetic",
+            "--out",
+            str(out),
+            "--steps",
+            "2",
+            "--group-size",
+            "2",
+            "--prompts-per-step",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--aggregation",
+            "sequence",
+            "--clip-high",
+            "0.28",
+            "--log-rollouts-every",
+            "1",
+            "--log-rollout-groups",
+            "1",
+            "--task-option",
+            "eval_size=3",
+        ]
+    )
     assert len(rows(out)) == 2 and os.path.isfile(out / "adapter" / "adapter_config.json")
-    assert json.load(open(out / "eval" / "step-000002" / "summary.json"))["items"] == 3  # --task-option reached it
+    assert (
+        json.load(open(out / "eval" / "step-000002" / "summary.json"))["items"] == 3
+    )  # --task-option reached it
     assert len(open(out / "rollouts.jsonl").readlines()) == 2 * 1 * 2  # steps x groups x G
     assert {"reward_correct", "eval_accuracy", "accuracy_lenient"} <= set(rows(out)[0])
 
@@ -197,24 +325,34 @@ def test_compile_reaches_the_sampler(base, tmp_path, monkeypatch):
     """--compile is passed down to generate (the compiled path itself: tests/test_sampling.py); the
     sampler here runs the same fixed-shape path uncompiled, to keep the test fast."""
     import minirl.rollout
+
     calls, original = [], minirl.rollout.generate
 
     def spy(model, *args, decoder=None, **kwargs):
         calls.append(decoder)
-        eager = Decoder(model, static_cache=True) if decoder is not None and decoder.compile else decoder
+        eager = (
+            Decoder(model, static_cache=True)
+            if decoder is not None and decoder.compile
+            else decoder
+        )
         return original(model, *args, decoder=eager, **kwargs)
 
     monkeypatch.setattr(minirl.rollout, "generate", spy)
     train(config(base, tmp_path / "compiled", steps=1, compile=True))
-    assert calls[0].compile  # the step's rollouts (the final evaluation samples greedily, uncompiled)
+    assert calls[
+        0
+    ].compile  # the step's rollouts (the final evaluation samples greedily, uncompiled)
     assert calls[-1] is None
 
 
 @pytest.mark.parametrize("merge_lora", ["on", "auto"])
-def test_merged_sampling_leaves_the_base_weights_bit_for_bit(base, tmp_path, monkeypatch, merge_lora):
+def test_merged_sampling_leaves_the_base_weights_bit_for_bit(
+    base, tmp_path, monkeypatch, merge_lora
+):
     """--merge-lora on folds the adapters in while sampling and restores the bfloat16 base weights
     exactly, step after step; auto means on a GPU only, so not here."""
     import minirl.rollout
+
     seen, original = [], minirl.rollout.generate
 
     def spy(model, *args, **kwargs):
@@ -224,8 +362,10 @@ def test_merged_sampling_leaves_the_base_weights_bit_for_bit(base, tmp_path, mon
     monkeypatch.setattr(minirl.rollout, "generate", spy)
     train(config(base, tmp_path / merge_lora, steps=3, dtype="bfloat16", merge_lora=merge_lora))
     model = seen[0][0]
-    assert all(all(merged) == (merge_lora == "on") and any(merged) == (merge_lora == "on")
-               for _, merged in seen[:3])  # the three steps' rollouts; then the evaluation, unmerged
+    assert all(
+        all(merged) == (merge_lora == "on") and any(merged) == (merge_lora == "on")
+        for _, merged in seen[:3]
+    )  # the three steps' rollouts; then the evaluation, unmerged
     assert not any(any(merged) for _, merged in seen[3:])
     loaded, _ = load_pretrained(base, dtype=torch.bfloat16)
     for name, weight in loaded.state_dict().items():

@@ -8,8 +8,15 @@ import math
 import pytest
 import torch
 
-from minirl.losses import (group_advantages, kl_k1, kl_k2, kl_k3, policy_loss, token_logprobs,
-                           token_logprobs_chunked)
+from minirl.losses import (
+    group_advantages,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    policy_loss,
+    token_logprobs,
+    token_logprobs_chunked,
+)
 
 # ---- GRPO ----
 
@@ -28,11 +35,16 @@ def log_softmax_at(row, target, temperature):
 def test_token_logprobs_equals_a_per_element_loop(temperature):
     B, T, V = 2, 4, 5
     g = torch.Generator().manual_seed(0)
-    logits, targets = torch.randn(B, T, V, generator=g) * 3, torch.randint(0, V, (B, T), generator=g)
+    logits, targets = (
+        torch.randn(B, T, V, generator=g) * 3,
+        torch.randint(0, V, (B, T), generator=g),
+    )
     got = token_logprobs(logits, targets, temperature)
     assert got.shape == (B, T) and got.dtype == torch.float32
-    expected = [[log_softmax_at(logits[b, t].tolist(), int(targets[b, t]), temperature) for t in range(T)]
-                for b in range(B)]
+    expected = [
+        [log_softmax_at(logits[b, t].tolist(), int(targets[b, t]), temperature) for t in range(T)]
+        for b in range(B)
+    ]
     torch.testing.assert_close(got, torch.tensor(expected), atol=1e-6, rtol=0)
 
 
@@ -46,13 +58,21 @@ def test_token_logprobs_chunked_equals_token_logprobs(chunk_size, masked, temper
     hidden = torch.randn(B, T, C, generator=g).requires_grad_()
     weight = torch.randn(V, C, generator=g).requires_grad_(weight_grad)
     targets = torch.randint(0, V, (B, T), generator=g)
-    mask = (torch.rand(B, T, generator=g) < 0.6).long() if masked else torch.ones(B, T, dtype=torch.long)
+    mask = (
+        (torch.rand(B, T, generator=g) < 0.6).long()
+        if masked
+        else torch.ones(B, T, dtype=torch.long)
+    )
     if masked:
         mask[0, 0], mask[1, -1] = 1, 0
-    cotangent = torch.randn(B, T, generator=g)  # a weighted sum, so every position's gradient counts
+    cotangent = torch.randn(
+        B, T, generator=g
+    )  # a weighted sum, so every position's gradient counts
     inputs = (hidden, weight) if weight_grad else (hidden,)
 
-    expected = token_logprobs(hidden @ weight.T, targets, temperature) * mask  # (B, T, V) logits, the plain way
+    expected = (
+        token_logprobs(hidden @ weight.T, targets, temperature) * mask
+    )  # (B, T, V) logits, the plain way
     expected_grads = torch.autograd.grad((expected * cotangent).sum(), inputs)
     kwargs = dict(temperature=temperature, chunk_size=chunk_size, mask=mask if masked else None)
     got = token_logprobs_chunked(hidden, weight, targets, **kwargs)
@@ -62,16 +82,25 @@ def test_token_logprobs_chunked_equals_token_logprobs(chunk_size, masked, temper
     assert (got[mask == 0] == 0).all(), "masked positions must be exactly 0"
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     for grad, e, name in zip(grads, expected_grads, ("hidden", "lm_head weight")):
-        torch.testing.assert_close(grad, e, atol=1e-5, rtol=0, msg=lambda m, name=name: f"gradient w.r.t. {name}: {m}")
+        torch.testing.assert_close(
+            grad, e, atol=1e-5, rtol=0, msg=lambda m, name=name: f"gradient w.r.t. {name}: {m}"
+        )
     with torch.no_grad():
-        torch.testing.assert_close(token_logprobs_chunked(hidden, weight, targets, **kwargs), expected.detach(),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            token_logprobs_chunked(hidden, weight, targets, **kwargs),
+            expected.detach(),
+            atol=1e-5,
+            rtol=0,
+        )
 
 
 def test_token_logprobs_chunked_keeps_only_the_last_chunks_logits_for_backward():
     B, T, C, V = 3, 20, 8, 37
     g = torch.Generator().manual_seed(2)
-    hidden, weight = torch.randn(B, T, C, generator=g).requires_grad_(), torch.randn(V, C, generator=g).requires_grad_()
+    hidden, weight = (
+        torch.randn(B, T, C, generator=g).requires_grad_(),
+        torch.randn(V, C, generator=g).requires_grad_(),
+    )
     targets = torch.randint(0, V, (B, T), generator=g)
 
     def saved_logits(fn):
@@ -79,12 +108,20 @@ def test_token_logprobs_chunked_keeps_only_the_last_chunks_logits_for_backward()
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
             out = fn()
         out.sum().backward()
-        return [tuple(t.shape) for t in saved
-                if V in t.shape and t.untyped_storage().data_ptr() != weight.untyped_storage().data_ptr()]
+        return [
+            tuple(t.shape)
+            for t in saved
+            if V in t.shape
+            and t.untyped_storage().data_ptr() != weight.untyped_storage().data_ptr()
+        ]
 
-    assert saved_logits(lambda: token_logprobs(hidden @ weight.T, targets)), "the oracle should keep logits"
+    assert saved_logits(lambda: token_logprobs(hidden @ weight.T, targets)), (
+        "the oracle should keep logits"
+    )
     # 60 positions in chunks of 8: only the last chunk's 4 rows of V are kept (its backward runs first)
-    assert saved_logits(lambda: token_logprobs_chunked(hidden, weight, targets, chunk_size=8)) == [(4, V)]
+    assert saved_logits(lambda: token_logprobs_chunked(hidden, weight, targets, chunk_size=8)) == [
+        (4, V)
+    ]
 
 
 # ---- group_advantages
@@ -100,7 +137,9 @@ def test_group_advantages_two_of_five_right():
     # mean = 2/5 = 0.4; deviations +0.6 (x2), -0.4 (x3); population variance = (2·0.36 + 3·0.16)/5 = 0.24,
     # std = √0.24 = 0.48990; +0.6/0.48990 = 1.2247, -0.4/0.48990 = -0.8165 (eps = 1e-4 moves the 4th decimal)
     got = group_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0]), group_size=5)
-    torch.testing.assert_close(got, torch.tensor([1.2247, 1.2247, -0.8165, -0.8165, -0.8165]), atol=1e-3, rtol=0)
+    torch.testing.assert_close(
+        got, torch.tensor([1.2247, 1.2247, -0.8165, -0.8165, -0.8165]), atol=1e-3, rtol=0
+    )
 
 
 @pytest.mark.parametrize("scale, eps", [("std", 1e-4), ("std", 0.5), ("none", 1e-4)])
@@ -109,7 +148,7 @@ def test_group_advantages_equals_a_loop_per_group(scale, eps):
     rewards = torch.rand(P * G, generator=torch.Generator().manual_seed(3)) * 4 - 1
     expected = []
     for p in range(P):
-        group = rewards[p * G:(p + 1) * G].tolist()
+        group = rewards[p * G : (p + 1) * G].tolist()
         mean = sum(group) / G
         std = math.sqrt(sum((r - mean) ** 2 for r in group) / G)  # population std, ddof = 0
         expected += [(r - mean) / (std + eps) if scale == "std" else r - mean for r in group]
@@ -152,7 +191,9 @@ def test_group_advantages_rejects_bad_inputs():
 def test_k3_is_nonnegative_and_zero_exactly_where_the_logprobs_agree():
     g = torch.Generator().manual_seed(4)
     ref = torch.randn(2000, generator=g, dtype=torch.float64) * 5
-    gap = torch.empty(2000, dtype=torch.float64).uniform_(0.01, 20, generator=g)  # |logp - ref| >= 0.01, or 0
+    gap = torch.empty(2000, dtype=torch.float64).uniform_(
+        0.01, 20, generator=g
+    )  # |logp - ref| >= 0.01, or 0
     sign = torch.randint(0, 3, (2000,), generator=g) - 1  # -1, 0, +1
     logp = ref + sign * gap
     for dtype in (torch.float64, torch.float32):
@@ -166,19 +207,31 @@ def exact_kl(p, q):
     return sum(pi * math.log(pi / qi) for pi, qi in zip(p, q))
 
 
-@pytest.mark.parametrize("p, q, far", [
-    ([0.3, 0.25, 0.2, 0.15, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2], False),
-    ([0.6, 0.25, 0.1, 0.04, 0.01], [0.05, 0.1, 0.15, 0.3, 0.4], True),
-])
+@pytest.mark.parametrize(
+    "p, q, far",
+    [
+        ([0.3, 0.25, 0.2, 0.15, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2], False),
+        ([0.6, 0.25, 0.1, 0.04, 0.01], [0.05, 0.1, 0.15, 0.3, 0.4], True),
+    ],
+)
 def test_k1_and_k3_are_unbiased_and_k2_is_not(p, q, far):
     kl = exact_kl(p, q)
-    logp, logq = torch.tensor(p, dtype=torch.float64).log(), torch.tensor(q, dtype=torch.float64).log()
+    logp, logq = (
+        torch.tensor(p, dtype=torch.float64).log(),
+        torch.tensor(q, dtype=torch.float64).log(),
+    )
     # exact expectations under x ~ p: E[k1] = E[k3] = KL (E_p[q/p] = 1), E[k2] is not
     for estimator in (kl_k1, kl_k3):
-        assert sum(pi * v for pi, v in zip(p, estimator(logp, logq).tolist())) == pytest.approx(kl, abs=1e-12)
+        assert sum(pi * v for pi, v in zip(p, estimator(logp, logq).tolist())) == pytest.approx(
+            kl, abs=1e-12
+        )
     # Monte Carlo: 200k samples x ~ p
-    x = torch.multinomial(torch.tensor(p, dtype=torch.float64), 200_000, replacement=True,
-                          generator=torch.Generator().manual_seed(5))
+    x = torch.multinomial(
+        torch.tensor(p, dtype=torch.float64),
+        200_000,
+        replacement=True,
+        generator=torch.Generator().manual_seed(5),
+    )
     for name, estimator in (("k1", kl_k1), ("k2", kl_k2), ("k3", kl_k3)):
         samples = estimator(logp[x], logq[x])  # (200000,)
         mean, stderr = samples.mean().item(), samples.std().item() / math.sqrt(len(samples))
@@ -190,9 +243,15 @@ def test_k1_and_k3_are_unbiased_and_k2_is_not(p, q, far):
 
 def test_k3_gradient_is_one_minus_the_probability_ratio():
     g = torch.Generator().manual_seed(6)
-    logp, ref = (torch.randn(3, 5, generator=g) * 2).requires_grad_(), torch.randn(3, 5, generator=g) * 2
+    logp, ref = (
+        (torch.randn(3, 5, generator=g) * 2).requires_grad_(),
+        torch.randn(3, 5, generator=g) * 2,
+    )
     (grad,) = torch.autograd.grad(kl_k3(logp, ref).sum(), logp)
-    expected = [[1 - math.exp(r - lp) for lp, r in zip(lrow, rrow)] for lrow, rrow in zip(logp.tolist(), ref.tolist())]
+    expected = [
+        [1 - math.exp(r - lp) for lp, r in zip(lrow, rrow)]
+        for lrow, rrow in zip(logp.tolist(), ref.tolist())
+    ]
     torch.testing.assert_close(grad, torch.tensor(expected), atol=1e-5, rtol=1e-5)
     # and the formulas themselves, on one hand-picked pair: logp = -1, ref = -2, d = ref - logp = -1
     lp, r = torch.tensor(-1.0), torch.tensor(-2.0)
@@ -208,7 +267,10 @@ def reference_policy_loss(logp, old, ref, adv, mask, clip_low, clip_high, beta, 
     """Plain floats: (loss, d loss / d logp as nested lists, stats), token by token."""
     B, T = len(logp), len(logp[0])
     rho = [[math.exp(logp[b][t] - old[b][t]) for t in range(T)] for b in range(B)]
-    k3 = [[math.exp(ref[b][t] - logp[b][t]) - (ref[b][t] - logp[b][t]) - 1 for t in range(T)] for b in range(B)]
+    k3 = [
+        [math.exp(ref[b][t] - logp[b][t]) - (ref[b][t] - logp[b][t]) - 1 for t in range(T)]
+        for b in range(B)
+    ]
     ell, dell = [[0.0] * T for _ in range(B)], [[0.0] * T for _ in range(B)]
     for b in range(B):
         for t in range(T):
@@ -231,16 +293,21 @@ def reference_policy_loss(logp, old, ref, adv, mask, clip_low, clip_high, beta, 
     def masked_mean(f):
         return sum(f(b, t) * mask[b][t] for b in range(B) for t in range(T)) / max(total_m, 1)
 
-    stats = {"clip_low_frac": masked_mean(lambda b, t: rho[b][t] < 1 - clip_low and adv[b] < 0),
-             "clip_high_frac": masked_mean(lambda b, t: rho[b][t] > 1 + clip_high and adv[b] > 0),
-             "kl": masked_mean(lambda b, t: k3[b][t]), "ratio": masked_mean(lambda b, t: rho[b][t])}
+    stats = {
+        "clip_low_frac": masked_mean(lambda b, t: rho[b][t] < 1 - clip_low and adv[b] < 0),
+        "clip_high_frac": masked_mean(lambda b, t: rho[b][t] > 1 + clip_high and adv[b] > 0),
+        "kl": masked_mean(lambda b, t: k3[b][t]),
+        "ratio": masked_mean(lambda b, t: rho[b][t]),
+    }
     return loss, grad, stats
 
 
 def random_rollout(B=4, T=6, seed=7):
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(B, T, generator=g) * 3
-    logp = (old + torch.randn(B, T, generator=g) * 0.3).requires_grad_()  # ρ from ~0.4 to ~2.5: both sides clip
+    logp = (
+        old + torch.randn(B, T, generator=g) * 0.3
+    ).requires_grad_()  # ρ from ~0.4 to ~2.5: both sides clip
     ref = old + torch.randn(B, T, generator=g) * 0.5
     adv = torch.randn(B, generator=g)
     mask = (torch.rand(B, T, generator=g) < 0.7).long()
@@ -255,12 +322,25 @@ def random_rollout(B=4, T=6, seed=7):
 def test_policy_loss_equals_a_per_token_loop(aggregation, beta, clip_low, clip_high):
     logp, old, ref, adv, mask = random_rollout()
     rho = (logp - old).exp()
-    assert ((rho < 1 - clip_low) & (adv[:, None] < 0)).any() and ((rho > 1 + clip_high) & (adv[:, None] > 0)).any()
-    loss, stats = policy_loss(logp, old, ref, adv, mask, clip_low=clip_low, clip_high=clip_high, beta=beta,
-                              aggregation=aggregation)
+    assert ((rho < 1 - clip_low) & (adv[:, None] < 0)).any() and (
+        (rho > 1 + clip_high) & (adv[:, None] > 0)
+    ).any()
+    loss, stats = policy_loss(
+        logp,
+        old,
+        ref,
+        adv,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        beta=beta,
+        aggregation=aggregation,
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     floats = [x.tolist() for x in (logp, old, ref, adv, mask)]
-    expected, expected_grad, expected_stats = reference_policy_loss(*floats, clip_low, clip_high, beta, aggregation)
+    expected, expected_grad, expected_stats = reference_policy_loss(
+        *floats, clip_low, clip_high, beta, aggregation
+    )
 
     # the analytic reference gradient against central finite differences of the reference loss
     h = 1e-6
@@ -268,8 +348,10 @@ def test_policy_loss_equals_a_per_token_loop(aggregation, beta, clip_low, clip_h
         up, down = [row[:] for row in floats[0]], [row[:] for row in floats[0]]
         up[b][t] += h
         down[b][t] -= h
-        fd = (reference_policy_loss(up, *floats[1:], clip_low, clip_high, beta, aggregation)[0]
-              - reference_policy_loss(down, *floats[1:], clip_low, clip_high, beta, aggregation)[0]) / (2 * h)
+        fd = (
+            reference_policy_loss(up, *floats[1:], clip_low, clip_high, beta, aggregation)[0]
+            - reference_policy_loss(down, *floats[1:], clip_low, clip_high, beta, aggregation)[0]
+        ) / (2 * h)
         assert fd == pytest.approx(expected_grad[b][t], abs=1e-7), (b, t)
 
     assert loss.shape == () and torch.isfinite(loss)
@@ -281,7 +363,9 @@ def test_policy_loss_equals_a_per_token_loop(aggregation, beta, clip_low, clip_h
 
 @pytest.mark.parametrize("aggregation", ["token", "sequence", "constant"])
 @pytest.mark.parametrize("ragged", [False, True])
-def test_on_policy_loss_is_minus_the_mean_advantage_and_its_gradient_is_reinforce(aggregation, ragged):
+def test_on_policy_loss_is_minus_the_mean_advantage_and_its_gradient_is_reinforce(
+    aggregation, ragged
+):
     P, G, T = 2, 4, 5
     g = torch.Generator().manual_seed(8)
     logp = (-torch.rand(P * G, T, generator=g) * 3).requires_grad_()
@@ -290,7 +374,9 @@ def test_on_policy_loss_is_minus_the_mean_advantage_and_its_gradient_is_reinforc
     if ragged:
         for b, length in enumerate([5, 2, 3, 1, 4, 5, 0, 2]):
             mask[b, length:] = 0
-    loss, stats = policy_loss(logp, logp.detach(), None, adv, mask, beta=0.0, aggregation=aggregation)
+    loss, stats = policy_loss(
+        logp, logp.detach(), None, adv, mask, beta=0.0, aggregation=aggregation
+    )
     (grad,) = torch.autograd.grad(loss, logp)
 
     lengths = mask.sum(1).tolist()
@@ -304,16 +390,22 @@ def test_on_policy_loss_is_minus_the_mean_advantage_and_its_gradient_is_reinforc
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     if not ragged:  # advantages average to 0 in each group
         assert abs(loss.item()) < 1e-6
-    expected_grad = [[-a * m / z for m in row] for a, row, z in zip(adv.tolist(), mask.tolist(), normalizer)]
+    expected_grad = [
+        [-a * m / z for m in row] for a, row, z in zip(adv.tolist(), mask.tolist(), normalizer)
+    ]
     torch.testing.assert_close(grad, torch.tensor(expected_grad), atol=1e-6, rtol=0)
-    assert stats == {"clip_low_frac": 0.0, "clip_high_frac": 0.0, "kl": 0.0, "ratio": pytest.approx(1.0)}
+    assert stats == {
+        "clip_low_frac": 0.0,
+        "clip_high_frac": 0.0,
+        "kl": 0.0,
+        "ratio": pytest.approx(1.0),
+    }
 
 
 def test_clip_fractions_count_only_trained_tokens_where_the_clip_binds():
     # row 0 has A = +1: only ρ > 1 + clip_high binds; row 1 has A = -1: only ρ < 1 - clip_low binds.
     # The last token of each row would bind but has mask 0: it must not be counted.
-    ratios = torch.tensor([[0.5, 0.9, 1.0, 1.1, 1.25, 1.5],
-                           [0.5, 0.7, 0.85, 1.0, 1.5, 0.6]])
+    ratios = torch.tensor([[0.5, 0.9, 1.0, 1.1, 1.25, 1.5], [0.5, 0.7, 0.85, 1.0, 1.5, 0.6]])
     mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0]])
     adv = torch.tensor([1.0, -1.0])
     old = torch.full((2, 6), -1.0)
@@ -337,7 +429,9 @@ def test_clip_fractions_count_only_trained_tokens_where_the_clip_binds():
 @pytest.mark.parametrize("aggregation", ["token", "sequence", "constant"])
 def test_policy_loss_of_an_empty_batch_is_zero_not_nan(aggregation):
     logp, old, ref, adv, mask = random_rollout()
-    loss, stats = policy_loss(logp, old, ref, adv, torch.zeros_like(mask), beta=0.1, aggregation=aggregation)
+    loss, stats = policy_loss(
+        logp, old, ref, adv, torch.zeros_like(mask), beta=0.1, aggregation=aggregation
+    )
     (grad,) = torch.autograd.grad(loss, logp)
     assert loss.item() == 0.0
     assert all(math.isfinite(v) for v in stats.values()), stats
@@ -350,7 +444,9 @@ def test_policy_loss_rejects_bad_arguments():
         policy_loss(logp, old, None, adv, mask, beta=0.04)
     with pytest.raises(ValueError, match="aggregation"):
         policy_loss(logp, old, ref, adv, mask, aggregation="mean")
-    loss, stats = policy_loss(logp, old, None, adv, mask, beta=0.0)  # no reference needed without the penalty
+    loss, stats = policy_loss(
+        logp, old, None, adv, mask, beta=0.0
+    )  # no reference needed without the penalty
     assert torch.isfinite(loss) and stats["kl"] == 0.0
 
 

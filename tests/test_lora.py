@@ -8,14 +8,24 @@ import pytest
 import torch
 from conftest import hf_tiny_model
 from safetensors.torch import load_file
-
 from torch import nn
 
 from minirl import cpu_matmul, load_model, random_model
 from minirl.cpu_matmul import FewRowsLinear
-from minirl.lora import (LoRALinear, add_lora, disable_adapters, load_adapter, lora_layers, lora_state_dict,
-                         merge_and_unload, merge_lora, merged_adapters, merged_for_sampling, save_adapter,
-                         unmerge_lora)
+from minirl.lora import (
+    LoRALinear,
+    add_lora,
+    disable_adapters,
+    load_adapter,
+    lora_layers,
+    lora_state_dict,
+    merge_and_unload,
+    merge_lora,
+    merged_adapters,
+    merged_for_sampling,
+    save_adapter,
+    unmerge_lora,
+)
 from minirl.toy import tiny_config
 
 V = 97
@@ -55,7 +65,9 @@ def test_fresh_adapter_is_exact_then_B_changes_the_output():
     assert (adapted - before).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("rows", [1, 5, 300])  # 2-128 rows take cpu_matmul's product; 1 and 300 do not
+@pytest.mark.parametrize(
+    "rows", [1, 5, 300]
+)  # 2-128 rows take cpu_matmul's product; 1 and 300 do not
 @pytest.mark.parametrize("rslora", [False, True])
 def test_layer_output_is_the_lora_formula(rows, rslora):
     model = add_lora(base_model(), r=4, alpha=8, rslora=rslora)
@@ -76,7 +88,9 @@ def test_base_product_and_unloaded_layers_keep_the_cpu_few_rows_product(monkeypa
     ids = ids_batch()
     calls = []
     original = cpu_matmul.linear
-    monkeypatch.setattr(cpu_matmul, "linear", lambda x, w, b=None: calls.append(w) or original(x, w, b))
+    monkeypatch.setattr(
+        cpu_matmul, "linear", lambda x, w, b=None: calls.append(w) or original(x, w, b)
+    )
     with torch.no_grad():
         adapted = model(ids)
     adapted_weights = {id(layer.weight) for layer in lora_layers(model).values()}
@@ -122,11 +136,21 @@ def test_merge_matches_unmerged_and_unmerge_restores_weights():
         torch.testing.assert_close(model(ids), unmerged, atol=1e-5, rtol=0)
     q_weight = "model.layers.0.self_attn.q_proj.weight"
     for k, v in original.items():
-        torch.testing.assert_close(model.state_dict()[k], v, atol=1e-6, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+        torch.testing.assert_close(
+            model.state_dict()[k], v, atol=1e-6, rtol=0, msg=lambda m, k=k: f"{k}: {m}"
+        )
     keys = model.state_dict().keys()
-    assert {q_weight, "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.q_proj.lora_A.weight",
-            "model.layers.0.self_attn.q_proj.lora_B.weight", "model.layers.3.mlp.down_proj.lora_A.weight"} <= keys
-    assert set(lora_state_dict(model)) == {k for k in keys if "lora_" in k} and len(lora_state_dict(model)) == 4 * 7 * 2
+    assert {
+        q_weight,
+        "model.layers.0.self_attn.q_proj.bias",
+        "model.layers.0.self_attn.q_proj.lora_A.weight",
+        "model.layers.0.self_attn.q_proj.lora_B.weight",
+        "model.layers.3.mlp.down_proj.lora_A.weight",
+    } <= keys
+    assert (
+        set(lora_state_dict(model)) == {k for k in keys if "lora_" in k}
+        and len(lora_state_dict(model)) == 4 * 7 * 2
+    )
 
 
 def test_merged_adapters_fold_in_place_and_give_the_base_weights_back_bit_for_bit():
@@ -138,11 +162,15 @@ def test_merged_adapters_fold_in_place_and_give_the_base_weights_back_bit_for_bi
         unmerged = model(ids).float()
         with merged_adapters(model):
             for name, layer in layers.items():
-                W, A, Bm = base[name][0].double(), layer.lora_A.weight.double(), layer.lora_B.weight.double()
+                W, A, Bm = (
+                    base[name][0].double(),
+                    layer.lora_A.weight.double(),
+                    layer.lora_B.weight.double(),
+                )
                 expected = (W + layer.scaling * Bm @ A).to(torch.bfloat16)  # rounded once
                 assert layer.merged and layer.weight.data_ptr() == base[name][1]
                 # within one bfloat16 step of the rounded sum (float32 vs float64 sums; near 0: absolute)
-                torch.testing.assert_close(layer.weight, expected, atol=1e-6, rtol=2 ** -7)
+                torch.testing.assert_close(layer.weight, expected, atol=1e-6, rtol=2**-7)
             merged = model(ids).float()
     # bfloat16 rounds differently with the adapters folded in, but it is the same function
     assert (merged - unmerged).abs().max() < 0.05 * unmerged.abs().max()
@@ -189,7 +217,9 @@ def test_disable_adapters_gives_the_base_model(merged):
         with disable_adapters(model):
             off = model(ids)
         after = model(ids)
-    if merged:  # unmerging subtracts B A again: W + d - d is W up to one float rounding, not bit for bit
+    if (
+        merged
+    ):  # unmerging subtracts B A again: W + d - d is W up to one float rounding, not bit for bit
         torch.testing.assert_close(off, before, atol=1e-5, rtol=0)
         assert all(layer.merged for layer in lora_layers(model).values())
     else:
@@ -216,12 +246,17 @@ def test_dropout_only_in_train_mode():
 
 def test_targets_regex_list_and_errors():
     model = add_lora(base_model(), r=2, targets=r"model\.layers\.[01]\.self_attn\.(q|v)_proj")
-    assert sorted(lora_layers(model)) == [f"model.layers.{i}.self_attn.{p}_proj" for i in (0, 1) for p in "qv"]
+    assert sorted(lora_layers(model)) == [
+        f"model.layers.{i}.self_attn.{p}_proj" for i in (0, 1) for p in "qv"
+    ]
     model = add_lora(base_model(), r=2, targets=["o_proj", "up_proj"])
-    assert sorted(lora_layers(model)) == sorted(f"model.layers.{i}.{m}" for i in range(4)
-                                                for m in ("self_attn.o_proj", "mlp.up_proj"))
+    assert sorted(lora_layers(model)) == sorted(
+        f"model.layers.{i}.{m}" for i in range(4) for m in ("self_attn.o_proj", "mlp.up_proj")
+    )
     assert not isinstance(model.model.layers[0].self_attn.q_proj, LoRALinear)
-    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 4 * 2 * (128 + 128 + 128 + 352)
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 4 * 2 * (
+        128 + 128 + 128 + 352
+    )
     with pytest.raises(ValueError, match="no Linear layer matches"):
         add_lora(base_model(), targets=["qproj"])
     with pytest.raises(ValueError, match="already has LoRA"):
@@ -230,12 +265,15 @@ def test_targets_regex_list_and_errors():
 
 # ---- PEFT interop: the same tiny transformers checkpoint under peft and under minirl
 
-PEFT_CONFIGS = [dict(target_modules=["q_proj", "v_proj", "down_proj"]),
-                dict(target_modules=r".*\.(k|o|gate)_proj", use_rslora=True)]
+PEFT_CONFIGS = [
+    dict(target_modules=["q_proj", "v_proj", "down_proj"]),
+    dict(target_modules=r".*\.(k|o|gate)_proj", use_rslora=True),
+]
 
 
 def peft_config(**kwargs):
     from peft import LoraConfig
+
     return LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, task_type="CAUSAL_LM", **kwargs)
 
 
@@ -246,7 +284,9 @@ def test_load_adapter_reads_peft(hf_checkpoint, tmp_path, kwargs):
     hf, folder = hf_checkpoint(tied=False)
     ours = load_model(folder).set_attention("eager")
     torch.manual_seed(0)
-    peft_model = get_peft_model(hf, peft_config(init_lora_weights=False, **kwargs)).eval()  # B random too
+    peft_model = get_peft_model(
+        hf, peft_config(init_lora_weights=False, **kwargs)
+    ).eval()  # B random too
     peft_model.save_pretrained(tmp_path / "adapter")
     load_adapter(ours, str(tmp_path / "adapter"))
     ids = ids_batch(B=2, T=13, vocab=hf.config.vocab_size)
@@ -265,7 +305,9 @@ def test_save_adapter_loads_in_peft_with_peft_key_names(hf_checkpoint, tmp_path,
 
     hf, folder = hf_checkpoint(tied=True)
     ours = load_model(folder).set_attention("eager")
-    add_lora(ours, r=4, alpha=8, targets=kwargs["target_modules"], rslora=kwargs.get("use_rslora", False))
+    add_lora(
+        ours, r=4, alpha=8, targets=kwargs["target_modules"], rslora=kwargs.get("use_rslora", False)
+    )
     randomize_lora_B(ours, std=0.2)
     save_adapter(ours, str(tmp_path / "ours"))
     peft_model = PeftModel.from_pretrained(hf, str(tmp_path / "ours")).eval()
@@ -277,17 +319,28 @@ def test_save_adapter_loads_in_peft_with_peft_key_names(hf_checkpoint, tmp_path,
     assert (got - base).abs().max() > 1e-2, "the adapter should matter"
     torch.testing.assert_close(expected, got, atol=1e-5, rtol=0)
     # peft writing the same configuration: the same tensor names
-    get_peft_model(hf_tiny_model(tied=True), peft_config(**kwargs)).save_pretrained(tmp_path / "peft")
+    get_peft_model(hf_tiny_model(tied=True), peft_config(**kwargs)).save_pretrained(
+        tmp_path / "peft"
+    )
     ours_keys = load_file(tmp_path / "ours" / "adapter_model.safetensors").keys()
     assert ours_keys == load_file(tmp_path / "peft" / "adapter_model.safetensors").keys()
-    assert all(k.startswith("base_model.model.model.layers.") and k.endswith((".lora_A.weight", ".lora_B.weight"))
-               for k in ours_keys)
+    assert all(
+        k.startswith("base_model.model.model.layers.")
+        and k.endswith((".lora_A.weight", ".lora_B.weight"))
+        for k in ours_keys
+    )
 
 
 def test_save_and_load_adapter_round_trip(tmp_path):
-    model, ids = randomize_lora_B(add_lora(base_model(), r=4, alpha=16, targets=["q_proj", "up_proj"])), ids_batch()
+    model, ids = (
+        randomize_lora_B(add_lora(base_model(), r=4, alpha=16, targets=["q_proj", "up_proj"])),
+        ids_batch(),
+    )
     save_adapter(model, str(tmp_path))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
     fresh = load_adapter(base_model(), str(tmp_path))  # no adapters yet: added from the config
     assert fresh.lora_config == model.lora_config
     with torch.no_grad():
@@ -311,12 +364,18 @@ def test_load_adapter_errors(tmp_path):
         load_adapter(base_model(), str(tmp_path / "r4"))
     config_path.write_text(json.dumps(config))
 
-    with pytest.raises(ValueError, match="mis-shaped"):  # the model's own adapters have another rank
+    with pytest.raises(
+        ValueError, match="mis-shaped"
+    ):  # the model's own adapters have another rank
         load_adapter(add_lora(base_model(), r=8, alpha=8), str(tmp_path / "r4"))
-    with pytest.raises(ValueError, match="missing"):  # the model's adapters cover more layers than the file
+    with pytest.raises(
+        ValueError, match="missing"
+    ):  # the model's adapters cover more layers than the file
         save_adapter(add_lora(base_model(), r=4, alpha=8, targets=["q_proj"]), str(tmp_path / "q"))
         load_adapter(add_lora(base_model(), r=4, alpha=8), str(tmp_path / "q"))
-    with pytest.raises(ValueError, match="alpha"):  # same shapes, another scaling: would load silently wrong
+    with pytest.raises(
+        ValueError, match="alpha"
+    ):  # same shapes, another scaling: would load silently wrong
         load_adapter(add_lora(base_model(), r=4, alpha=4), str(tmp_path / "r4"))
     with pytest.raises(ValueError, match="unmerge"):
         load_adapter(merge_lora(add_lora(base_model(), r=4, alpha=8)), str(tmp_path / "r4"))
@@ -329,8 +388,11 @@ def test_bf16_base_keeps_fp32_adapters():
     logits = model(ids_batch())
     assert logits.dtype == torch.bfloat16
     logits.float().logsumexp(-1).mean().backward()
-    assert all(p.grad.dtype == torch.float32 and p.grad.abs().sum() > 0
-               for n, p in model.named_parameters() if "lora_" in n)
+    assert all(
+        p.grad.dtype == torch.float32 and p.grad.abs().sum() > 0
+        for n, p in model.named_parameters()
+        if "lora_" in n
+    )
 
 
 @pytest.mark.real
@@ -343,12 +405,19 @@ def test_real_weights_sample_alike_with_the_adapters_folded_in(real_model_dir):
     add_lora(model, r=16, alpha=32)
     randomize_lora_B(model, std=0.01)
     base = {name: layer.weight.clone() for name, layer in lora_layers(model).items()}
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Write a Python function that adds two numbers."}], add_generation_prompt=True))
+    prompt = tokenizer.encode(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+            add_generation_prompt=True,
+        )
+    )
     unmerged = generate(model, [prompt], max_new_tokens=16, temperature=0)[0]
     with merged_adapters(model):
         folded = generate(model, [prompt], max_new_tokens=16, temperature=0)[0]
-    assert folded.tokens[:8] == unmerged.tokens[:8], (tokenizer.decode(folded.tokens), tokenizer.decode(unmerged.tokens))
+    assert folded.tokens[:8] == unmerged.tokens[:8], (
+        tokenizer.decode(folded.tokens),
+        tokenizer.decode(unmerged.tokens),
+    )
     assert all(torch.equal(layer.weight, base[name]) for name, layer in lora_layers(model).items())
 
 

@@ -31,7 +31,9 @@ def test_sft_loss_hand_numbers():
     #   t=2 -> token 2, logits [0, 0, ln 2]:    p = 2/4, -log p = ln 2
     #   t=3 -> no next token; labels[0] is never a target
     # mean over the 2 trained tokens: (ln 3 + ln 2) / 2 = ln(6) / 2 = 0.8958797...
-    logits = torch.tensor([[[0.0, 0.0, 0.0], [9.0, -9.0, 3.0], [0.0, 0.0, math.log(2)], [5.0, 0.0, -5.0]]])
+    logits = torch.tensor(
+        [[[0.0, 0.0, 0.0], [9.0, -9.0, 3.0], [0.0, 0.0, math.log(2)], [5.0, 0.0, -5.0]]]
+    )
     labels = torch.tensor([[1, 0, IGNORE_INDEX, 2]])
     loss = sft_loss(logits, labels)
     assert loss.dtype == torch.float32 and loss.shape == ()
@@ -43,8 +45,12 @@ def test_sft_loss_equals_a_per_token_loop(dtype):
     B, T, V = 3, 17, 11
     logits = (torch.randn(B, T, V, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
     labels = random_labels(B, T, V)
-    terms = [-torch.log_softmax(logits[b, t].float(), -1)[labels[b, t + 1]]
-             for b in range(B) for t in range(T - 1) if labels[b, t + 1] != IGNORE_INDEX]
+    terms = [
+        -torch.log_softmax(logits[b, t].float(), -1)[labels[b, t + 1]]
+        for b in range(B)
+        for t in range(T - 1)
+        if labels[b, t + 1] != IGNORE_INDEX
+    ]
     loss = sft_loss(logits, labels)
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, torch.stack(terms).mean(), atol=1e-5, rtol=0)
@@ -63,15 +69,19 @@ def test_sft_loss_equals_transformers_loss(hf_checkpoint):
 
 
 def test_sft_loss_trains_exactly_the_assistant_tokens_of_a_rendered_chat(toy_tokenizer):
-    messages = [{"role": "system", "content": "You are a calculator."},
-                {"role": "user", "content": "What is 12 + 30?"},
-                {"role": "assistant", "content": "The answer is 42."},
-                {"role": "user", "content": "And 2 * 3?"},
-                {"role": "assistant", "content": "The answer is 6."}]
+    messages = [
+        {"role": "system", "content": "You are a calculator."},
+        {"role": "user", "content": "What is 12 + 30?"},
+        {"role": "assistant", "content": "The answer is 42."},
+        {"role": "user", "content": "And 2 * 3?"},
+        {"role": "assistant", "content": "The answer is 6."},
+    ]
     ids, mask = render(toy_tokenizer, messages)
     ids, mask = torch.tensor([ids]), torch.tensor([mask])
     labels = torch.where(mask == 1, ids, IGNORE_INDEX)  # (1, T)
-    logits = torch.randn(1, ids.shape[1], toy_tokenizer.vocab_size, generator=torch.Generator().manual_seed(0))
+    logits = torch.randn(
+        1, ids.shape[1], toy_tokenizer.vocab_size, generator=torch.Generator().manual_seed(0)
+    )
     loss = sft_loss(logits, labels)
     # the logits at t score token t + 1: they count exactly where mask[t + 1] == 1
     predicts_trained = mask[0, 1:] == 1
@@ -119,19 +129,29 @@ def test_sft_loss_chunked_equals_sft_loss_in_value_and_gradients(chunk_size, dty
     tol = dict(atol=1e-5, rtol=0) if dtype == torch.float32 else dict(atol=2e-3, rtol=1e-2)
     for g, e, name in zip(grads, expected_grads, ("hidden", "lm_head weight")):
         assert g.dtype == dtype
-        torch.testing.assert_close(g, e, **tol, msg=lambda m, name=name: f"gradient w.r.t. {name}: {m}")
+        torch.testing.assert_close(
+            g, e, **tol, msg=lambda m, name=name: f"gradient w.r.t. {name}: {m}"
+        )
     with torch.no_grad():
-        torch.testing.assert_close(sft_loss_chunked(hidden, weight, labels, chunk_size), expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            sft_loss_chunked(hidden, weight, labels, chunk_size), expected, atol=1e-5, rtol=0
+        )
 
 
 def test_sft_loss_chunked_on_the_model_hidden_states(hf_checkpoint):
     _, folder = hf_checkpoint(tied=True)
     model = load_model(folder)
-    ids = torch.randint(0, model.config.vocab_size, (2, 19), generator=torch.Generator().manual_seed(7))
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 19), generator=torch.Generator().manual_seed(7)
+    )
     labels = random_labels(2, 19, model.config.vocab_size)
     hidden = model.model(ids)  # (B, T, C), before lm_head
-    torch.testing.assert_close(sft_loss_chunked(hidden, model.lm_head.weight, labels, chunk_size=4),
-                               sft_loss(model(ids), labels), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        sft_loss_chunked(hidden, model.lm_head.weight, labels, chunk_size=4),
+        sft_loss(model(ids), labels),
+        atol=1e-5,
+        rtol=0,
+    )
 
 
 def saved_for_backward(loss_fn):
@@ -150,10 +170,16 @@ def test_sft_loss_chunked_keeps_only_the_last_chunks_logits_for_backward():
     assert N > chunk_size
 
     def is_logits(t):  # V-wide and not the lm_head weight itself (or a view of it, like weight.T)
-        return V in t.shape and t.untyped_storage().data_ptr() != weight.untyped_storage().data_ptr()
+        return (
+            V in t.shape and t.untyped_storage().data_ptr() != weight.untyped_storage().data_ptr()
+        )
 
     plain = saved_for_backward(lambda: sft_loss(hidden @ weight.T, labels))
     assert any(is_logits(t) and t.numel() >= N * V for t in plain), "the oracle should keep logits"
-    chunked = saved_for_backward(lambda: sft_loss_chunked(hidden, weight, labels, chunk_size=chunk_size))
+    chunked = saved_for_backward(
+        lambda: sft_loss_chunked(hidden, weight, labels, chunk_size=chunk_size)
+    )
     last = N - (N - 1) // chunk_size * chunk_size  # the last chunk's rows: its backward runs first
-    assert [tuple(t.shape) for t in chunked if is_logits(t)] == [(last, V)], "more than one chunk kept"
+    assert [tuple(t.shape) for t in chunked if is_logits(t)] == [(last, V)], (
+        "more than one chunk kept"
+    )

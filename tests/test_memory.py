@@ -11,14 +11,33 @@ import torch
 
 from minirl.config import preset
 from minirl.lora import add_lora
-from minirl.memory import (CPU_SLACK, activation_bytes, activation_bytes_per_token_layer, estimate,
-                           lora_parameter_count, parameter_count, sft_estimate)
+from minirl.memory import (
+    CPU_SLACK,
+    activation_bytes,
+    activation_bytes_per_token_layer,
+    estimate,
+    lora_parameter_count,
+    parameter_count,
+    sft_estimate,
+)
 from minirl.model import random_model, rope_cos_sin
 
 
 def small(**overrides):
-    return preset("0.5b", **{**dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                    num_key_value_heads=2, vocab_size=1000), **overrides})
+    return preset(
+        "0.5b",
+        **{
+            **dict(
+                num_hidden_layers=2,
+                hidden_size=64,
+                intermediate_size=128,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=1000,
+            ),
+            **overrides,
+        },
+    )
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -27,7 +46,9 @@ def test_parameter_counts_equal_the_models(tied):
     model = random_model(config)
     assert parameter_count(config) == sum(p.numel() for p in model.parameters())
     add_lora(model, r=4)
-    assert lora_parameter_count(config, 4) == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert lora_parameter_count(config, 4) == sum(
+        p.numel() for p in model.parameters() if p.requires_grad
+    )
 
 
 def test_parameter_counts_of_the_published_sizes():
@@ -37,8 +58,15 @@ def test_parameter_counts_of_the_published_sizes():
     assert parameter_count(preset("7b")) == 7_615_616_512
 
 
-@pytest.mark.parametrize("dtype,lora,rel", [(torch.bfloat16, True, 0), (torch.bfloat16, False, 0),
-                                            (torch.float32, False, 0), (torch.float32, True, 0.05)])
+@pytest.mark.parametrize(
+    "dtype,lora,rel",
+    [
+        (torch.bfloat16, True, 0),
+        (torch.bfloat16, False, 0),
+        (torch.float32, False, 0),
+        (torch.float32, True, 0.05),
+    ],
+)
 def test_activation_formula_equals_what_autograd_saves(dtype, lora, rel):
     """Run one decoder layer (0.5B widths) with a hook that records every tensor autograd saves for
     backward; count distinct storages other than parameters, the layer input and RoPE's table."""
@@ -65,14 +93,24 @@ def test_activation_formula_equals_what_autograd_saves(dtype, lora, rel):
     measured = sum(saved.values()) / (B * T)
     # in float32 the first norm keeps the layer input itself (4C), which the hook skipped
     formula = activation_bytes_per_token_layer(config, dtype.itemsize, lora, r=16) - (
-        4 * config.hidden_size if dtype == torch.float32 else 0)
+        4 * config.hidden_size if dtype == torch.float32 else 0
+    )
     assert measured == pytest.approx(formula, rel=rel, abs=0)
 
 
 def test_estimate_against_a_hand_calculation():
     # C 64, F 128, H 4, K 2, D 16, V 1000, 2 layers, tied; bfloat16 (e = 2), LoRA r = 4
-    plan = estimate(small(), lora_r=4, group_size=2, prompts_per_step=3, prompt_len=10, max_new_tokens=6,
-                    dtype_bytes=2, minibatch_size=4, chunk_size=8)
+    plan = estimate(
+        small(),
+        lora_r=4,
+        group_size=2,
+        prompts_per_step=3,
+        prompt_len=10,
+        max_new_tokens=6,
+        dtype_bytes=2,
+        minibatch_size=4,
+        chunk_size=8,
+    )
     # params: embed 1000*64 = 64000; a layer: q 64*64+64 = 4160, k and v 64*32+32 = 2080 each,
     # o 64*64 = 4096, MLP 3*64*128 = 24576, norms 2*64 = 128 -> 37120; 64000 + 2*37120 + 64 = 138304
     weights = 138_304 * 2
@@ -80,23 +118,41 @@ def test_estimate_against_a_hand_calculation():
     # -> 4096 per layer, 8192 in all, float32
     lora = 8192 * 4
     adam = 2 * lora
-    kv = 2 * 2 * 6 * 2 * 16 * 16 * 2  # layers, k and v, 6 sequences, 2 kv heads, D 16, 16 tokens, 2 bytes
+    kv = (
+        2 * 2 * 6 * 2 * 16 * 16 * 2
+    )  # layers, k and v, 6 sequences, 2 kv heads, D 16, 16 tokens, 2 bytes
     logits = 6 * 1000 * 4 * 3
     # one token in one layer: norms 2*(4*64+4) = 520, RoPE 4*16*2 = 128, attention 2*(2*64+2*32) + 4*4 = 400,
     # MLP 3*2*128 = 768, adapters 4*(5*64+64+128) + 7*4*4 = 2160 -> 3976 bytes
     # a row runs its prompt's last token and its 6 new ones (4 rows x 7); each of the 3 groups' other 9
     # prompt tokens run once (checkpointed too: 27 tokens' layer inputs and one layer), and each row's
     # attention copies its group's 9 keys and values (2 kv heads x D 16, one layer: checkpointed)
-    activations = (2 * 4 * 7 * 2 * 64 + 4 * 7 * 3976 + 4 * 7 * (4 + 2 * 2) * 64  # inputs, one layer, final norm
-                   + 2 * 27 * 2 * 64 + 27 * 3976 + 4 * 9 * 2 * 32 * 2)  # the groups' pass, the rows' copies
+    activations = (
+        2 * 4 * 7 * 2 * 64
+        + 4 * 7 * 3976
+        + 4 * 7 * (4 + 2 * 2) * 64  # inputs, one layer, final norm
+        + 2 * 27 * 2 * 64
+        + 27 * 3976
+        + 4 * 9 * 2 * 32 * 2
+    )  # the groups' pass, the rows' copies
     chunks = 8 * 1000 * (4 + 2)  # float32 logits and the bfloat16 product they come from
     assert list(plan.items.values()) == [weights, lora, lora, adam, kv, logits, activations, chunks]
     assert plan.sampling == weights + lora + adam + kv + logits == 471_488
     assert plan.learning == weights + lora + adam + lora + activations + chunks == 707_384
     assert plan.peak == plan.learning and "fits a 40 GB GPU: yes" in plan.table()
     # compiled decoding keeps the cache (16 tokens round up to 256 slots), while learning too
-    compiled = estimate(small(), lora_r=4, group_size=2, prompts_per_step=3, prompt_len=10, max_new_tokens=6,
-                        dtype_bytes=2, minibatch_size=4, chunk_size=8, compile=True)
+    compiled = estimate(
+        small(),
+        lora_r=4,
+        group_size=2,
+        prompts_per_step=3,
+        prompt_len=10,
+        max_new_tokens=6,
+        dtype_bytes=2,
+        minibatch_size=4,
+        chunk_size=8,
+        compile=True,
+    )
     kept = 2 * 2 * 6 * 2 * 16 * 256 * 2
     assert compiled.items["KV cache (6 sequences x 256 slots, kept)"] == kept
     assert (compiled.sampling, compiled.learning) == (471_488 - kv + kept, 707_384 + kept)
@@ -106,18 +162,34 @@ def test_estimate_against_a_hand_calculation():
 def test_a_cpu_run_counts_the_allocators_slack_while_learning(checkpointing):
     """cpu=True adds CPU_SLACK x the activations the pass would keep without checkpointing, to the
     learning phase only; the GPU estimate is unchanged."""
-    sizes = dict(lora_r=4, group_size=2, prompts_per_step=3, prompt_len=10, max_new_tokens=6, dtype_bytes=4,
-                 minibatch_size=4, chunk_size=8, checkpointing=checkpointing)
+    sizes = dict(
+        lora_r=4,
+        group_size=2,
+        prompts_per_step=3,
+        prompt_len=10,
+        max_new_tokens=6,
+        dtype_bytes=4,
+        minibatch_size=4,
+        chunk_size=8,
+        checkpointing=checkpointing,
+    )
     gpu, cpu = estimate(small(), **sizes), estimate(small(), cpu=True, **sizes)
-    full_pass = activation_bytes(small(), 4, lora=True, r=4, rows=4, tokens=7, groups=3, group_tokens=9,
-                                 checkpointing=False)
+    full_pass = activation_bytes(
+        small(), 4, lora=True, r=4, rows=4, tokens=7, groups=3, group_tokens=9, checkpointing=False
+    )
     slack = cpu.items.pop("CPU allocator slack (freed blocks kept resident)")
     assert slack == int(CPU_SLACK[checkpointing] * full_pass) > 0 and cpu.items == gpu.items
     assert (cpu.sampling, cpu.learning) == (gpu.sampling, gpu.learning + slack)
     sft_gpu = sft_estimate(small(), rows=2, tokens=40, shared_prefix=8, checkpointing=checkpointing)
-    sft_cpu = sft_estimate(small(), rows=2, tokens=40, shared_prefix=8, checkpointing=checkpointing, cpu=True)
-    expected = int(CPU_SLACK[checkpointing] * activation_bytes(small(), 4, lora=True, r=16, rows=2, tokens=32,
-                                                              prefix=8, checkpointing=False))
+    sft_cpu = sft_estimate(
+        small(), rows=2, tokens=40, shared_prefix=8, checkpointing=checkpointing, cpu=True
+    )
+    expected = int(
+        CPU_SLACK[checkpointing]
+        * activation_bytes(
+            small(), 4, lora=True, r=16, rows=2, tokens=32, prefix=8, checkpointing=False
+        )
+    )
     assert sft_cpu.learning - sft_gpu.learning == expected and sft_cpu.sampling == sft_gpu.sampling
 
 
@@ -126,12 +198,20 @@ def test_full_fine_tuning_counts_the_reference_copy_and_full_optimizer_state():
     n = parameter_count(config)
     with_ref = estimate(config, full=True, dtype_bytes=4, beta=0.04).items
     assert with_ref["reference policy (frozen copy, full fine-tuning)"] == 4 * n
-    assert with_ref["gradients"] == 4 * n and with_ref["AdamW state (2 per trainable parameter)"] == 8 * n
-    assert "reference policy (frozen copy, full fine-tuning)" not in estimate(config, full=True, beta=0).items
+    assert (
+        with_ref["gradients"] == 4 * n
+        and with_ref["AdamW state (2 per trainable parameter)"] == 8 * n
+    )
+    assert (
+        "reference policy (frozen copy, full fine-tuning)"
+        not in estimate(config, full=True, beta=0).items
+    )
 
 
 def test_the_7b_plan_fits_40_gb_and_bad_sizes_are_refused():
-    plan = estimate(preset("7b"))  # the chapter's setting: LoRA r 16, 2 prompts x 8, 256 + 768 tokens
+    plan = estimate(
+        preset("7b")
+    )  # the chapter's setting: LoRA r 16, 2 prompts x 8, 256 + 768 tokens
     assert 15e9 < plan.peak < 40e9
     no_checkpointing = estimate(preset("7b"), checkpointing=False)
     assert no_checkpointing.peak > 80e9  # why activation checkpointing is part of the plan
@@ -141,13 +221,38 @@ def test_the_7b_plan_fits_40_gb_and_bad_sizes_are_refused():
 
 def test_memory_command(capsys):
     from minirl.cli import main
-    main(["memory", "--model", "7b", "--lora-r", "16", "--group-size", "8", "--prompts-per-step", "2",
-          "--prompt-len", "256", "--max-new-tokens", "768"])
+
+    main(
+        [
+            "memory",
+            "--model",
+            "7b",
+            "--lora-r",
+            "16",
+            "--group-size",
+            "8",
+            "--prompts-per-step",
+            "2",
+            "--prompt-len",
+            "256",
+            "--max-new-tokens",
+            "768",
+        ]
+    )
     out = capsys.readouterr().out
-    assert "7b: bfloat16" in out and "KV cache (16 sequences x 1024 tokens)" in out and "fits a 40 GB GPU" in out
-    main(["memory", "--model", "7b", "--compile"])  # the cache compiled decoding keeps, counted while learning
+    assert (
+        "7b: bfloat16" in out
+        and "KV cache (16 sequences x 1024 tokens)" in out
+        and "fits a 40 GB GPU" in out
+    )
+    main(
+        ["memory", "--model", "7b", "--compile"]
+    )  # the cache compiled decoding keeps, counted while learning
     out = capsys.readouterr().out
-    assert "KV cache (16 sequences x 1024 slots, kept)" in out and "peak while learning                                           24.34" in out
+    assert (
+        "KV cache (16 sequences x 1024 slots, kept)" in out
+        and "peak while learning                                           24.34" in out
+    )
     main(["memory", "--model", "0.5b", "--cpu", "--dtype", "float32"])
     out = capsys.readouterr().out
     assert "0.5b: float32 on a CPU" in out and "CPU allocator slack" in out
@@ -180,8 +285,13 @@ PEAK_SCRIPT = textwrap.dedent("""
 
 
 def extra_peak_gb(kind, B, T):
-    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, kind, str(B), str(T)], capture_output=True,
-                         text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, kind, str(B), str(T)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return float(out.stdout.strip())
 
 
@@ -217,5 +327,7 @@ TRIM_SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap and /proc")
 def test_trim_heap_hands_freed_heap_pages_back():
     """What the recipe does between stages: 39 freed 8 MB tensors stay resident until trim_heap."""
-    out = subprocess.run([sys.executable, "-c", TRIM_SCRIPT], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", TRIM_SCRIPT], capture_output=True, text=True, timeout=120, check=True
+    )
     assert float(out.stdout.strip()) > 250  # MB returned of the 312 freed

@@ -13,7 +13,15 @@ from minirl.config import Qwen2Config
 from minirl.data import encode, read_conversations, shared_prefix_length
 from minirl.grpo import GRPOConfig
 from minirl.grpo import train as grpo_train
-from minirl.memory import GB, MemoryBudgetError, MemoryEstimate, available_bytes, budget_bytes, fit_pass, sft_estimate
+from minirl.memory import (
+    GB,
+    MemoryBudgetError,
+    MemoryEstimate,
+    available_bytes,
+    budget_bytes,
+    fit_pass,
+    sft_estimate,
+)
 from minirl.sft import SFTConfig
 from minirl.sft import train as sft_train
 from minirl.tokenizer import Tokenizer
@@ -31,7 +39,10 @@ def test_fit_pass_prefers_the_request_then_fewer_rows_then_checkpointing():
     assert fit_pass(fake_estimate, 190, 16, False)[:2] == (8, False)  # 16 rows need 260, 8 rows 180
     # every plain pass needs more than 108 (1 row: 110); checkpointed: 16 rows 164, 8 132, 4 116, 2 108
     assert fit_pass(fake_estimate, 108, 16, False)[:2] == (2, True)
-    assert fit_pass(fake_estimate, 150, 16, True)[:2] == (8, True)  # asked-for checkpointing stays on
+    assert fit_pass(fake_estimate, 150, 16, True)[:2] == (
+        8,
+        True,
+    )  # asked-for checkpointing stays on
 
 
 def test_fit_pass_order_is_exact():
@@ -41,9 +52,20 @@ def test_fit_pass_order_is_exact():
         order.append((rows, checkpointing))
         return fake_estimate(rows, checkpointing)
 
-    with pytest.raises(MemoryBudgetError, match="even 1 sequence per pass with activation checkpointing needs"):
+    with pytest.raises(
+        MemoryBudgetError, match="even 1 sequence per pass with activation checkpointing needs"
+    ):
         fit_pass(recording, 50, 8, False)
-    assert order == [(8, False), (4, False), (2, False), (1, False), (8, True), (4, True), (2, True), (1, True)]
+    assert order == [
+        (8, False),
+        (4, False),
+        (2, False),
+        (1, False),
+        (8, True),
+        (4, True),
+        (2, True),
+        (1, True),
+    ]
     order.clear()
     with pytest.raises(MemoryBudgetError):
         fit_pass(recording, 50, 4, True)  # checkpointing asked for stays on
@@ -58,7 +80,9 @@ def test_budget_is_what_the_device_has_or_the_limit():
     assert 0 < budget_bytes("cpu") < available_bytes("cpu") * 0.95
 
 
-ON_CPU = not torch.cuda.is_available()  # where sft and grpo run here (device auto), and so estimate for
+ON_CPU = (
+    not torch.cuda.is_available()
+)  # where sft and grpo run here (device auto), and so estimate for
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +93,20 @@ def toy(tmp_path_factory):
 
 def arithmetic_data(tmp_path, n=16):
     path = tmp_path / "sums.jsonl"
-    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 7?"},
-                                                     {"role": "assistant", "content": f"The answer is {i + 7}."}]})
-                            + "\n" for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"What is {i} + 7?"},
+                        {"role": "assistant", "content": f"The answer is {i + 7}."},
+                    ]
+                }
+            )
+            + "\n"
+            for i in range(n)
+        )
+    )
     return str(path)
 
 
@@ -80,11 +115,24 @@ def sft_plan(toy, data, rows, checkpointing):
     tokenizer = Tokenizer.from_dir(toy)
     examples, _ = encode(tokenizer, read_conversations(data)[0], 1024)
     longest = max(len(e["input_ids"]) for e in examples)
-    prompt = max(len(tokenizer.encode(tokenizer.apply_chat_template(c["messages"][:1], add_generation_prompt=True)))
-                 for c in read_conversations(data)[0])
-    return sft_estimate(Qwen2Config.from_json(toy), rows=rows, checkpointing=checkpointing, tokens=longest,
-                        shared_prefix=min(shared_prefix_length(examples), longest - 1), eval_sequences=16,
-                        eval_tokens=prompt + 16, cpu=ON_CPU)
+    prompt = max(
+        len(
+            tokenizer.encode(
+                tokenizer.apply_chat_template(c["messages"][:1], add_generation_prompt=True)
+            )
+        )
+        for c in read_conversations(data)[0]
+    )
+    return sft_estimate(
+        Qwen2Config.from_json(toy),
+        rows=rows,
+        checkpointing=checkpointing,
+        tokens=longest,
+        shared_prefix=min(shared_prefix_length(examples), longest - 1),
+        eval_sequences=16,
+        eval_tokens=prompt + 16,
+        cpu=ON_CPU,
+    )
 
 
 def losses(folder):
@@ -95,23 +143,40 @@ def losses(folder):
 @pytest.mark.slow
 def test_sft_under_a_tight_limit_shrinks_its_passes_and_trains_the_same(toy, tmp_path, capsys):
     data = arithmetic_data(tmp_path)
-    common = dict(model=toy, data=data, epochs=1, batch_size=8, lr=1e-3, eval_data=data, samples_per_prompt=1,
-                  eval_max_new_tokens=16, save_every=10**9)
+    common = dict(
+        model=toy,
+        data=data,
+        epochs=1,
+        batch_size=8,
+        lr=1e-3,
+        eval_data=data,
+        samples_per_prompt=1,
+        eval_max_new_tokens=16,
+        save_every=10**9,
+    )
     free = sft_train(SFTConfig(out=str(tmp_path / "free"), **common))
     assert "memory:" not in capsys.readouterr().out
-    limit = (sft_plan(toy, data, 2, False).peak + sft_plan(toy, data, 4, False).peak) / 2 / GB  # 2 rows fit, 4 not
+    limit = (
+        (sft_plan(toy, data, 2, False).peak + sft_plan(toy, data, 4, False).peak) / 2 / GB
+    )  # 2 rows fit, 4 not
     tight = sft_train(SFTConfig(out=str(tmp_path / "tight"), memory_limit=limit, **common))
     out = capsys.readouterr().out
     assert "memory: 2 sequences per training pass instead of 8" in out
     assert tight["steps"] == free["steps"]
-    assert losses(tmp_path / "tight") == pytest.approx(losses(tmp_path / "free"), rel=1e-5, abs=1e-6)
+    assert losses(tmp_path / "tight") == pytest.approx(
+        losses(tmp_path / "free"), rel=1e-5, abs=1e-6
+    )
 
 
 def test_sft_that_cannot_fit_stops_before_anything_is_written(toy, tmp_path):
     out = tmp_path / "never"
-    with pytest.raises(MemoryBudgetError,
-                       match=r"(?s)sft does not fit: even 1 sequence per pass .*\nwould fit: none of --max-len"):
-        sft_train(SFTConfig(model=toy, data=arithmetic_data(tmp_path), out=str(out), memory_limit=0.001))
+    with pytest.raises(
+        MemoryBudgetError,
+        match=r"(?s)sft does not fit: even 1 sequence per pass .*\nwould fit: none of --max-len",
+    ):
+        sft_train(
+            SFTConfig(model=toy, data=arithmetic_data(tmp_path), out=str(out), memory_limit=0.001)
+        )
     assert not out.exists()
 
 
@@ -125,35 +190,66 @@ def grpo_estimator(toy, cfg):
 
     tokenizer = Tokenizer.from_dir(toy)
     prompts = [prompt_ids(tokenizer, item) for item in make_task(cfg.task).eval_items()[:64]]
-    return memory_estimator(cfg, Qwen2Config.from_json(toy), 4, cfg.prompts_per_step, max(map(len, prompts)),
-                            cfg.max_new_tokens, common_prefix_length(prompts, min(map(len, prompts)) - 1), ON_CPU)
+    return memory_estimator(
+        cfg,
+        Qwen2Config.from_json(toy),
+        4,
+        cfg.prompts_per_step,
+        max(map(len, prompts)),
+        cfg.max_new_tokens,
+        common_prefix_length(prompts, min(map(len, prompts)) - 1),
+        ON_CPU,
+    )
 
 
 def test_grpo_that_cannot_fit_names_what_would(toy, tmp_path):
     out = tmp_path / "never"
-    cfg = GRPOConfig(model=toy, task="arithmetic", out=str(out), steps=1, max_new_tokens=512, prompts_per_step=8,
-                     group_size=8)
+    cfg = GRPOConfig(
+        model=toy,
+        task="arithmetic",
+        out=str(out),
+        steps=1,
+        max_new_tokens=512,
+        prompts_per_step=8,
+        group_size=8,
+    )
     estimate_for = grpo_estimator(toy, cfg)
     # room for a quarter of the step's KV cache: 1 row per pass, checkpointed, still does not fit
     limit = 1.05 * estimate_for(1, True, prompts_per_step=2).peak
     assert estimate_for(1, True).peak > limit
-    with pytest.raises(MemoryBudgetError, match=r"grpo does not fit: even 1 sequence.*\n(.*\n)*would fit: "
-                                                r"(.*; )?--prompts-per-step 2 \(0.0\d GB\)"):
+    with pytest.raises(
+        MemoryBudgetError,
+        match=r"grpo does not fit: even 1 sequence.*\n(.*\n)*would fit: "
+        r"(.*; )?--prompts-per-step 2 \(0.0\d GB\)",
+    ):
         grpo_train(GRPOConfig(**{**cfg.__dict__, "memory_limit": limit / GB}))
     assert not out.exists()
 
 
 @pytest.mark.slow
 def test_grpo_under_a_tight_limit_learns_in_smaller_passes(toy, tmp_path, capsys):
-    common = dict(model=toy, task="arithmetic", steps=1, prompts_per_step=2, group_size=4, max_new_tokens=8,
-                  minibatch_size=8, seed=0, save_every=10**9, log_rollouts_every=0)
+    common = dict(
+        model=toy,
+        task="arithmetic",
+        steps=1,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=8,
+        minibatch_size=8,
+        seed=0,
+        save_every=10**9,
+        log_rollouts_every=0,
+    )
     grpo_train(GRPOConfig(out=str(tmp_path / "free"), **common))
     assert "memory:" not in capsys.readouterr().out
     estimate_for = grpo_estimator(toy, GRPOConfig(**common))
     limit = (estimate_for(2, False).peak + estimate_for(4, False).peak) / 2
     grpo_train(GRPOConfig(out=str(tmp_path / "tight"), memory_limit=limit / GB, **common))
     assert "memory: 2 sequences per learning pass instead of 8" in capsys.readouterr().out
-    with open(tmp_path / "free" / "metrics.csv") as f, open(tmp_path / "tight" / "metrics.csv") as g:
+    with (
+        open(tmp_path / "free" / "metrics.csv") as f,
+        open(tmp_path / "tight" / "metrics.csv") as g,
+    ):
         free, tight = next(csv.DictReader(f)), next(csv.DictReader(g))
     assert float(tight["reward_mean"]) == float(free["reward_mean"])  # the same samples
     assert float(tight["loss"]) == pytest.approx(float(free["loss"]), abs=1e-6)

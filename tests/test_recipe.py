@@ -13,18 +13,37 @@ from minirl.toy import build_checkpoint
 
 def episode(difficulty, correct, calls, *turns):
     item = {"difficulty": difficulty}
-    return Trajectory(prompt=item, prompt_ids=[], completion_ids=[], action_mask=[1, 1, 1], logprobs=[],
-                      finish_reason="answer", info={"correct": float(correct), "used_tool": calls > 0, "calls": calls},
-                      messages=[{"role": "user", "content": "q"}]
-                      + [{"role": "assistant", "content": t} for t in turns])
+    return Trajectory(
+        prompt=item,
+        prompt_ids=[],
+        completion_ids=[],
+        action_mask=[1, 1, 1],
+        logprobs=[],
+        finish_reason="answer",
+        info={"correct": float(correct), "used_tool": calls > 0, "calls": calls},
+        messages=[{"role": "user", "content": "q"}]
+        + [{"role": "assistant", "content": t} for t in turns],
+    )
 
 
 def test_policy_metrics_by_hand():
     foreign = '```json\n{"name": "calculator", "arguments": {"expression": "37 * 84"}}\n```'
-    good = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 84"}}\n</tool_call>'
-    metrics = policy_metrics([episode("hard", 1, 1, good, "3108"), episode("hard", 0, 0, foreign),
-                              episode("easy", 1, 0, "7"), episode("easy", 0, 1, "<tool_call>{bad json</tool_call>")])
-    assert metrics["accuracy"] == 0.5 and metrics["accuracy_hard"] == 0.5 and metrics["accuracy_easy"] == 0.5
+    good = (
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 84"}}\n</tool_call>'
+    )
+    metrics = policy_metrics(
+        [
+            episode("hard", 1, 1, good, "3108"),
+            episode("hard", 0, 0, foreign),
+            episode("easy", 1, 0, "7"),
+            episode("easy", 0, 1, "<tool_call>{bad json</tool_call>"),
+        ]
+    )
+    assert (
+        metrics["accuracy"] == 0.5
+        and metrics["accuracy_hard"] == 0.5
+        and metrics["accuracy_easy"] == 0.5
+    )
     assert metrics["tool_use_hard"] == 0.5 and metrics["tool_use_easy"] == 0.5
     assert metrics["format_failures"] == 0.5  # the Markdown call and the malformed one
     assert metrics["calls_per_episode"] == 0.5 and metrics["completion_tokens"] == 3
@@ -41,11 +60,24 @@ def test_fast_recipe_runs_every_stage_on_the_toy_model(tmp_path):
     assert summary["demonstrator"]["kind"] == "imperfect" and summary["eval_questions"] == 8
     assert summary["sft_run"]["steps"] >= 1 and summary["grpo_run"]["steps"] == 2
     for stage in ("sft", "grpo"):  # the guard's estimate beside the measured resident peak
-        assert summary["memory"][stage]["estimate_gb"] > 0 and summary["memory"][stage]["measured_gb"] > 0
-    for name in ("summary.json", "results.md", "recipe.png", "demonstrations.jsonl", "graduation.jsonl",
-                 "sft/adapter/adapter_config.json", "grpo/adapter/adapter_config.json", "grpo/metrics.csv"):
+        assert (
+            summary["memory"][stage]["estimate_gb"] > 0
+            and summary["memory"][stage]["measured_gb"] > 0
+        )
+    for name in (
+        "summary.json",
+        "results.md",
+        "recipe.png",
+        "demonstrations.jsonl",
+        "graduation.jsonl",
+        "sft/adapter/adapter_config.json",
+        "grpo/adapter/adapter_config.json",
+        "grpo/metrics.csv",
+    ):
         assert (out / name).exists(), name
-    assert (out / "results.md").read_text().strip() == table(json.loads((out / "summary.json").read_text()))
+    assert (out / "results.md").read_text().strip() == table(
+        json.loads((out / "summary.json").read_text())
+    )
     rows = [json.loads(line) for line in open(out / "demonstrations.jsonl")]
     assert len(rows) == 40 and all(r["tools"] for r in rows)
 
@@ -70,5 +102,6 @@ def test_real_recipe_fast_teaches_the_tool_call_tag(real_model_dir, tmp_path, ca
         assert "'<tool_call>'" in out and "training their rows with the adapter" in out
     for stage in ("sft", "grpo"):
         assert summary["memory"][stage]["measured_gb"] <= summary["memory"][stage]["estimate_gb"]
-    assert summary["sft"]["greedy"]["format_failures"] <= summary["base"]["greedy"]["format_failures"]
-
+    assert (
+        summary["sft"]["greedy"]["format_failures"] <= summary["base"]["greedy"]["format_failures"]
+    )

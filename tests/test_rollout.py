@@ -14,22 +14,33 @@ from minirl.sampling import Completion
 from minirl.tasks import CalculatorTask
 from minirl.toy import build_checkpoint
 
-CALCULATOR_TASK = CalculatorTask(eval_size=1)  # its reward functions weigh the episode's record (Task.score)
+CALCULATOR_TASK = CalculatorTask(
+    eval_size=1
+)  # its reward functions weigh the episode's record (Task.score)
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 84"}}\n</tool_call>'
 
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    return load_pretrained(build_checkpoint(str(tmp_path_factory.mktemp("rollout") / "tiny"), seed=0,
-                                            initializer_range=0.2))
+    return load_pretrained(
+        build_checkpoint(
+            str(tmp_path_factory.mktemp("rollout") / "tiny"), seed=0, initializer_range=0.2
+        )
+    )
 
 
 def task_37_84():
     import random
+
     task = make_question(random.Random(0), hard=True)
     question = "What is 37 * 84?"
-    return {**task, "messages": [{"role": "user", "content": question}], "question": question,
-            "expression": "37 * 84", "answer": 3108}
+    return {
+        **task,
+        "messages": [{"role": "user", "content": question}],
+        "question": question,
+        "expression": "37 * 84",
+        "answer": 3108,
+    }
 
 
 def scripted(tokenizer, model, turns: list[str], monkeypatch, truncate_last=False):
@@ -42,9 +53,15 @@ def scripted(tokenizer, model, turns: list[str], monkeypatch, truncate_last=Fals
             text = script.pop(0)
             tokens = tokenizer.encode(text)
             if truncate_last and not script:
-                outs.append(Completion(tokens[:max_new_tokens], [-0.5] * min(len(tokens), max_new_tokens), "length"))
+                outs.append(
+                    Completion(
+                        tokens[:max_new_tokens], [-0.5] * min(len(tokens), max_new_tokens), "length"
+                    )
+                )
             else:
-                outs.append(Completion(tokens + [tokenizer.im_end_id], [-0.5] * (len(tokens) + 1), "stop"))
+                outs.append(
+                    Completion(tokens + [tokenizer.im_end_id], [-0.5] * (len(tokens) + 1), "stop")
+                )
         return outs
 
     monkeypatch.setattr(rollout_module, "generate", fake_generate)
@@ -54,14 +71,26 @@ def test_rollout_tokens_are_what_training_renders(toy, monkeypatch):
     model, tokenizer = toy
     scripted(tokenizer, model, [CALL, "37 * 84 = 3108."], monkeypatch)
     (traj,) = run_episodes(model, tokenizer, CalculatorEnv, [task_37_84()], max_turns=4)
-    assert traj.reward == 0.0 and traj.info["correct"] == 1.0  # the episode's record; the task weighs it:
+    assert (
+        traj.reward == 0.0 and traj.info["correct"] == 1.0
+    )  # the episode's record; the task weighs it:
     CALCULATOR_TASK.score([traj])
     assert traj.finish_reason == "answer" and traj.turns == 2 and traj.reward == 1.0
-    messages = [{"role": "user", "content": "What is 37 * 84?"},
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "37 * 84"}}}]},
-                {"role": "tool", "content": "3108"},
-                {"role": "assistant", "content": "37 * 84 = 3108."}]
+    messages = [
+        {"role": "user", "content": "What is 37 * 84?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": {"expression": "37 * 84"}},
+                }
+            ],
+        },
+        {"role": "tool", "content": "3108"},
+        {"role": "assistant", "content": "37 * 84 = 3108."},
+    ]
     ids, mask = render(tokenizer, messages, traj.prompt["tools"])
     # rendering closes the conversation with the "\n" after the last <|im_end|>; the episode ends before it
     assert ids[-1:] == tokenizer.encode("\n") and mask[-1] == 0
@@ -70,13 +99,23 @@ def test_rollout_tokens_are_what_training_renders(toy, monkeypatch):
     assert len(traj.completion_ids) == len(traj.action_mask) == len(traj.logprobs)
     assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.action_mask) if m == 0)
     assert [m["role"] for m in traj.messages] == ["user", "assistant", "tool", "assistant"]
-    assert traj.info["calls"] == 1 and traj.tool_calls == [{"name": "calculator", "arguments": {"expression": "37 * 84"}, "result": "3108"}]
+    assert traj.info["calls"] == 1 and traj.tool_calls == [
+        {"name": "calculator", "arguments": {"expression": "37 * 84"}, "result": "3108"}
+    ]
 
 
 def test_a_malformed_call_is_an_observation_the_policy_can_recover_from(toy, monkeypatch):
     model, tokenizer = toy
-    scripted(tokenizer, model, ['<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 84"}\n</tool_call>',
-                                CALL, "3108"], monkeypatch)
+    scripted(
+        tokenizer,
+        model,
+        [
+            '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 84"}\n</tool_call>',
+            CALL,
+            "3108",
+        ],
+        monkeypatch,
+    )
     (traj,) = run_episodes(model, tokenizer, CalculatorEnv, [task_37_84()], max_turns=4)
     assert traj.messages[2]["role"] == "tool" and traj.messages[2]["content"].startswith("Error:")
     assert traj.finish_reason == "answer" and traj.info["correct"] == 1.0 and traj.tool_errors == 1
@@ -88,7 +127,11 @@ def test_the_turn_budget_ends_an_episode(toy, monkeypatch, max_turns):
     model, tokenizer = toy
     scripted(tokenizer, model, [CALL] * max_turns, monkeypatch)
     (traj,) = run_episodes(model, tokenizer, CalculatorEnv, [task_37_84()], max_turns=max_turns)
-    assert traj.finish_reason == "max_turns" and traj.turns == max_turns and traj.info["correct"] == 0.0
+    assert (
+        traj.finish_reason == "max_turns"
+        and traj.turns == max_turns
+        and traj.info["correct"] == 0.0
+    )
     # after the first result (3108) every further call is redundant
     assert traj.info["redundant_calls"] == max_turns - 1
     CALCULATOR_TASK.score([traj])
@@ -102,10 +145,21 @@ def test_truncated_turns_and_the_context_limit(toy, monkeypatch):
     CALCULATOR_TASK.score([traj])
     assert traj.finish_reason == "length" and traj.reward == 0.0
     scripted(tokenizer, model, [CALL, CALL], monkeypatch)
-    prompt_len = len(tokenizer.encode(tokenizer.apply_chat_template(
-        task_37_84()["messages"], task_37_84()["tools"], add_generation_prompt=True)))
-    (traj,) = run_episodes(model, tokenizer, CalculatorEnv, [task_37_84()], max_new_tokens=40,
-                           max_context=prompt_len + 60)  # room for one turn, not for the observation + another
+    prompt_len = len(
+        tokenizer.encode(
+            tokenizer.apply_chat_template(
+                task_37_84()["messages"], task_37_84()["tools"], add_generation_prompt=True
+            )
+        )
+    )
+    (traj,) = run_episodes(
+        model,
+        tokenizer,
+        CalculatorEnv,
+        [task_37_84()],
+        max_new_tokens=40,
+        max_context=prompt_len + 60,
+    )  # room for one turn, not for the observation + another
     assert traj.finish_reason == "context" and traj.turns == 1
 
 
@@ -114,16 +168,22 @@ def test_sampled_episodes_replay_exactly_in_the_learner(toy):
     sampler's log-probs on every action token."""
     model, tokenizer = toy
     items = [task_37_84(), make_question(__import__("random").Random(3), hard=False)]
-    trajectories = run_episodes(model, tokenizer, CalculatorEnv, items, group_size=2, max_turns=3,
-                                max_new_tokens=24, seed=0)
-    assert len(trajectories) == 4 and [t.prompt for t in trajectories] == [items[0]] * 2 + [items[1]] * 2
+    trajectories = run_episodes(
+        model, tokenizer, CalculatorEnv, items, group_size=2, max_turns=3, max_new_tokens=24, seed=0
+    )
+    assert (
+        len(trajectories) == 4
+        and [t.prompt for t in trajectories] == [items[0]] * 2 + [items[1]] * 2
+    )
     for t in trajectories:
         ids = torch.tensor([t.prompt_ids + t.completion_ids])
         with torch.no_grad():
-            logits = model(ids)[0, len(t.prompt_ids) - 1:-1]
-        recomputed = token_logprobs(logits[None], ids[:, len(t.prompt_ids):])[0]
+            logits = model(ids)[0, len(t.prompt_ids) - 1 : -1]
+        recomputed = token_logprobs(logits[None], ids[:, len(t.prompt_ids) :])[0]
         mask = torch.tensor(t.action_mask, dtype=torch.bool)
-        torch.testing.assert_close(recomputed[mask], torch.tensor(t.logprobs)[mask], atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            recomputed[mask], torch.tensor(t.logprobs)[mask], atol=1e-4, rtol=0
+        )
         assert t.finish_reason in ("answer", "max_turns", "length", "context")
 
 

@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 
-from minirl import generate, load_model, stream
+from minirl import generate, load_model, sampling, stream
 from minirl.kv_cache import KVCache, StaticKVCache
-from minirl import sampling
 from minirl.next_token import inverse_cdf_draw, sample_next
 from minirl.sampling import SYNC_EVERY, Decoder
 
@@ -26,7 +25,7 @@ def full_forward_logprobs(model, prompt, completion, temperature=1.0):
     """log p(completion_t | prompt, completion_<t) from one uncached forward pass over everything."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logits = model(ids)[0, len(prompt) - 1:-1].float() / temperature  # (T, V)
+        logits = model(ids)[0, len(prompt) - 1 : -1].float() / temperature  # (T, V)
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
 
@@ -37,14 +36,16 @@ def test_cached_decoding_equals_full_forward(tiny):
         full = model(ids)[0]  # (T, V)
         cache = KVCache(model.config, 1, ids.shape[1])
         stepped = [model(ids[:, :4], kv_cache=cache)[0]]  # prefill 4 tokens, then one at a time
-        stepped += [model(ids[:, t:t + 1], kv_cache=cache)[0] for t in range(4, ids.shape[1])]
+        stepped += [model(ids[:, t : t + 1], kv_cache=cache)[0] for t in range(4, ids.shape[1])]
     torch.testing.assert_close(torch.cat(stepped), full, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_logprobs_equal_a_full_forward(tiny, temperature):
     _, model = tiny
-    outs = generate(model, PROMPTS, max_new_tokens=12, temperature=temperature, seed=0, stop_token_ids=[])
+    outs = generate(
+        model, PROMPTS, max_new_tokens=12, temperature=temperature, seed=0, stop_token_ids=[]
+    )
     for prompt, out in zip(PROMPTS, outs):
         assert len(out.tokens) == len(out.logprobs) == 12 and out.finish_reason == "length"
         expected = full_forward_logprobs(model, prompt, out.tokens, temperature)
@@ -57,24 +58,41 @@ def test_left_padded_batch_equals_each_prompt_alone(tiny):
     for prompt, out in zip(PROMPTS, batch):
         alone = generate(model, [prompt], max_new_tokens=10, temperature=0, stop_token_ids=[])[0]
         assert out.tokens == alone.tokens
-        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0
+        )
 
 
 def test_greedy_equals_transformers_generate(tiny):
     hf, model = tiny
     ours = generate(model, PROMPTS, max_new_tokens=16, temperature=0, stop_token_ids=[])
-    assert len({tuple(o.tokens) for o in ours}) == len(PROMPTS), "degenerate model: the test would be weak"
+    assert len({tuple(o.tokens) for o in ours}) == len(PROMPTS), (
+        "degenerate model: the test would be weak"
+    )
     for prompt, out in zip(PROMPTS, ours):  # one prompt at a time: no padding conventions involved
-        expected = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                               max_new_tokens=16, do_sample=False, repetition_penalty=1.0, eos_token_id=None,
-                               pad_token_id=0)[0, len(prompt):].tolist()
+        expected = hf.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=16,
+            do_sample=False,
+            repetition_penalty=1.0,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
         assert out.tokens == expected
     # and a left-padded batch through transformers gives the same tokens as our batch
     T = max(map(len, PROMPTS))
     ids = torch.tensor([[0] * (T - len(p)) + p for p in PROMPTS])
     mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in PROMPTS])
-    hf_batch = hf.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, repetition_penalty=1.0,
-                           eos_token_id=None, pad_token_id=0)[:, T:].tolist()
+    hf_batch = hf.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=16,
+        do_sample=False,
+        repetition_penalty=1.0,
+        eos_token_id=None,
+        pad_token_id=0,
+    )[:, T:].tolist()
     assert [o.tokens for o in ours] == hf_batch
 
 
@@ -84,27 +102,36 @@ def test_stop_tokens_and_finish_reasons(tiny):
     stop = free[0].tokens[3]  # a token row 0 samples at step 3 (perhaps earlier too)
     first = free[0].tokens.index(stop)
     stopped = generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[stop])
-    assert stopped[0].tokens == free[0].tokens[:first + 1] and stopped[0].finish_reason == "stop"
+    assert stopped[0].tokens == free[0].tokens[: first + 1] and stopped[0].finish_reason == "stop"
     assert stopped[0].tokens[-1] == stop and len(stopped[0].logprobs) == first + 1
-    for i in (1, 2):  # the other rows run on (and are computed alone correctly even after row 0 leaves)
+    for i in (
+        1,
+        2,
+    ):  # the other rows run on (and are computed alone correctly even after row 0 leaves)
         cut = free[i].tokens.index(stop) + 1 if stop in free[i].tokens else 12
         assert stopped[i].tokens == free[i].tokens[:cut]
         assert stopped[i].finish_reason == ("stop" if stop in free[i].tokens else "length")
     # stop_token_ids=None means the checkpoint's eos ids
     model.eos_token_ids = [stop]
-    assert [o.tokens for o in generate(model, PROMPTS, max_new_tokens=12, temperature=0)] == \
-           [o.tokens for o in stopped]
+    assert [o.tokens for o in generate(model, PROMPTS, max_new_tokens=12, temperature=0)] == [
+        o.tokens for o in stopped
+    ]
 
 
 def test_finished_rows_leave_the_batch_without_changing_the_rest(tiny):
     _, model = tiny
     free = generate(model, PROMPTS, max_new_tokens=15, temperature=0, stop_token_ids=[])
-    stops = [free[0].tokens[0], free[1].tokens[1]]  # rows 0 and 1 stop early: 2 of 3 rows -> compaction
+    stops = [
+        free[0].tokens[0],
+        free[1].tokens[1],
+    ]  # rows 0 and 1 stop early: 2 of 3 rows -> compaction
     outs = generate(model, PROMPTS, max_new_tokens=15, temperature=0, stop_token_ids=stops)
     for prompt, out in zip(PROMPTS, outs):
         alone = generate(model, [prompt], max_new_tokens=15, temperature=0, stop_token_ids=stops)[0]
         assert out.tokens == alone.tokens and out.finish_reason == alone.finish_reason
-        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=0
+        )
     assert outs[0].finish_reason == "stop" and len(outs[0].tokens) == 1
 
 
@@ -136,17 +163,26 @@ def test_group_sampling_prefills_once_and_matches_the_full_forward(tiny, monkeyp
     for i, out in enumerate(outs):  # outs[i * G + j] is sample j of prompt i
         expected = full_forward_logprobs(model, PROMPTS[i // G], out.tokens)
         torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
-    greedy = generate(model, PROMPTS[:2], max_new_tokens=8, temperature=0, num_samples=G, stop_token_ids=[])
+    greedy = generate(
+        model, PROMPTS[:2], max_new_tokens=8, temperature=0, num_samples=G, stop_token_ids=[]
+    )
     assert all(greedy[i].tokens == greedy[i - i % G].tokens for i in range(2 * G))
 
 
 def test_stream_yields_the_same_tokens_as_generate(tiny):
     _, model = tiny
-    expected = generate(model, [PROMPTS[0]], max_new_tokens=10, temperature=0, stop_token_ids=[])[0].tokens
-    assert list(stream(model, PROMPTS[0], max_new_tokens=10, temperature=0, stop_token_ids=[])) == expected
+    expected = generate(model, [PROMPTS[0]], max_new_tokens=10, temperature=0, stop_token_ids=[])[
+        0
+    ].tokens
+    assert (
+        list(stream(model, PROMPTS[0], max_new_tokens=10, temperature=0, stop_token_ids=[]))
+        == expected
+    )
     stop = expected[4]
-    assert list(stream(model, PROMPTS[0], max_new_tokens=10, temperature=0, stop_token_ids=[stop])) == \
-           expected[:expected.index(stop) + 1]
+    assert (
+        list(stream(model, PROMPTS[0], max_new_tokens=10, temperature=0, stop_token_ids=[stop]))
+        == expected[: expected.index(stop) + 1]
+    )
 
 
 # ---- sample_next: the distribution, by hand -----------------------------------------------------------
@@ -201,7 +237,9 @@ def test_inverse_cdf_draw_follows_the_softmax_across_block_edges():
 # ---- bad input ---------------------------------------------------------------------------------------
 def test_prompt_beyond_the_context_is_refused(tiny):
     _, model = tiny  # max_position_embeddings = 256
-    with pytest.raises(ValueError, match=r"prompt 1 has 250 tokens.*max_new_tokens=10.*context of 256"):
+    with pytest.raises(
+        ValueError, match=r"prompt 1 has 250 tokens.*max_new_tokens=10.*context of 256"
+    ):
         generate(model, [[1, 2], [3] * 250], max_new_tokens=10)
     with pytest.raises(ValueError, match="prompt 0 holds token id 999"):
         generate(model, [[1, 999]])
@@ -231,27 +269,42 @@ def test_static_cache_step_equals_full_forward(tiny):
         stepped = [model(ids[:, :4], kv_cache=prefill)[0]]
         cache = StaticKVCache(model.config, 1, 32)
         cache.load(prefill, torch.tensor([0]))
-        addresses = [t.data_ptr() for t in (cache.keys, cache.values, cache.key_mask, cache.next_pos, cache.slot)]
-        stepped += [model(ids[:, t:t + 1], kv_cache=cache)[0] for t in range(4, ids.shape[1])]
+        addresses = [
+            t.data_ptr()
+            for t in (cache.keys, cache.values, cache.key_mask, cache.next_pos, cache.slot)
+        ]
+        stepped += [model(ids[:, t : t + 1], kv_cache=cache)[0] for t in range(4, ids.shape[1])]
     torch.testing.assert_close(torch.cat(stepped), full, atol=1e-5, rtol=0)
     assert int(cache.slot) == ids.shape[1] and cache.key_mask[0].sum() == ids.shape[1]
     # written in place only: a captured CUDA graph keeps pointing at the same memory
-    assert addresses == [t.data_ptr() for t in (cache.keys, cache.values, cache.key_mask, cache.next_pos, cache.slot)]
+    assert addresses == [
+        t.data_ptr() for t in (cache.keys, cache.values, cache.key_mask, cache.next_pos, cache.slot)
+    ]
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=0),  # greedy, rows stop at different steps
-                                    dict(temperature=1.0, seed=3, stop_token_ids=[]),
-                                    dict(temperature=0.8, top_p=0.9, seed=5, num_samples=3, stop_token_ids=[])])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=0),  # greedy, rows stop at different steps
+        dict(temperature=1.0, seed=3, stop_token_ids=[]),
+        dict(temperature=0.8, top_p=0.9, seed=5, num_samples=3, stop_token_ids=[]),
+    ],
+)
 def test_static_cache_decoding_equals_the_dynamic_one(tiny, kwargs):
     _, model = tiny
     stop = {"stop_token_ids": [7, 9, 11, 13]} if kwargs.get("temperature") == 0 else {}
     dynamic = generate(model, PROMPTS, max_new_tokens=20, **kwargs, **stop)
     static = generate(model, PROMPTS, max_new_tokens=20, static_cache=True, **kwargs, **stop)
     if stop:
-        assert {o.finish_reason for o in dynamic} == {"stop", "length"}  # the stop handling is exercised
+        assert {o.finish_reason for o in dynamic} == {
+            "stop",
+            "length",
+        }  # the stop handling is exercised
     for d, s in zip(dynamic, static):
         assert (d.tokens, d.finish_reason) == (s.tokens, s.finish_reason)
-        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(d.logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(s.logprobs), torch.tensor(d.logprobs), atol=1e-5, rtol=0
+        )
 
 
 def test_one_loop_compacts_or_keeps_its_shapes_with_the_same_tokens(tiny, monkeypatch):
@@ -262,16 +315,28 @@ def test_one_loop_compacts_or_keeps_its_shapes_with_the_same_tokens(tiny, monkey
     stops = [free[0].tokens[0], free[1].tokens[1]]  # rows 0 and 1 stop early
     batch_sizes = []
     step = sampling._decode_step
-    monkeypatch.setattr(sampling, "_decode_step", lambda m, tokens, cache: batch_sizes.append(len(tokens))
-                        or step(m, tokens, cache))
-    compacting = Decoder(model).generate(PROMPTS, max_new_tokens=15, temperature=0, stop_token_ids=stops)
+    monkeypatch.setattr(
+        sampling,
+        "_decode_step",
+        lambda m, tokens, cache: batch_sizes.append(len(tokens)) or step(m, tokens, cache),
+    )
+    compacting = Decoder(model).generate(
+        PROMPTS, max_new_tokens=15, temperature=0, stop_token_ids=stops
+    )
     compacting_sizes, batch_sizes[:] = list(batch_sizes), []
-    fixed = Decoder(model, static_cache=True).generate(PROMPTS, max_new_tokens=15, temperature=0,
-                                                        stop_token_ids=stops)
-    assert [(o.tokens, o.finish_reason) for o in compacting] == [(o.tokens, o.finish_reason) for o in fixed]
+    fixed = Decoder(model, static_cache=True).generate(
+        PROMPTS, max_new_tokens=15, temperature=0, stop_token_ids=stops
+    )
+    assert [(o.tokens, o.finish_reason) for o in compacting] == [
+        (o.tokens, o.finish_reason) for o in fixed
+    ]
     for c, f in zip(compacting, fixed):
-        torch.testing.assert_close(torch.tensor(f.logprobs), torch.tensor(c.logprobs), atol=1e-5, rtol=0)
-    assert min(compacting_sizes) < len(PROMPTS) and compacting_sizes == sorted(compacting_sizes, reverse=True)
+        torch.testing.assert_close(
+            torch.tensor(f.logprobs), torch.tensor(c.logprobs), atol=1e-5, rtol=0
+        )
+    assert min(compacting_sizes) < len(PROMPTS) and compacting_sizes == sorted(
+        compacting_sizes, reverse=True
+    )
     assert set(batch_sizes) == {len(PROMPTS)}
 
 
@@ -283,15 +348,22 @@ def test_decoder_keeps_one_static_cache_per_batch_size_until_released(tiny):
     again = decoder.generate(PROMPTS, max_new_tokens=8, temperature=0, stop_token_ids=[])
     assert list(decoder.caches.values()) == [cache]  # the same batch size decodes in the same cache
     assert [o.tokens for o in again] == [o.tokens for o in first]
-    assert list(decoder.stream(PROMPTS[0], max_new_tokens=8, temperature=0, stop_token_ids=[])) == first[0].tokens
+    assert (
+        list(decoder.stream(PROMPTS[0], max_new_tokens=8, temperature=0, stop_token_ids=[]))
+        == first[0].tokens
+    )
     decoder.generate(PROMPTS, max_new_tokens=4, seed=0, num_samples=2)
     assert sorted(key[0] for key in decoder.caches) == [1, 3, 6]  # one per batch size
     decoder.release()
     assert decoder.caches == {}
-    assert [o.tokens for o in decoder.generate(PROMPTS, max_new_tokens=8, temperature=0, stop_token_ids=[])] == \
-           [o.tokens for o in first]
+    assert [
+        o.tokens
+        for o in decoder.generate(PROMPTS, max_new_tokens=8, temperature=0, stop_token_ids=[])
+    ] == [o.tokens for o in first]
     assert list(decoder.caches.values()) != [cache]  # a new one after release()
-    assert Decoder(model).generate(PROMPTS, max_new_tokens=4, seed=0) and Decoder(model).caches == {}
+    assert (
+        Decoder(model).generate(PROMPTS, max_new_tokens=4, seed=0) and Decoder(model).caches == {}
+    )
 
 
 def test_a_decoder_serves_only_its_own_model_and_mode(tiny):
@@ -306,9 +378,17 @@ def test_a_decoder_serves_only_its_own_model_and_mode(tiny):
         generate(model, PROMPTS, static_cache=True, decoder=decoder)
     with pytest.raises(ValueError, match="compile=True disagree"):
         generate(model, PROMPTS, compile=True, decoder=Decoder(model, static_cache=True))
-    agreeing = generate(model, PROMPTS, max_new_tokens=4, temperature=0, static_cache=True,
-                        decoder=Decoder(model, static_cache=True))
-    assert [o.tokens for o in agreeing] == [o.tokens for o in generate(model, PROMPTS, max_new_tokens=4, temperature=0)]
+    agreeing = generate(
+        model,
+        PROMPTS,
+        max_new_tokens=4,
+        temperature=0,
+        static_cache=True,
+        decoder=Decoder(model, static_cache=True),
+    )
+    assert [o.tokens for o in agreeing] == [
+        o.tokens for o in generate(model, PROMPTS, max_new_tokens=4, temperature=0)
+    ]
     assert Decoder(model, compile=True).static_cache  # compile implies the fixed shapes
     with pytest.raises(TypeError):  # the options are keyword-only
         generate(model, PROMPTS, 8)
@@ -330,17 +410,33 @@ def test_compiled_decoding_keeps_its_cache_between_calls(tiny, eager_compile):
     """A CUDA graph is recorded against the cache's addresses: later calls must decode in the same
     buffers (and the stale keys left by the last call must change nothing)."""
     _, model = tiny
-    model.config.max_position_embeddings = 1024  # RoPE is computed per position: room for a longer cache
+    model.config.max_position_embeddings = (
+        1024  # RoPE is computed per position: room for a longer cache
+    )
     decoder = Decoder(model, compile=True)
-    generate(model, PROMPTS, max_new_tokens=20, temperature=1.0, seed=0, stop_token_ids=[], decoder=decoder)
+    generate(
+        model,
+        PROMPTS,
+        max_new_tokens=20,
+        temperature=1.0,
+        seed=0,
+        stop_token_ids=[],
+        decoder=decoder,
+    )
     (cache,) = kept(decoder).values()
     address = cache.keys.data_ptr()
     others = [[9, 8, 7], [1], [4, 4, 4, 4]]
     fresh = generate(model, others, max_new_tokens=6, temperature=0.7, seed=4, static_cache=True)
-    again = generate(model, others, max_new_tokens=6, temperature=0.7, seed=4, compile=True, decoder=decoder)
+    again = generate(
+        model, others, max_new_tokens=6, temperature=0.7, seed=4, compile=True, decoder=decoder
+    )
     assert [o.tokens for o in again] == [o.tokens for o in fresh]
-    torch.testing.assert_close(torch.tensor([o.logprobs for o in again]), torch.tensor([o.logprobs for o in fresh]),
-                               atol=0, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor([o.logprobs for o in again]),
+        torch.tensor([o.logprobs for o in fresh]),
+        atol=0,
+        rtol=0,
+    )
     assert list(kept(decoder).values()) == [cache] and cache.keys.data_ptr() == address
     # a call that needs more slots replaces it with a longer cache; another batch size gets its own
     decoder.generate(PROMPTS, max_new_tokens=300, temperature=1.0, seed=0, stop_token_ids=[])
@@ -357,10 +453,16 @@ def test_kept_caches_are_bounded_and_never_shared_by_two_loops(tiny, eager_compi
     decoder = Decoder(model, compile=True)
     for rows in range(1, sampling.KEPT_CACHES + 3):
         generate(model, [[5, 6]] * rows, max_new_tokens=2, seed=0, decoder=decoder)
-    assert sorted(key[0] for key in kept(decoder)) == list(range(3, sampling.KEPT_CACHES + 3))  # the newest
+    assert sorted(key[0] for key in kept(decoder)) == list(
+        range(3, sampling.KEPT_CACHES + 3)
+    )  # the newest
     # a stream still running holds its cache; a call of the same batch size meanwhile decodes on its own
-    expected = list(stream(model, PROMPTS[0], max_new_tokens=10, seed=1, stop_token_ids=[], decoder=decoder))
-    tokens = stream(model, PROMPTS[0], max_new_tokens=10, seed=1, stop_token_ids=[], decoder=decoder)
+    expected = list(
+        stream(model, PROMPTS[0], max_new_tokens=10, seed=1, stop_token_ids=[], decoder=decoder)
+    )
+    tokens = stream(
+        model, PROMPTS[0], max_new_tokens=10, seed=1, stop_token_ids=[], decoder=decoder
+    )
     first = [next(tokens) for _ in range(5)]
     held = kept(decoder)[(1, model.dtype, model.device)]
     assert held in decoder._busy
@@ -368,7 +470,10 @@ def test_kept_caches_are_bounded_and_never_shared_by_two_loops(tiny, eager_compi
     assert kept(decoder)[(1, model.dtype, model.device)] is held
     assert first + list(tokens) == expected
     assert held not in decoder._busy
-    assert other[0].tokens == generate(model, [[3, 3, 3]], max_new_tokens=10, seed=2, stop_token_ids=[])[0].tokens
+    assert (
+        other[0].tokens
+        == generate(model, [[3, 3, 3]], max_new_tokens=10, seed=2, stop_token_ids=[])[0].tokens
+    )
     decoder.release()
 
 
@@ -378,9 +483,14 @@ def test_static_decoding_asks_the_device_only_every_few_tokens(tiny, monkeypatch
     reads = []
     for name in ("__bool__", "item", "tolist"):
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _f=original, _n=name: reads.append(_n) or _f(self, *a))
-    steps = Decoder(model, static_cache=True)._steps(PROMPTS, 32, 2, [], torch.Generator().manual_seed(0),
-                                                      temperature=1.0, top_k=0, top_p=1.0)
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda self, *a, _f=original, _n=name: reads.append(_n) or _f(self, *a),
+        )
+    steps = Decoder(model, static_cache=True)._steps(
+        PROMPTS, 32, 2, [], torch.Generator().manual_seed(0), temperature=1.0, top_k=0, top_p=1.0
+    )
     for _ in steps:
         pass
     assert len(reads) == 32 // SYNC_EVERY - 1  # after tokens 8, 16, 24; the last step needs none
@@ -392,14 +502,25 @@ def test_compiled_decoding_equals_eager(hf_checkpoint):
     model = load_model(folder)
     eager = generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[])
     decoder = Decoder(model, compile=True)
-    compiled = generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[], decoder=decoder)
+    compiled = generate(
+        model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[], decoder=decoder
+    )
     for e, c in zip(eager, compiled):
         assert e.tokens == c.tokens
-        torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(e.logprobs), atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(c.logprobs), torch.tensor(e.logprobs), atol=1e-4, rtol=0
+        )
     # a new call (other prompt lengths, sampling) replays the same compiled step on the same cache
     (cache,) = decoder.caches.values()
     with torch._dynamo.config.patch(error_on_recompile=True):
-        again = generate(model, [[3, 4, 5, 6, 7, 8, 9], [2], [6, 5]], max_new_tokens=12, temperature=1.0, seed=1,
-                         stop_token_ids=[], decoder=decoder)
+        again = generate(
+            model,
+            [[3, 4, 5, 6, 7, 8, 9], [2], [6, 5]],
+            max_new_tokens=12,
+            temperature=1.0,
+            seed=1,
+            stop_token_ids=[],
+            decoder=decoder,
+        )
     assert [len(o.tokens) for o in again] == [12, 12, 12]
     assert list(decoder.caches.values()) == [cache]

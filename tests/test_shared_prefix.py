@@ -4,15 +4,34 @@ states, log-probs, gradients and samples as running every row whole."""
 import pytest
 import torch
 
-from minirl.learner import completion_logprobs, learning_batch, shared_prefix
 from minirl.kv_cache import SharedPrefix, common_prefix_length
+from minirl.learner import completion_logprobs, learning_batch, shared_prefix
 from minirl.lora import add_lora
 from minirl.model import random_model
 from minirl.rollout import Trajectory
 from minirl.sampling import generate
 from minirl.toy import tiny_config
 
-PREFIX = [5, 9, 2, 7, 7, 1, 3, 8, 4, 6, 2, 2, 9, 5, 1, 3, 7, 8]  # 18 tokens: above sampling's 16-token floor
+PREFIX = [
+    5,
+    9,
+    2,
+    7,
+    7,
+    1,
+    3,
+    8,
+    4,
+    6,
+    2,
+    2,
+    9,
+    5,
+    1,
+    3,
+    7,
+    8,
+]  # 18 tokens: above sampling's 16-token floor
 SUFFIXES = [[11, 12, 13], [14], [15, 16, 17, 18, 19, 20], [21, 22]]
 
 
@@ -31,7 +50,7 @@ def left_padded(rows):
     ids = torch.zeros(len(rows), T, dtype=torch.long)
     mask = torch.zeros(len(rows), T, dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, T - len(r):], mask[i, T - len(r):] = torch.tensor(r), 1
+        ids[i, T - len(r) :], mask[i, T - len(r) :] = torch.tensor(r), 1
     return ids, mask
 
 
@@ -50,7 +69,7 @@ def test_rows_after_a_shared_prefix_match_whole_rows_values_and_gradients(checkp
     direction = torch.randn(model.config.hidden_size)
 
     def suffix_states(hidden, rows):  # each row's suffix is its last len(suffix) columns
-        return [hidden[j, -len(SUFFIXES[i]):] for j, i in enumerate(rows)]
+        return [hidden[j, -len(SUFFIXES[i]) :] for j, i in enumerate(rows)]
 
     # reference: every row whole, left-padded, one backward
     ids, mask = left_padded([PREFIX + s for s in SUFFIXES])
@@ -70,50 +89,82 @@ def test_rows_after_a_shared_prefix_match_whole_rows_values_and_gradients(checkp
     prefix.backward()
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e.detach(), atol=1e-5, rtol=1e-5)
-    for p, g in zip(params, expected_grads):  # float32 sums in another order: ~5e-6 of the largest entry
+    for p, g in zip(
+        params, expected_grads
+    ):  # float32 sums in another order: ~5e-6 of the largest entry
         torch.testing.assert_close(p.grad, g, atol=3e-5 * g.abs().max().item(), rtol=1e-4)
     assert any(g.abs().sum() > 0 for g in expected_grads)
 
 
 def test_grpo_learning_batch_keeps_the_prefix_once_and_scores_the_same():
     model = tiny_lora_model().eval()
-    trajectories = [Trajectory(prompt={}, prompt_ids=PREFIX + s, completion_ids=[30 + i, 31, 32][: i + 1],
-                               action_mask=[1] * (i + 1), logprobs=[0.0] * (i + 1), finish_reason="stop")
-                    for i, s in enumerate(SUFFIXES[:3])]
+    trajectories = [
+        Trajectory(
+            prompt={},
+            prompt_ids=PREFIX + s,
+            completion_ids=[30 + i, 31, 32][: i + 1],
+            action_mask=[1] * (i + 1),
+            logprobs=[0.0] * (i + 1),
+            finish_reason="stop",
+        )
+        for i, s in enumerate(SUFFIXES[:3])
+    ]
     batch = learning_batch(trajectories, pad_id=0, device="cpu")
     assert batch["prefix"].tolist() == PREFIX and batch["prompt_len"] == 1
     # each prompt's part after the prefix, but its last token, right-padded; a row starts with that token
     assert batch["group_ids"].tolist() == [[11, 12, 0, 0, 0], [0] * 5, [15, 16, 17, 18, 19]]
-    assert batch["group_mask"].sum(1).tolist() == [2, 0, 5] and batch["row_group"].tolist() == [0, 1, 2]
+    assert batch["group_mask"].sum(1).tolist() == [2, 0, 5] and batch["row_group"].tolist() == [
+        0,
+        1,
+        2,
+    ]
     assert batch["ids"][:, 0].tolist() == [13, 14, 20]
     with torch.no_grad():
         ours = completion_logprobs(model, batch, torch.arange(3), 1.0, shared_prefix(model, batch))
         for i, t in enumerate(trajectories):  # each row alone, whole, through the full logits
             ids = torch.tensor([t.prompt_ids + t.completion_ids])
-            logits = model(ids)[0, len(t.prompt_ids) - 1:-1]
-            expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(t.completion_ids)[:, None])[:, 0]
-            torch.testing.assert_close(ours[i, :len(t.completion_ids)], expected, atol=1e-5, rtol=1e-5)
-            assert (ours[i, len(t.completion_ids):] == 0).all()
+            logits = model(ids)[0, len(t.prompt_ids) - 1 : -1]
+            expected = torch.log_softmax(logits, -1).gather(
+                -1, torch.tensor(t.completion_ids)[:, None]
+            )[:, 0]
+            torch.testing.assert_close(
+                ours[i, : len(t.completion_ids)], expected, atol=1e-5, rtol=1e-5
+            )
+            assert (ours[i, len(t.completion_ids) :] == 0).all()
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_groups_of_samples_share_their_prompt_once_with_the_same_logprobs_and_gradients(checkpointing):
+def test_groups_of_samples_share_their_prompt_once_with_the_same_logprobs_and_gradients(
+    checkpointing,
+):
     """2 prompts x 3 samples: the prompts' shared prefix once, each prompt's own part once per group,
     the rows in two minibatches that mix the groups; log-probs and gradients as every row whole."""
     model = tiny_lora_model(seed=3).train()
     model.set_gradient_checkpointing(checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
     completions = [[30], [31, 32, 33], [34, 35], [36, 37, 38, 39], [40], [41, 42]]
-    trajectories = [Trajectory(prompt={}, prompt_ids=PREFIX + SUFFIXES[2 * (i // 3)], completion_ids=c,
-                               action_mask=[1] * len(c), logprobs=[0.0] * len(c), finish_reason="stop")
-                    for i, c in enumerate(completions)]
+    trajectories = [
+        Trajectory(
+            prompt={},
+            prompt_ids=PREFIX + SUFFIXES[2 * (i // 3)],
+            completion_ids=c,
+            action_mask=[1] * len(c),
+            logprobs=[0.0] * len(c),
+            finish_reason="stop",
+        )
+        for i, c in enumerate(completions)
+    ]
     weights = torch.randn(6, 4)
 
     expected = []  # every row whole: log-probs through the full logits, one backward
     for i, t in enumerate(trajectories):
-        logits = model(torch.tensor([t.prompt_ids + t.completion_ids]))[0, len(t.prompt_ids) - 1:-1]
-        expected.append(torch.log_softmax(logits, -1).gather(-1, torch.tensor(t.completion_ids)[:, None])[:, 0])
-    sum((e * weights[i, :len(e)]).sum() for i, e in enumerate(expected)).backward()
+        logits = model(torch.tensor([t.prompt_ids + t.completion_ids]))[
+            0, len(t.prompt_ids) - 1 : -1
+        ]
+        expected.append(
+            torch.log_softmax(logits, -1).gather(-1, torch.tensor(t.completion_ids)[:, None])[:, 0]
+        )
+    sum((e * weights[i, : len(e)]).sum() for i, e in enumerate(expected)).backward()
     expected_grads = [p.grad.clone() for p in params]
     model.zero_grad()
 
@@ -148,6 +199,7 @@ def test_with_checkpointing_the_groups_pass_keeps_only_layer_inputs():
         def pack(t):
             saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
             return t
+
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             GroupPrefixes(model, ids, torch.ones_like(ids), None)
         return sum(saved.values())
@@ -156,8 +208,17 @@ def test_with_checkpointing_the_groups_pass_keeps_only_layer_inputs():
 
 
 def test_a_prompt_that_is_all_prefix_keeps_its_last_token_in_the_rows():
-    trajectories = [Trajectory(prompt={}, prompt_ids=PREFIX + extra, completion_ids=[40], action_mask=[1],
-                               logprobs=[0.0], finish_reason="stop") for extra in ([], [11])]
+    trajectories = [
+        Trajectory(
+            prompt={},
+            prompt_ids=PREFIX + extra,
+            completion_ids=[40],
+            action_mask=[1],
+            logprobs=[0.0],
+            finish_reason="stop",
+        )
+        for extra in ([], [11])
+    ]
     batch = learning_batch(trajectories, pad_id=0, device="cpu")
     assert len(batch["prefix"]) == len(PREFIX) - 1  # the last prompt token predicts the completion
 
@@ -169,6 +230,10 @@ def test_sampling_after_a_shared_prefill_equals_each_prompt_alone():
     for prompt, out in zip(prompts, together):
         alone = generate(model, [prompt], max_new_tokens=8, temperature=0, stop_token_ids=[])[0]
         assert out.tokens == alone.tokens
-        torch.testing.assert_close(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=1e-5)
-    grouped = generate(model, prompts[:2], max_new_tokens=8, temperature=0, stop_token_ids=[], num_samples=3)
+        torch.testing.assert_close(
+            torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=1e-5
+        )
+    grouped = generate(
+        model, prompts[:2], max_new_tokens=8, temperature=0, stop_token_ids=[], num_samples=3
+    )
     assert [o.tokens for o in grouped] == [together[0].tokens] * 3 + [together[1].tokens] * 3

@@ -47,7 +47,11 @@ def test_a_task_is_named_by_its_class_unless_it_says():
 def test_calculator_reward_is_the_environment_total_weighed_once():
     task = CalculatorTask(eval_size=24, flaky=0.5)
     for i, item in enumerate(task.eval_items()):
-        policy = expert_policy if i % 2 else (lambda t, m: {"role": "assistant", "content": "I think 12."})
+        policy = (
+            expert_policy
+            if i % 2
+            else (lambda t, m: {"role": "assistant", "content": "I think 12."})
+        )
         _, env_total, info = play(CalculatorEnv(flaky=0.5, seed=i, tool_cost=0.05), item, policy)
         episode = Trajectory(item, [], [], [], [], "answer", info=info)
         task.score([episode])
@@ -71,7 +75,19 @@ def test_the_single_turn_rollout_gives_g_completions_per_item_prompt_major(tmp_p
     task = ArithmeticTask(eval_size=2)
     items = task.sample(3, random.Random(0))
     trajectories = task.rollout(model, tokenizer, items, 2, 4, temperature=1.0, seed=0)
-    assert [t.prompt for t in trajectories] == [items[0], items[0], items[1], items[1], items[2], items[2]]
-    assert all(t.reward == 0.0 and not t.reward_parts for t in trajectories)  # nothing scored before score()
+    assert [t.prompt for t in trajectories] == [
+        items[0],
+        items[0],
+        items[1],
+        items[1],
+        items[2],
+        items[2],
+    ]
+    assert all(
+        t.reward == 0.0 and not t.reward_parts for t in trajectories
+    )  # nothing scored before score()
     task.score(trajectories)
-    assert all(set(t.reward_parts) == {"correct"} and t.reward == t.reward_parts["correct"] for t in trajectories)
+    assert all(
+        set(t.reward_parts) == {"correct"} and t.reward == t.reward_parts["correct"]
+        for t in trajectories
+    )

@@ -11,9 +11,15 @@ from conftest import hf_tiny_model
 from minirl import load_model, random_model
 from minirl.lora import add_lora, disable_adapters, load_adapter, merge_and_unload, save_adapter
 from minirl.losses import token_logprobs_chunked
-from minirl.trainable_tokens import (TokenEmbedding, TokenHead, add_trainable_tokens, output_rows, token_adapter,
-                                     untrained_tokens)
 from minirl.toy import tiny_config
+from minirl.trainable_tokens import (
+    TokenEmbedding,
+    TokenHead,
+    add_trainable_tokens,
+    output_rows,
+    token_adapter,
+    untrained_tokens,
+)
 
 V, ROWS = 97, [11, 40]
 
@@ -29,7 +35,9 @@ def model_with_placeholders(seed=0):
 def new_values(model, seed=1):
     adapter = token_adapter(model)
     with torch.no_grad():
-        adapter.trainable_tokens_delta.normal_(0, 0.2, generator=torch.Generator().manual_seed(seed))
+        adapter.trainable_tokens_delta.normal_(
+            0, 0.2, generator=torch.Generator().manual_seed(seed)
+        )
     return adapter.trainable_tokens_delta.detach().clone()
 
 
@@ -51,13 +59,20 @@ def test_new_rows_act_as_a_weight_holding_them_on_input_and_tied_output():
     ids = ids_with_rows()
     before = model(ids)
     add_trainable_tokens(model, ROWS)
-    assert isinstance(model.model.embed_tokens, TokenEmbedding) and isinstance(model.lm_head, TokenHead)
+    assert isinstance(model.model.embed_tokens, TokenEmbedding) and isinstance(
+        model.lm_head, TokenHead
+    )
     torch.testing.assert_close(model(ids), before, atol=0, rtol=0)  # starts as the original rows
     values = new_values(model)
     with torch.no_grad():
         reference.model.embed_tokens.weight[ROWS] = values  # tied: the output rows change too
     torch.testing.assert_close(model(ids), reference(ids), atol=1e-5, rtol=1e-5)
-    assert list(dict(model.named_parameters())) .count("model.embed_tokens.token_adapter.trainable_tokens_delta") == 1
+    assert (
+        list(dict(model.named_parameters())).count(
+            "model.embed_tokens.token_adapter.trainable_tokens_delta"
+        )
+        == 1
+    )
     with disable_adapters(model):
         torch.testing.assert_close(model(ids), before, atol=0, rtol=0)
 
@@ -67,15 +82,29 @@ def test_chunked_logprobs_with_rows_match_the_full_weight_values_and_gradients()
     add_trainable_tokens(model, ROWS)
     new_values(model)
     adapter = token_adapter(model)
-    hidden = torch.randn(3, 7, model.config.hidden_size, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    hidden = torch.randn(
+        3,
+        7,
+        model.config.hidden_size,
+        generator=torch.Generator().manual_seed(5),
+        requires_grad=True,
+    )
     targets = torch.randint(0, V, (3, 7), generator=torch.Generator().manual_seed(6))
     targets[0, :2] = torch.tensor(ROWS)
-    got = token_logprobs_chunked(hidden, model.lm_head.weight, targets, temperature=0.7, chunk_size=4,
-                                 rows=output_rows(model))
+    got = token_logprobs_chunked(
+        hidden,
+        model.lm_head.weight,
+        targets,
+        temperature=0.7,
+        chunk_size=4,
+        rows=output_rows(model),
+    )
     got.sum().backward()
     grads = hidden.grad.clone(), adapter.trainable_tokens_delta.grad.clone()
     hidden.grad = adapter.trainable_tokens_delta.grad = None
-    weight = model.lm_head.weight.index_copy(0, torch.tensor(ROWS), adapter.trainable_tokens_delta)  # plain autograd
+    weight = model.lm_head.weight.index_copy(
+        0, torch.tensor(ROWS), adapter.trainable_tokens_delta
+    )  # plain autograd
     expected = torch.log_softmax(hidden @ weight.T / 0.7, -1).gather(-1, targets[..., None])[..., 0]
     expected.sum().backward()
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -104,7 +133,9 @@ def test_save_and_load_round_trip_and_peft_reads_it(hf_checkpoint, tmp_path):
     add_lora(ours, r=4, alpha=8, targets=["q_proj", "v_proj"])
     add_trainable_tokens(ours, [3, 17])
     with torch.no_grad():
-        token_adapter(ours).trainable_tokens_delta.normal_(0, 0.5, generator=torch.Generator().manual_seed(2))
+        token_adapter(ours).trainable_tokens_delta.normal_(
+            0, 0.5, generator=torch.Generator().manual_seed(2)
+        )
     save_adapter(ours, str(tmp_path / "ours"))
     config = json.load(open(tmp_path / "ours" / "adapter_config.json"))
     assert config["trainable_token_indices"] == [3, 17]
@@ -123,12 +154,24 @@ def test_load_adapter_reads_peft_trainable_token_indices(tmp_path):
     hf = hf_tiny_model(tied=True)
     hf.save_pretrained(tmp_path / "base")
     torch.manual_seed(0)
-    peft_model = get_peft_model(hf, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"],
-                                               trainable_token_indices=[4, 9], init_lora_weights=False)).eval()
+    peft_model = get_peft_model(
+        hf,
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj"],
+            trainable_token_indices=[4, 9],
+            init_lora_weights=False,
+        ),
+    ).eval()
     with torch.no_grad():
-        peft_model.base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta["default"].normal_(0, 0.5)
+        peft_model.base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta[
+            "default"
+        ].normal_(0, 0.5)
     peft_model.save_pretrained(tmp_path / "adapter")
-    ours = load_adapter(load_model(str(tmp_path / "base")).set_attention("eager"), str(tmp_path / "adapter"))
+    ours = load_adapter(
+        load_model(str(tmp_path / "base")).set_attention("eager"), str(tmp_path / "adapter")
+    )
     ids = torch.tensor([[4, 2, 9, 9, 7]])
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), peft_model(ids).logits, atol=1e-5, rtol=0)
@@ -159,16 +202,34 @@ def test_sft_trains_the_placeholder_rows_its_data_uses(tmp_path, capsys, choice)
         weight[tags + list(range(40, 60))] = weight[40].clone()
     save_pretrained(model, folder, tokenizer)
     data = tmp_path / "calc.jsonl"
-    data.write_text("".join(json.dumps(calculator_conversation(12 + i, 30 + i)) + "\n" for i in range(8)))
-    train(SFTConfig(model=folder, data=str(data), out=str(tmp_path / "sft"), epochs=1, batch_size=4, lr=1e-2,
-                    eval_data=str(data), samples_per_prompt=1, eval_max_new_tokens=4, save_every=10**9,
-                    train_tokens=choice))
+    data.write_text(
+        "".join(json.dumps(calculator_conversation(12 + i, 30 + i)) + "\n" for i in range(8))
+    )
+    train(
+        SFTConfig(
+            model=folder,
+            data=str(data),
+            out=str(tmp_path / "sft"),
+            epochs=1,
+            batch_size=4,
+            lr=1e-2,
+            eval_data=str(data),
+            samples_per_prompt=1,
+            eval_max_new_tokens=4,
+            save_every=10**9,
+            train_tokens=choice,
+        )
+    )
     out = capsys.readouterr().out
-    assert "tokens: the data trains on 2 token(s) whose embedding rows are unused placeholders" in out
+    assert (
+        "tokens: the data trains on 2 token(s) whose embedding rows are unused placeholders" in out
+    )
     assert ("training their rows with the adapter" if choice == "auto" else "left frozen") in out
     config = json.load(open(tmp_path / "sft" / "adapter" / "adapter_config.json"))
     assert config["trainable_token_indices"] == (tags if choice == "auto" else None)
-    if choice == "auto":  # trained away from the clones (they started at the tags' spelled-out text)
+    if (
+        choice == "auto"
+    ):  # trained away from the clones (they started at the tags' spelled-out text)
         tuned = load_adapter(load_model(folder), str(tmp_path / "sft" / "adapter"))
         rows = token_adapter(tuned).trainable_tokens_delta.detach()
         assert untrained_tokens(merge_and_unload(tuned), tags) == {}

@@ -24,19 +24,28 @@ from minirl.toy import build_checkpoint
 from minirl.viewer import build_page, keep_steps, token_roles, write_page
 
 G, GROUPS, STEPS = 4, 2, 3
-HOSTILE = ('<script>window.pwned = 1</script>"><img src=x onerror="window.pwned = 2"></div></td></tr></table>'
-           '<!-- </script><script>window.pwned = 3</script>')
+HOSTILE = (
+    '<script>window.pwned = 1</script>"><img src=x onerror="window.pwned = 2"></div></td></tr></table>'
+    "<!-- </script><script>window.pwned = 3</script>"
+)
 
 
 class ScriptedTask(Task):
     """Real samples, except two members of each group: a calculator episode (tool call, observation,
     answer) and a completion of hostile HTML."""
+
     name = "scripted"
     reward_functions = {"first": (lambda t: float(t.completion_ids[0] % 4 == 0), 1.0)}
 
     def sample(self, n, rng):
-        return [{"messages": [{"role": "user", "content": f"What is {rng.randint(10, 99)} * 7?"}], "tools": None,
-                 "answer": 42} for _ in range(n)]
+        return [
+            {
+                "messages": [{"role": "user", "content": f"What is {rng.randint(10, 99)} * 7?"}],
+                "tools": None,
+                "answer": 42,
+            }
+            for _ in range(n)
+        ]
 
     def eval_items(self):
         return self.sample(2, random.Random(0))
@@ -45,19 +54,35 @@ class ScriptedTask(Task):
         return {"strict": "42" in t.text, "lenient": "42" in t.text}
 
     def rollout(self, model, tokenizer, items, group_size, max_new_tokens, **options):
-        trajectories = sample_completions(model, tokenizer, items, group_size, max_new_tokens, **options)
-        call, answer = (tokenizer.encode(s) for s in ('<tool_call>\n{"name": "calculator", "arguments": '
-                                                      '{"expression": "6 * 7"}}\n</tool_call><|im_end|>', "42<|im_end|>"))
+        trajectories = sample_completions(
+            model, tokenizer, items, group_size, max_new_tokens, **options
+        )
+        call, answer = (
+            tokenizer.encode(s)
+            for s in (
+                '<tool_call>\n{"name": "calculator", "arguments": '
+                '{"expression": "6 * 7"}}\n</tool_call><|im_end|>',
+                "42<|im_end|>",
+            )
+        )
         observation = tokenizer.encode(tool_turn_text(["42"]))
         hostile = tokenizer.encode(HOSTILE + "<|im_end|>")
-        for i in range(0, len(trajectories) if group_size > 1 else 0, group_size):  # not in greedy evaluation
+        for i in range(
+            0, len(trajectories) if group_size > 1 else 0, group_size
+        ):  # not in greedy evaluation
             tool, bad = trajectories[i], trajectories[i + 1]
             tool.completion_ids = call + observation + answer
             tool.action_mask = [1] * len(call) + [0] * len(observation) + [1] * len(answer)
             tool.logprobs = [-0.5 if m else 0.0 for m in tool.action_mask]
             tool.finish_reason, tool.turns, tool.text = "answer", 2, "42"
-            tool.tool_calls = [{"name": "calculator", "arguments": {"expression": "6 * 7"}, "result": "42"}]
-            bad.completion_ids, bad.action_mask, bad.logprobs = hostile, [1] * len(hostile), [-1.0] * len(hostile)
+            tool.tool_calls = [
+                {"name": "calculator", "arguments": {"expression": "6 * 7"}, "result": "42"}
+            ]
+            bad.completion_ids, bad.action_mask, bad.logprobs = (
+                hostile,
+                [1] * len(hostile),
+                [-1.0] * len(hostile),
+            )
             bad.text = HOSTILE
         return trajectories
 
@@ -67,9 +92,22 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("view")
     base = build_checkpoint(str(root / "tiny"), seed=0, initializer_range=0.2)
     out = str(root / "run")
-    train(GRPOConfig(model=base, task=ScriptedTask(), out=out, steps=STEPS, group_size=G, prompts_per_step=3,
-                     max_new_tokens=8, lr=1e-3, beta=0.04, save_every=100, log_rollouts_every=2,
-                     log_rollout_groups=GROUPS))
+    train(
+        GRPOConfig(
+            model=base,
+            task=ScriptedTask(),
+            out=out,
+            steps=STEPS,
+            group_size=G,
+            prompts_per_step=3,
+            max_new_tokens=8,
+            lr=1e-3,
+            beta=0.04,
+            save_every=100,
+            log_rollouts_every=2,
+            log_rollout_groups=GROUPS,
+        )
+    )
     return out
 
 
@@ -80,21 +118,47 @@ def records(run) -> list[dict]:
 
 # ---- the page as text ----------------------------------------------------------------------------------
 
+
 def test_the_page_is_self_contained_and_model_text_stays_inert(run):
     page = build_page(run)
     assert page.count("<script") == 2, "the JSON data block and the viewer's own code, nothing else"
-    assert "<img" not in page and "window.pwned = 1</script>" not in page and "<!-- </script>" not in page
-    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "nothing may be fetched from the network"
-    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1))
-    assert [s["step"] for s in data["steps"]] == [1, 2, 3] and data["logged_rollouts"] == STEPS * GROUPS * G
+    assert (
+        "<img" not in page
+        and "window.pwned = 1</script>" not in page
+        and "<!-- </script>" not in page
+    )
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), (
+        "nothing may be fetched from the network"
+    )
+    data = json.loads(
+        re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1)
+    )
+    assert [s["step"] for s in data["steps"]] == [1, 2, 3] and data[
+        "logged_rollouts"
+    ] == STEPS * GROUPS * G
     assert all(len(g["completions"]) == G for s in data["steps"] for g in s["groups"])
-    texts = ["".join(data["pieces"][t][1] for t in c["tokens"]) for s in data["steps"] for g in s["groups"]
-             for c in g["completions"]]
+    texts = [
+        "".join(data["pieces"][t][1] for t in c["tokens"])
+        for s in data["steps"]
+        for g in s["groups"]
+        for c in g["completions"]
+    ]
     assert texts.count(HOSTILE + "<|im_end|>") == STEPS * GROUPS  # all there, as inert JSON
 
 
 def test_token_roles_find_tool_calls_even_split_over_tokens():
-    pieces = ["<|im_start|>", "q", "ok ", "<tool", "_call>", '{"a": 1}', "</tool_call>", "\n", "obs", "done"]
+    pieces = [
+        "<|im_start|>",
+        "q",
+        "ok ",
+        "<tool",
+        "_call>",
+        '{"a": 1}',
+        "</tool_call>",
+        "\n",
+        "obs",
+        "done",
+    ]
     mask = [0, 0, 1, 1, 1, 1, 1, 1, 0, 1]
     assert token_roles(pieces, mask, 2) == "pp" + "attttao" + "a"
 
@@ -141,18 +205,29 @@ def test_bad_inputs_say_what_and_where(run, tmp_path, capsys):
 
 # ---- the page in a real browser -------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def browser():
-    pytest.importorskip("selenium", reason="the browser test drives Chromium through selenium: pip install selenium")
+    pytest.importorskip(
+        "selenium", reason="the browser test drives Chromium through selenium: pip install selenium"
+    )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver):
-        pytest.skip("no chromium/chromedriver on PATH: apt-get install chromium chromium-driver (.ci/run does)")
+        pytest.skip(
+            "no chromium/chromedriver on PATH: apt-get install chromium chromium-driver (.ci/run does)"
+        )
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     chrome = webdriver.Chrome(service=Service(driver), options=options)
@@ -166,7 +241,9 @@ def open_page(browser, path) -> float:
 
     start = time.perf_counter()
     browser.get("file://" + os.path.abspath(path))
-    WebDriverWait(browser, 10).until(lambda b: b.execute_script("return document.body.dataset.ready === '1'"))
+    WebDriverWait(browser, 10).until(
+        lambda b: b.execute_script("return document.body.dataset.ready === '1'")
+    )
     return time.perf_counter() - start
 
 
@@ -182,14 +259,26 @@ def test_the_page_in_chromium(run, browser, tmp_path):
     assert len(tables) == GROUPS
     for table in tables:
         assert len(table.find_elements(By.CSS_SELECTOR, "td.completion")) == G
-        rewards = [float(re.search(r"reward (-?[\d.]+)", th.text).group(1)) for th in table.find_elements(By.TAG_NAME, "th")]
+        rewards = [
+            float(re.search(r"reward (-?[\d.]+)", th.text).group(1))
+            for th in table.find_elements(By.TAG_NAME, "th")
+        ]
         assert rewards == sorted(rewards, reverse=True)
     # hovering a token shows its log-probs, the same as rollouts.jsonl's
-    th, td = tables[0].find_elements(By.TAG_NAME, "th")[0], tables[0].find_elements(By.CSS_SELECTOR, "td.completion")[0]
+    th, td = (
+        tables[0].find_elements(By.TAG_NAME, "th")[0],
+        tables[0].find_elements(By.CSS_SELECTOR, "td.completion")[0],
+    )
     sample = int(re.search(r"sample (\d+)", th.text).group(1))
-    record = next(r for r in records(run) if r["step"] == STEPS and r["group"] == 0 and r["sample"] == sample)
+    record = next(
+        r for r in records(run) if r["step"] == STEPS and r["group"] == 0 and r["sample"] == sample
+    )
     tokens = td.find_elements(By.CSS_SELECTOR, ".tok")
-    k = next(i for i, t in enumerate(tokens) if t.text.strip() and "o" not in t.get_attribute("class").split())
+    k = next(
+        i
+        for i, t in enumerate(tokens)
+        if t.text.strip() and "o" not in t.get_attribute("class").split()
+    )
     ActionChains(browser).move_to_element(tokens[k]).perform()
     tip = browser.find_element(By.ID, "tip")
     assert tip.is_displayed() and "advantage" in tip.text and "ratio" in tip.text
@@ -199,20 +288,36 @@ def test_the_page_in_chromium(run, browser, tmp_path):
     assert abs(learner - record["logprob"][record["prompt_len"] + k]) < 1.1e-3
     # tool calls and tool responses are set apart
     calls, observations = css(By.CSS_SELECTOR, "td .toolcall"), css(By.CSS_SELECTOR, "td .obs")
-    assert len(calls) == len(observations) == GROUPS and "calculator" in calls[0].text and "42" in observations[0].text
+    assert (
+        len(calls) == len(observations) == GROUPS
+        and "calculator" in calls[0].text
+        and "42" in observations[0].text
+    )
     # the curves render: an SVG per metric with a drawn line
     curves = css(By.CSS_SELECTOR, "svg.curve")
     assert len(curves) >= 5
     for svg in curves:
-        assert browser.execute_script("return arguments[0].querySelector('polyline').getBBox().width", svg) > 0
+        assert (
+            browser.execute_script(
+                "return arguments[0].querySelector('polyline').getBBox().width", svg
+            )
+            > 0
+        )
     # hostile output: shown as text, nothing executed, the layout held
     assert browser.execute_script("return window.pwned") is None
     assert browser.execute_script("return document.images.length") == 0
     assert len(css(By.TAG_NAME, "script")) == 2
-    assert sum("window.pwned = 1</script>" in td.text for td in css(By.CSS_SELECTOR, "td.completion")) == GROUPS
-    assert browser.execute_script("return [...document.body.children].map(e => e.id).filter(Boolean)") == [
-        "run", "summary", "curves-section", "rollouts-section", "tip", "data"]
-    assert all(len(t.find_elements(By.CSS_SELECTOR, ":scope > tr")) == 2 for t in css(By.CSS_SELECTOR, "table.group"))
+    assert (
+        sum("window.pwned = 1</script>" in td.text for td in css(By.CSS_SELECTOR, "td.completion"))
+        == GROUPS
+    )
+    assert browser.execute_script(
+        "return [...document.body.children].map(e => e.id).filter(Boolean)"
+    ) == ["run", "summary", "curves-section", "rollouts-section", "tip", "data"]
+    assert all(
+        len(t.find_elements(By.CSS_SELECTOR, ":scope > tr")) == 2
+        for t in css(By.CSS_SELECTOR, "table.group")
+    )
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
     # the step picker redraws another step
@@ -228,24 +333,53 @@ def test_a_thousand_rollouts_stay_small_and_open_fast(browser, toy_tokenizer, tm
     pieces are a real mix), every per-token field filled as the defaults fill them (one inner step, so
     π_old = πθ; beta > 0, so π_ref and KL), log-probs spread like a policy's (most near 0)."""
     rng = random.Random(0)
-    text = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 37 * 84? "
-            "Think step by step and end with the answer.<|im_end|>\n<|im_start|>assistant\n")
+    text = (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 37 * 84? "
+        "Think step by step and end with the answer.<|im_end|>\n<|im_start|>assistant\n"
+    )
     prompt = toy_tokenizer.encode(text)
-    words = toy_tokenizer.encode(" ".join(str(rng.randint(1, 999)) + rng.choice([" plus", " times", " is", "."])
-                                          for _ in range(400)))
+    words = toy_tokenizer.encode(
+        " ".join(
+            str(rng.randint(1, 999)) + rng.choice([" plus", " times", " is", "."])
+            for _ in range(400)
+        )
+    )
     log = RolloutLog(str(tmp_path / "rollouts.jsonl"), None)
     for step in range(1, 51):
         trajectories = []
         for _ in range(20):
             start = rng.randrange(len(words) - 100)
-            ids = words[start:start + 100]
-            trajectories.append(Trajectory({"answer": 3108}, prompt, ids, [1] * 100, [-rng.expovariate(2) for _ in ids],
-                                           "length", reward=float(rng.random() < 0.5)))
+            ids = words[start : start + 100]
+            trajectories.append(
+                Trajectory(
+                    {"answer": 3108},
+                    prompt,
+                    ids,
+                    [1] * 100,
+                    [-rng.expovariate(2) for _ in ids],
+                    "length",
+                    reward=float(rng.random() < 0.5),
+                )
+            )
         sampled = torch.tensor([t.logprobs for t in trajectories])  # (20, 100)
         logprob = sampled + 1e-3 * torch.randn(20, 100)
-        per_token = {"logprob": logprob, "old_logprob": logprob, "ref_logprob": logprob + 0.1 * torch.randn(20, 100)}
-        log.write(rollout_records(step * 10, trajectories, torch.randn(20), list(range(20)), per_token, toy_tokenizer,
-                                  group_size=10, groups=2))
+        per_token = {
+            "logprob": logprob,
+            "old_logprob": logprob,
+            "ref_logprob": logprob + 0.1 * torch.randn(20, 100),
+        }
+        log.write(
+            rollout_records(
+                step * 10,
+                trajectories,
+                torch.randn(20),
+                list(range(20)),
+                per_token,
+                toy_tokenizer,
+                group_size=10,
+                groups=2,
+            )
+        )
     log.close()
     with open(tmp_path / "metrics.csv", "w", newline="") as f:
         writer = csv.writer(f)
@@ -254,8 +388,10 @@ def test_a_thousand_rollouts_stay_small_and_open_fast(browser, toy_tokenizer, tm
     page = write_page(str(tmp_path), str(tmp_path / "big.html"))
     megabytes = os.path.getsize(page) / 1e6
     seconds = open_page(browser, page)
-    print(f"1,000 rollouts: {megabytes:.2f} MB, opened in {seconds:.2f} s "
-          f"({browser.execute_script('return window.viewerReadyMs'):.0f} ms in the page)")
+    print(
+        f"1,000 rollouts: {megabytes:.2f} MB, opened in {seconds:.2f} s "
+        f"({browser.execute_script('return window.viewerReadyMs'):.0f} ms in the page)"
+    )
     assert megabytes < 4, megabytes  # ~34 bytes per completion token; 3.4 MB when this was written
     assert seconds < 2, seconds
     assert "1000 rollouts logged at 50 steps" in browser.find_element("id", "notes").text

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import TINY_VARIANTS
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from conftest import TINY_VARIANTS
 from minirl import weights
 from minirl.config import ConfigError, Qwen2Config
 from minirl.model import random_model
@@ -26,9 +26,17 @@ SHARD_NAME = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
 
 def tiny_model(tied=True, dtype=torch.float32, vocab_size=256, seed=0):
     """A small Qwen2 whose every parameter (biases and norms too) is random, so a tensor left unloaded shows."""
-    config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
-                         bos_token_id=0, eos_token_id=1)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
     model, generator = random_model(config, dtype, seed=seed), torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -64,12 +72,16 @@ def spy(monkeypatch):
     @contextlib.contextmanager
     def counting_safe_open(*args, **kwargs):
         with real_safe_open(*args, **kwargs) as f:
-            yield SimpleNamespace(keys=f.keys, get_slice=f.get_slice,  # headers only: not counted
-                                  get_tensor=lambda name: record.tensors_read.append(name) or f.get_tensor(name))
+            yield SimpleNamespace(
+                keys=f.keys,
+                get_slice=f.get_slice,  # headers only: not counted
+                get_tensor=lambda name: record.tensors_read.append(name) or f.get_tensor(name),
+            )
 
     def to_empty(module, *, device, recurse=True):
-        record.allocations.append(({p.device.type for p in module.parameters()},
-                                   {p.dtype for p in module.parameters()}))
+        record.allocations.append(
+            ({p.device.type for p in module.parameters()}, {p.dtype for p in module.parameters()})
+        )
         return real_to_empty(module, device=device, recurse=recurse)
 
     monkeypatch.setattr(weights, "safe_open", counting_safe_open)
@@ -84,7 +96,9 @@ def test_single_file_round_trip(tmp_path, dtype, tied):
     model = tiny_model(tied, dtype)
     save_pretrained(model, str(tmp_path))
     assert layout(tmp_path) == ["model.safetensors"]
-    assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == str(dtype).removeprefix("torch.")
+    assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == str(
+        dtype
+    ).removeprefix("torch.")
     loaded = load_model(str(tmp_path), dtype)
     assert_same_tensors(loaded.state_dict(), model.state_dict())
     assert loaded.config == replace(model.config, torch_dtype=str(dtype).removeprefix("torch."))
@@ -102,7 +116,9 @@ def test_sharded_round_trip(tmp_path, dtype):
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert index["weight_map"].keys() == model.state_dict().keys()
     assert set(index["weight_map"].values()) == set(shards)
-    for name, shard in index["weight_map"].items():  # each key really is in the shard the index names
+    for name, shard in index[
+        "weight_map"
+    ].items():  # each key really is in the shard the index names
         with safe_open(str(tmp_path / shard), framework="pt") as f:
             assert name in f.keys()
     total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -182,7 +198,9 @@ def test_load_pretrained_returns_model_and_tokenizer(tmp_path, toy_tokenizer):
     assert_same_tensors(loaded.state_dict(), model.state_dict())
     assert tokenizer.encode("12 + 34 = 46") == toy_tokenizer.encode("12 + 34 = 46")
     # generation_config.json first, then config.json's eos_token_id (1), each once
-    assert loaded.eos_token_ids == list(dict.fromkeys([toy_tokenizer.im_end_id, toy_tokenizer.pad_token_id, 1]))
+    assert loaded.eos_token_ids == list(
+        dict.fromkeys([toy_tokenizer.im_end_id, toy_tokenizer.pad_token_id, 1])
+    )
 
 
 def test_tokenizer_larger_than_model_vocab(tmp_path, toy_tokenizer):
@@ -212,7 +230,9 @@ def expect_error(spy, error, folder, *fragments, load=load_model):
     message = str(e.value)
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
-    assert spy.tensors_read == [] and spy.allocations == []  # failed before any weight was read or allocated
+    assert (
+        spy.tensors_read == [] and spy.allocations == []
+    )  # failed before any weight was read or allocated
     return message
 
 
@@ -223,7 +243,9 @@ def test_missing_config(saved, spy):
 
 def test_missing_tensor(saved, spy):
     rewrite(saved / "model.safetensors", lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-    expect_error(spy, CheckpointError, saved, str(saved), "missing", "model.layers.1.mlp.up_proj.weight")
+    expect_error(
+        spy, CheckpointError, saved, str(saved), "missing", "model.layers.1.mlp.up_proj.weight"
+    )
 
 
 def test_unexpected_tensor(saved, spy):
@@ -233,8 +255,13 @@ def test_unexpected_tensor(saved, spy):
 
 
 def test_head_stored_for_tied_model(saved, spy):
-    rewrite(saved / "model.safetensors", lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"] * 2}))
-    expect_error(spy, CheckpointError, saved, "unexpected tensor lm_head.weight", "tie_word_embeddings")
+    rewrite(
+        saved / "model.safetensors",
+        lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"] * 2}),
+    )
+    expect_error(
+        spy, CheckpointError, saved, "unexpected tensor lm_head.weight", "tie_word_embeddings"
+    )
 
 
 def test_misshaped_tensor(saved, spy):
@@ -262,12 +289,16 @@ def test_index_names_absent_shard(tmp_path, spy):
     save_pretrained(tiny_model(tied=False), str(tmp_path), max_shard_size=100_000)
     gone = sorted(n for n in os.listdir(tmp_path) if SHARD_NAME.fullmatch(n))[1]
     os.remove(tmp_path / gone)
-    expect_error(spy, CheckpointError, tmp_path, "model.safetensors.index.json", gone, "does not exist")
+    expect_error(
+        spy, CheckpointError, tmp_path, "model.safetensors.index.json", gone, "does not exist"
+    )
 
 
 def test_folder_without_weights(saved, spy):
     os.remove(saved / "model.safetensors")
-    expect_error(spy, CheckpointError, saved, str(saved), "model.safetensors", "model.safetensors.index.json")
+    expect_error(
+        spy, CheckpointError, saved, str(saved), "model.safetensors", "model.safetensors.index.json"
+    )
 
 
 def test_load_pretrained_without_tokenizer(saved, spy):
@@ -277,11 +308,17 @@ def test_load_pretrained_without_tokenizer(saved, spy):
 
 # ---- memory: the model is allocated once, in the final dtype, and each tensor is read once -------------
 def test_one_allocation_in_final_dtype(tmp_path, spy):
-    save_pretrained(tiny_model(tied=True, dtype=torch.float32), str(tmp_path), max_shard_size=100_000)
+    save_pretrained(
+        tiny_model(tied=True, dtype=torch.float32), str(tmp_path), max_shard_size=100_000
+    )
     spy.allocations.clear()
     model = load_model(str(tmp_path), torch.bfloat16)
-    assert spy.allocations == [({"meta"}, {torch.bfloat16})]  # nothing real before, no float32 detour
-    assert sorted(spy.tensors_read) == sorted(keys_on_disk(tmp_path))  # every tensor once, none twice
+    assert spy.allocations == [
+        ({"meta"}, {torch.bfloat16})
+    ]  # nothing real before, no float32 detour
+    assert sorted(spy.tensors_read) == sorted(
+        keys_on_disk(tmp_path)
+    )  # every tensor once, none twice
     assert {p.device.type for p in model.parameters()} == {"cpu"} and model.dtype == torch.bfloat16
 
 
@@ -296,12 +333,17 @@ def test_real_checkpoint_matches_transformers(real_model_dir):
     assert model.lm_head.weight is model.model.embed_tokens.weight  # 0.5B ties its head
     assert tokenizer.im_end_id in model.eos_token_ids
     for (name, ours), theirs in zip(model.state_dict().items(), bf16.state_dict().values()):
-        assert torch.equal(ours.to(torch.bfloat16), theirs), name  # bf16 on disk: fp32 is its exact upcast
+        assert torch.equal(ours.to(torch.bfloat16), theirs), (
+            name
+        )  # bf16 on disk: fp32 is its exact upcast
 
     messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
-    ids = torch.tensor([tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))])
-    hf_model = AutoModelForCausalLM.from_pretrained(real_model_dir, dtype=torch.float32,
-                                                    attn_implementation="eager").eval()
+    ids = torch.tensor(
+        [tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))]
+    )
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        real_model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     with torch.no_grad():
         expected = hf_model(ids).logits
         logits = model(ids)

@@ -23,7 +23,9 @@ class AnswerEnv(Env):
     def reset(self, task: dict) -> tuple[list[dict], list[dict] | None]:
         self.task, self.calls = task, []
         names = [(spec.get("function", spec) or {}).get("name") for spec in task.get("tools") or []]
-        self.tools = {name: TOOLS[name] for name in names}  # JsonlTask checked that every name is known
+        self.tools = {
+            name: TOOLS[name] for name in names
+        }  # JsonlTask checked that every name is known
         return list(task["messages"]), task.get("tools")
 
     def step(self, call) -> str:
@@ -39,6 +41,11 @@ class AnswerEnv(Env):
             lenient = strict == reference or reference in " ".join(text.lower().split())
         else:
             lenient = strict == reference or lenient_answer(text) == reference
-        info = {"correct": float(strict == reference), "lenient": float(lenient), "answered": strict is not None,
-                "calls": len(self.calls), "used_tool": bool(self.calls)}
+        info = {
+            "correct": float(strict == reference),
+            "lenient": float(lenient),
+            "answered": strict is not None,
+            "calls": len(self.calls),
+            "used_tool": bool(self.calls),
+        }
         return info["correct"], info

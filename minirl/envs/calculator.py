@@ -18,12 +18,16 @@ FLAKY_ERROR = "Error: the calculator is temporarily unavailable; please try agai
 WORD_PROBLEMS = [
     ("A crate holds {a} boxes of {b} apples. How many apples are in the crate?", "{a} * {b}"),
     ("A train travels {a} km every hour for {b} hours. How far does it go?", "{a} * {b}"),
-    ("A library has {a} shelves with {b} books each, and {c} more books on a cart. How many books in all?",
-     "{a} * {b} + {c}"),
+    (
+        "A library has {a} shelves with {b} books each, and {c} more books on a cart. How many books in all?",
+        "{a} * {b} + {c}",
+    ),
 ]
 
 
-def make_question(rng: random.Random, hard: bool, word_problems: bool = False, level: str = "full") -> dict:
+def make_question(
+    rng: random.Random, hard: bool, word_problems: bool = False, level: str = "full"
+) -> dict:
     """One task item: {"question", "expression", "answer", "difficulty"} plus the chat fields. Hard
     questions are 2-3 digit products, some with a third term ("full"), or only 2-digit × 2-digit
     products ("toy", the embedded world's)."""
@@ -46,14 +50,26 @@ def make_question(rng: random.Random, hard: bool, word_problems: bool = False, l
         else:
             expression = f"{a} * {b} {rng.choice('+-')} {rng.randint(10, 999)}"
         question = f"What is {expression}?"
-    return {"messages": [{"role": "user", "content": question}], "tools": [CALCULATOR_SPEC],
-            "question": question, "expression": expression, "answer": int(calculator(expression)),
-            "difficulty": "hard" if hard else "easy"}
+    return {
+        "messages": [{"role": "user", "content": question}],
+        "tools": [CALCULATOR_SPEC],
+        "question": question,
+        "expression": expression,
+        "answer": int(calculator(expression)),
+        "difficulty": "hard" if hard else "easy",
+    }
 
 
-def make_questions(n: int, rng: random.Random, hard_fraction: float = 0.5, word_problems: bool = False,
-                   level: str = "full") -> list[dict]:
-    return [make_question(rng, rng.random() < hard_fraction, word_problems, level) for _ in range(n)]
+def make_questions(
+    n: int,
+    rng: random.Random,
+    hard_fraction: float = 0.5,
+    word_problems: bool = False,
+    level: str = "full",
+) -> list[dict]:
+    return [
+        make_question(rng, rng.random() < hard_fraction, word_problems, level) for _ in range(n)
+    ]
 
 
 def final_number(text: str):
@@ -98,33 +114,51 @@ class CalculatorEnv(Env):
         correct = final_number(final) == answer
         known_at = next((i for i, r in enumerate(self.results) if r.strip() == str(answer)), None)
         redundant = 0 if known_at is None else len(self.calls) - known_at - 1
-        info = {"correct": float(correct), "penalty": -REDUNDANT_CALL_PENALTY * redundant,
-                "cost": -self.tool_cost * len(self.calls),
-                "calls": len(self.calls), "redundant_calls": redundant, "flaky_errors": self.flaky_errors,
-                "difficulty": self.task["difficulty"], "used_tool": bool(self.calls)}
+        info = {
+            "correct": float(correct),
+            "penalty": -REDUNDANT_CALL_PENALTY * redundant,
+            "cost": -self.tool_cost * len(self.calls),
+            "calls": len(self.calls),
+            "redundant_calls": redundant,
+            "flaky_errors": self.flaky_errors,
+            "difficulty": self.task["difficulty"],
+            "used_tool": bool(self.calls),
+        }
         return info["correct"] + info["penalty"] + info["cost"], info
 
 
 def agent_metrics(trajectories) -> dict:
     """accuracy; tool-use rate on easy and hard questions; recovery rate (correct among episodes that saw a
     tool error: a flaky failure or a malformed call, counted by the rollout); calls per episode."""
+
     def rate(values):
         values = list(values)
         return sum(values) / len(values) if values else float("nan")
+
     easy = [t for t in trajectories if t.info["difficulty"] == "easy"]
     hard = [t for t in trajectories if t.info["difficulty"] == "hard"]
     troubled = [t for t in trajectories if t.tool_errors]
-    return {"accuracy": rate(t.info["correct"] for t in trajectories),
-            "tool_use_easy": rate(t.info["used_tool"] for t in easy),
-            "tool_use_hard": rate(t.info["used_tool"] for t in hard),
-            "recovery_rate": rate(t.info["correct"] for t in troubled),
-            "calls_per_episode": rate(t.info["calls"] for t in trajectories)}
+    return {
+        "accuracy": rate(t.info["correct"] for t in trajectories),
+        "tool_use_easy": rate(t.info["used_tool"] for t in easy),
+        "tool_use_hard": rate(t.info["used_tool"] for t in hard),
+        "recovery_rate": rate(t.info["correct"] for t in troubled),
+        "calls_per_episode": rate(t.info["calls"] for t in trajectories),
+    }
 
 
 # ---- scripted policies: demonstrations for SFT, baselines for tests and lessons -------------------------
 def tool_call_message(expression: str, content: str = "") -> dict:
-    return {"role": "assistant", "content": content, "tool_calls": [
-        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}]}
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {"name": "calculator", "arguments": {"expression": expression}},
+            }
+        ],
+    }
 
 
 def expert_policy(task: dict, messages: list[dict]) -> dict:
@@ -152,7 +186,9 @@ def play(env, task: dict, policy, max_turns: int = 4) -> tuple[list[dict], float
             break
         for call in message["tool_calls"]:
             spec = call.get("function", call)
-            messages.append({"role": "tool", "content": env.step(ToolCall(spec["name"], spec["arguments"]))})
+            messages.append(
+                {"role": "tool", "content": env.step(ToolCall(spec["name"], spec["arguments"]))}
+            )
     text = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
     reward, info = env.reward(SimpleNamespace(text=text, finish_reason=finish, info={}))
     return messages, reward, info

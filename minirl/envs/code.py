@@ -36,31 +36,66 @@ from .tools import ToolCall
 
 DEFAULT_TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "code_tasks.json"
 TEMPLATE_KEYS = ("name", "kind", "file", "correct", "bug", "partial", "tests")
-MAX_FILE_CHARS = 20_000  # read_file shows at most this much; edit_file refuses to grow a file past it
+MAX_FILE_CHARS = (
+    20_000  # read_file shows at most this much; edit_file refuses to grow a file past it
+)
 
 TOOL_SPECS = [
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Return the text of a file in the repository.",
-        "parameters": {"type": "object", "properties": {
-            "path": {"type": "string", "description": "file path relative to the repository root"}},
-            "required": ["path"]}}},
-    {"type": "function", "function": {
-        "name": "edit_file",
-        "description": "Replace the text `old` with `new` in a file. `old` must occur exactly once in the file.",
-        "parameters": {"type": "object", "properties": {
-            "path": {"type": "string", "description": "file path relative to the repository root"},
-            "old": {"type": "string", "description": "the exact text to replace, whitespace included"},
-            "new": {"type": "string", "description": "the replacement text"}},
-            "required": ["path", "old", "new"]}}},
-    {"type": "function", "function": {
-        "name": "run_test", "description": "Run the repository's tests and summarize the result.",
-        "parameters": {"type": "object", "properties": {}, "required": []}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Return the text of a file in the repository.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {
+                        "type": "string",
+                        "description": "file path relative to the repository root",
+                    }
+                },
+                "required": ["path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "edit_file",
+            "description": "Replace the text `old` with `new` in a file. `old` must occur exactly once in the file.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "path": {
+                        "type": "string",
+                        "description": "file path relative to the repository root",
+                    },
+                    "old": {
+                        "type": "string",
+                        "description": "the exact text to replace, whitespace included",
+                    },
+                    "new": {"type": "string", "description": "the replacement text"},
+                },
+                "required": ["path", "old", "new"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run_test",
+            "description": "Run the repository's tests and summarize the result.",
+            "parameters": {"type": "object", "properties": {}, "required": []},
+        },
+    },
 ]
 TOOL_ARGUMENTS = {"read_file": ("path",), "edit_file": ("path", "old", "new"), "run_test": ()}
 
-SYSTEM_PROMPT = ("You are a careful software engineer working in a small Python repository. Use the tools "
-                 "read_file, edit_file and run_test. Fix the bug in the code so that the tests pass; do not "
-                 "change the tests.")
+SYSTEM_PROMPT = (
+    "You are a careful software engineer working in a small Python repository. Use the tools "
+    "read_file, edit_file and run_test. Fix the bug in the code so that the tests pass; do not "
+    "change the tests."
+)
 USER_PROMPTS = [
     "The tests in {tests} fail. Find the bug in {file}, fix it, and run the tests to check your fix.",
     "Some tests fail in this repository ({file}, {tests}). Read the code, fix the bug with edit_file and "
@@ -89,21 +124,33 @@ def load_templates(path: str | os.PathLike | None = None) -> list[dict]:
         where = f"{path}, template {i} ({template.get('name', '?')})"
         missing = [key for key in TEMPLATE_KEYS if key not in template]
         if missing:
-            raise ValueError(f"{where}: missing key(s) {', '.join(missing)}; "
-                             f"a template needs {', '.join(TEMPLATE_KEYS)}")
+            raise ValueError(
+                f"{where}: missing key(s) {', '.join(missing)}; "
+                f"a template needs {', '.join(TEMPLATE_KEYS)}"
+            )
         for key in ("bug", "partial"):
             if not isinstance(template[key], dict) or set(template[key]) != {"old", "new"}:
-                raise ValueError(f"{where}: {key!r} must be an object with exactly the keys \"old\" and \"new\"")
+                raise ValueError(
+                    f'{where}: {key!r} must be an object with exactly the keys "old" and "new"'
+                )
         buggy = buggy_source(template)
-        for text, edit, label in [(template["correct"], template["bug"]["old"], "bug.old in correct"),
-                                  (buggy, template["bug"]["new"], "bug.new in the buggy file"),
-                                  (buggy, template["partial"]["old"], "partial.old in the buggy file")]:
+        for text, edit, label in [
+            (template["correct"], template["bug"]["old"], "bug.old in correct"),
+            (buggy, template["bug"]["new"], "bug.new in the buggy file"),
+            (buggy, template["partial"]["old"], "partial.old in the buggy file"),
+        ]:
             if text.count(edit) != 1:
-                raise ValueError(f"{where}: {label} must occur exactly once, found {text.count(edit)} times")
+                raise ValueError(
+                    f"{where}: {label} must occur exactly once, found {text.count(edit)} times"
+                )
     return templates
 
 
-REFERENCE_CALLS = ["read_file", "edit_file", "run_test"]  # trajectory A, the chapter's good fix (evaluation.py)
+REFERENCE_CALLS = [
+    "read_file",
+    "edit_file",
+    "run_test",
+]  # trajectory A, the chapter's good fix (evaluation.py)
 
 
 def make_task(template: dict | str, seed: int = 0) -> dict:
@@ -112,15 +159,28 @@ def make_task(template: dict | str, seed: int = 0) -> dict:
     if isinstance(template, str):
         by_name = {t["name"]: t for t in load_templates()}
         if template not in by_name:
-            raise ValueError(f"no code task template {template!r}; choose one of {', '.join(by_name)}")
+            raise ValueError(
+                f"no code task template {template!r}; choose one of {', '.join(by_name)}"
+            )
         template = by_name[template]
     test_file = template_test_file(template)
-    request = random.Random(seed).choice(USER_PROMPTS).format(file=template["file"], tests=test_file)
-    return {"messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": request}],
-            "tools": TOOL_SPECS, "template": template["name"], "kind": template["kind"], "seed": seed,
-            "file": template["file"], "test_file": test_file,
-            "files": {template["file"]: buggy_source(template), test_file: template["tests"]},
-            "reference_calls": REFERENCE_CALLS}
+    request = (
+        random.Random(seed).choice(USER_PROMPTS).format(file=template["file"], tests=test_file)
+    )
+    return {
+        "messages": [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": request},
+        ],
+        "tools": TOOL_SPECS,
+        "template": template["name"],
+        "kind": template["kind"],
+        "seed": seed,
+        "file": template["file"],
+        "test_file": test_file,
+        "files": {template["file"]: buggy_source(template), test_file: template["tests"]},
+        "reference_calls": REFERENCE_CALLS,
+    }
 
 
 def format_summary(summary: dict) -> str:
@@ -142,8 +202,14 @@ class CodeEnv(Env):
 
     reward_parts = ("fraction", "penalty")
 
-    def __init__(self, workdir_root: str | None = None, max_reads: int = 5, test_timeout: float = 10.0,
-                 memory_mb: int = 512, reward: str = "guarded"):
+    def __init__(
+        self,
+        workdir_root: str | None = None,
+        max_reads: int = 5,
+        test_timeout: float = 10.0,
+        memory_mb: int = 512,
+        reward: str = "guarded",
+    ):
         if reward not in ("guarded", "naive"):
             raise ValueError(f"reward must be 'guarded' or 'naive', got {reward!r}")
         self.workdir_root, self.max_reads, self.reward_mode = workdir_root, max_reads, reward
@@ -162,8 +228,11 @@ class CodeEnv(Env):
                 raise ValueError(f"task file name {relpath!r}: {e}") from None
             os.makedirs(os.path.dirname(full), exist_ok=True)
             Path(full).write_bytes(text.encode("utf-8"))
-        self.pristine_tests = {path: text for path, text in task["files"].items()
-                               if os.path.basename(path).startswith("test_") and path.endswith(".py")}
+        self.pristine_tests = {
+            path: text
+            for path, text in task["files"].items()
+            if os.path.basename(path).startswith("test_") and path.endswith(".py")
+        }
         self.read_counts, self.test_runs, self.last_summary = Counter(), 0, None
         return json.loads(json.dumps(task["messages"])), json.loads(json.dumps(task["tools"]))
 
@@ -180,8 +249,9 @@ class CodeEnv(Env):
         missing = [key for key in expected if key not in arguments]
         unexpected = [key for key in arguments if key not in expected]
         if missing or unexpected:
-            problems = ([f"missing {', '.join(missing)}"] if missing else []) + \
-                       ([f"unexpected {', '.join(map(repr, unexpected))}"] if unexpected else [])
+            problems = ([f"missing {', '.join(missing)}"] if missing else []) + (
+                [f"unexpected {', '.join(map(repr, unexpected))}"] if unexpected else []
+            )
             return f"Error: {signature} called with {'; '.join(problems)}"
         not_strings = [key for key in expected if not isinstance(arguments[key], str)]
         if not_strings:
@@ -201,9 +271,16 @@ class CodeEnv(Env):
         if self.reward_mode == "naive":
             fraction, info = naive_test_reward(self.root, self.test_timeout, self.memory_mb)
         else:
-            fraction, info = guarded_test_reward(self.root, self.pristine_tests, self.test_timeout, self.memory_mb)
+            fraction, info = guarded_test_reward(
+                self.root, self.pristine_tests, self.test_timeout, self.memory_mb
+            )
         penalty = looping_penalty(self.read_counts, self.max_reads)
-        info.update(penalty=penalty, reads=dict(self.read_counts), test_runs=self.test_runs, reward=self.reward_mode)
+        info.update(
+            penalty=penalty,
+            reads=dict(self.read_counts),
+            test_runs=self.test_runs,
+            reward=self.reward_mode,
+        )
         return fraction + penalty, info
 
     def close(self) -> None:
@@ -223,23 +300,34 @@ class CodeEnv(Env):
         """The real path of `path` inside the task folder, or ToolError. Resolving symlinks first
         (realpath) and only then comparing with commonpath refuses `..`, absolute paths and links out."""
         if not path or "\x00" in path:
-            raise ToolError("the path must be a non-empty file name relative to the repository root")
+            raise ToolError(
+                "the path must be a non-empty file name relative to the repository root"
+            )
         if os.path.isabs(path):
-            raise ToolError(f"{path!r} is an absolute path; paths are relative to the repository root")
+            raise ToolError(
+                f"{path!r} is an absolute path; paths are relative to the repository root"
+            )
         full = os.path.realpath(os.path.join(self.root, path))
         if os.path.commonpath([full, self.root]) != self.root:
-            raise ToolError(f"{path!r} leads outside the repository; only its own files can be used")
+            raise ToolError(
+                f"{path!r} leads outside the repository; only its own files can be used"
+            )
         return full
 
     def _files(self) -> list[str]:
-        found = [os.path.relpath(os.path.join(folder, name), self.root)
-                 for folder, _, names in os.walk(self.root) for name in names]
+        found = [
+            os.path.relpath(os.path.join(folder, name), self.root)
+            for folder, _, names in os.walk(self.root)
+            for name in names
+        ]
         return sorted(found)
 
     def _existing_file(self, path: str) -> str:
         full = self._resolve(path)
         if not os.path.isfile(full):
-            raise ToolError(f"no file {path!r} in the repository; its files are {', '.join(self._files())}")
+            raise ToolError(
+                f"no file {path!r} in the repository; its files are {', '.join(self._files())}"
+            )
         return full
 
     def _read_file(self, path: str) -> str:
@@ -254,15 +342,21 @@ class CodeEnv(Env):
     def _edit_file(self, path: str, old: str, new: str) -> str:
         full = self._existing_file(path)
         if not old:
-            raise ToolError("`old` is empty; copy the exact text to replace from read_file's output")
+            raise ToolError(
+                "`old` is empty; copy the exact text to replace from read_file's output"
+            )
         with open(full, encoding="utf-8", newline="") as f:
             text = f.read()
         count = text.count(old)
         if count == 0:
-            raise ToolError(f"`old` was not found in {path}; copy it exactly from read_file (whitespace matters)")
+            raise ToolError(
+                f"`old` was not found in {path}; copy it exactly from read_file (whitespace matters)"
+            )
         if count > 1:
-            raise ToolError(f"`old` occurs {count} times in {path}; include more of the surrounding lines "
-                            "so that it occurs exactly once")
+            raise ToolError(
+                f"`old` occurs {count} times in {path}; include more of the surrounding lines "
+                "so that it occurs exactly once"
+            )
         text = text.replace(old, new, 1)
         if len(text) > MAX_FILE_CHARS:
             raise ToolError(f"the edit would make {path} longer than {MAX_FILE_CHARS} characters")
@@ -271,25 +365,38 @@ class CodeEnv(Env):
         return f"Edited {path}: replaced {len(old)} characters with {len(new)}."
 
     def _run_test(self) -> str:
-        self.last_summary = run_tests(self.root, timeout=self.test_timeout, memory_mb=self.memory_mb)
+        self.last_summary = run_tests(
+            self.root, timeout=self.test_timeout, memory_mb=self.memory_mb
+        )
         self.test_runs += 1
         return format_summary(self.last_summary)
 
 
 # --- scripted policies: the tool calls of the chapter's trajectories, for tests and lessons ---
 
+
 def scripted_fix(template: dict) -> list[ToolCall]:
     """Trajectory A: read the code, undo the bug, run the tests, stop."""
-    return [ToolCall("read_file", {"path": template["file"]}),
-            ToolCall("edit_file", {"path": template["file"], "old": template["bug"]["new"],
-                                   "new": template["bug"]["old"]}),
-            ToolCall("run_test", {})]
+    return [
+        ToolCall("read_file", {"path": template["file"]}),
+        ToolCall(
+            "edit_file",
+            {
+                "path": template["file"],
+                "old": template["bug"]["new"],
+                "new": template["bug"]["old"],
+            },
+        ),
+        ToolCall("run_test", {}),
+    ]
 
 
 def scripted_partial(template: dict) -> list[ToolCall]:
     """Trajectory B: an edit that fixes only some of the tested cases (about 3 of 10), then the tests."""
-    return [ToolCall("edit_file", {"path": template["file"], **template["partial"]}),
-            ToolCall("run_test", {})]
+    return [
+        ToolCall("edit_file", {"path": template["file"], **template["partial"]}),
+        ToolCall("run_test", {}),
+    ]
 
 
 def scripted_looper(template: dict, reads: int = 50) -> list[ToolCall]:
@@ -299,13 +406,22 @@ def scripted_looper(template: dict, reads: int = 50) -> list[ToolCall]:
 
 def scripted_hacker(template: dict) -> list[ToolCall]:
     """§5's reward hacker: see the failures, then empty the test file instead of fixing the code."""
-    return [ToolCall("run_test", {}),
-            ToolCall("read_file", {"path": template_test_file(template)}),
-            ToolCall("edit_file", {"path": template_test_file(template), "old": template["tests"], "new": ""}),
-            ToolCall("run_test", {})]
+    return [
+        ToolCall("run_test", {}),
+        ToolCall("read_file", {"path": template_test_file(template)}),
+        ToolCall(
+            "edit_file", {"path": template_test_file(template), "old": template["tests"], "new": ""}
+        ),
+        ToolCall("run_test", {}),
+    ]
 
 
-SCRIPTED_POLICIES = {"A": scripted_fix, "B": scripted_partial, "C": scripted_looper, "hacker": scripted_hacker}
+SCRIPTED_POLICIES = {
+    "A": scripted_fix,
+    "B": scripted_partial,
+    "C": scripted_looper,
+    "hacker": scripted_hacker,
+}
 
 
 def run_scripted(env: CodeEnv, task: dict, calls: list[ToolCall]) -> tuple[float, dict, list[str]]:

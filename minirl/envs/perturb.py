@@ -31,11 +31,18 @@ TRUNCATE_AT = 80
 ENV_PERTURBATIONS = ("flaky_tool", "tool_error", "truncated_observations", "noisy_observations")
 PERTURBATIONS = ENV_PERTURBATIONS + ("reworded",)
 
-REWORDINGS = ["Please help me with this. {text}", "{text} Take care to get it right.",
-              "Here is a task for you.\n\n{text}"]
+REWORDINGS = [
+    "Please help me with this. {text}",
+    "{text} Take care to get it right.",
+    "Here is a task for you.\n\n{text}",
+]
 QUESTION = re.compile(r"^What is (.+)\?$")
-QUESTION_REWORDINGS = ["Calculate {expression}.", "How much is {expression}?", "Work out {expression}, please.",
-                       "What do you get for {expression}?"]
+QUESTION_REWORDINGS = [
+    "Calculate {expression}.",
+    "How much is {expression}?",
+    "Work out {expression}, please.",
+    "What do you get for {expression}?",
+]
 
 
 def check(names) -> list[str]:
@@ -43,7 +50,9 @@ def check(names) -> list[str]:
     names = list(PERTURBATIONS) if list(names) == ["all"] else list(names)
     unknown = [n for n in names if n not in PERTURBATIONS]
     if unknown:
-        raise ValueError(f"unknown perturbation {unknown[0]!r}; choose from {', '.join(PERTURBATIONS)} or all")
+        raise ValueError(
+            f"unknown perturbation {unknown[0]!r}; choose from {', '.join(PERTURBATIONS)} or all"
+        )
     if len(set(names)) != len(names):
         raise ValueError(f"a perturbation is named twice: {names}")
     return names
@@ -73,7 +82,9 @@ class PerturbedEnv(Env):
 
     def __init__(self, env, kind: str, rng: random.Random):
         if kind not in ENV_PERTURBATIONS:
-            raise ValueError(f"{kind!r} is not an environment perturbation ({', '.join(ENV_PERTURBATIONS)})")
+            raise ValueError(
+                f"{kind!r} is not an environment perturbation ({', '.join(ENV_PERTURBATIONS)})"
+            )
         self.env, self.kind, self.rng = env, kind, rng
         self.reward_parts = env.reward_parts
 
@@ -83,7 +94,9 @@ class PerturbedEnv(Env):
 
     def step(self, call) -> str:
         self.calls += 1
-        if (self.kind == "flaky_tool" and self.rng.random() < FLAKY_P) or (self.kind == "tool_error" and self.calls == 1):
+        if (self.kind == "flaky_tool" and self.rng.random() < FLAKY_P) or (
+            self.kind == "tool_error" and self.calls == 1
+        ):
             self.fired += 1
             return f"Error: {call.name} is temporarily unavailable; please try again"
         result = self.env.step(call)
@@ -92,8 +105,10 @@ class PerturbedEnv(Env):
             return f"{result[:TRUNCATE_AT]} ... [{len(result) - TRUNCATE_AT} more characters cut]"
         if self.kind == "noisy_observations":
             self.fired += 1
-            return (f"[{call.name} log] request {self.rng.randrange(10**5)} done in {self.rng.randint(3, 900)} ms, "
-                    f"{self.rng.randint(2, 64)} workers\n{result}")
+            return (
+                f"[{call.name} log] request {self.rng.randrange(10**5)} done in {self.rng.randint(3, 900)} ms, "
+                f"{self.rng.randint(2, 64)} workers\n{result}"
+            )
         return result
 
     def reward(self, trajectory):

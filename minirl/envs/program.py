@@ -32,10 +32,14 @@ def read_problems(path: str) -> list[dict]:
     """The problems of a HumanEval-format file (.jsonl or .jsonl.gz); a bad line stops with file:line."""
     problems = []
     for lineno, record in read_jsonl(path):
-        missing = [k for k in FIELDS if not isinstance(record, dict) or not isinstance(record.get(k), str)]
+        missing = [
+            k for k in FIELDS if not isinstance(record, dict) or not isinstance(record.get(k), str)
+        ]
         if missing:
-            raise ValueError(f"{path}:{lineno}: a HumanEval problem needs string fields {', '.join(FIELDS)}; "
-                             f"missing or not text: {', '.join(missing)}")
+            raise ValueError(
+                f"{path}:{lineno}: a HumanEval problem needs string fields {', '.join(FIELDS)}; "
+                f"missing or not text: {', '.join(missing)}"
+            )
         problems.append(record)
     if not problems:
         raise ValueError(f"{path}: no problems")
@@ -57,8 +61,13 @@ def is_program_file(path: str) -> bool:
 def problem_item(problem: dict) -> dict:
     """A problem as a task item: the chat message that asks for the program, and the problem itself."""
     message = f"{INSTRUCTION}\n```python\n{problem['prompt'].strip()}\n```"
-    return {"messages": [{"role": "user", "content": message}], "tools": None, "answer": None,
-            "question": problem["task_id"], "problem": problem}
+    return {
+        "messages": [{"role": "user", "content": message}],
+        "tools": None,
+        "answer": None,
+        "question": problem["task_id"],
+        "problem": problem,
+    }
 
 
 def extract_program(reply: str, problem: dict) -> str:
@@ -72,21 +81,29 @@ def extract_program(reply: str, problem: dict) -> str:
         code = reply
     else:
         code = problem["prompt"] + reply
-    imports = [line for line in problem["prompt"].splitlines() if re.match(r"\s*(import|from)\s+\w", line)]
+    imports = [
+        line for line in problem["prompt"].splitlines() if re.match(r"\s*(import|from)\s+\w", line)
+    ]
     return "\n".join(imports + [code])
 
 
 def checker_module(problem: dict) -> str:
     """The sandbox's test module: the problem's check() called on the solution's entry point."""
-    return (f"from solution import {problem['entry_point']} as candidate\n\n{problem['test']}\n\n\n"
-            "def test_check():\n    check(candidate)\n")
+    return (
+        f"from solution import {problem['entry_point']} as candidate\n\n{problem['test']}\n\n\n"
+        "def test_check():\n    check(candidate)\n"
+    )
 
 
 def run_program(program: str, problem: dict, timeout: float = 5.0, memory_mb: int = 512) -> dict:
     """run_tests of one program on one problem: {"passed": bool, "error": what failed, or None}."""
     with tempfile.TemporaryDirectory(prefix="minirl-program-") as empty:
-        summary = run_tests(empty, {"solution.py": program, "test_solution.py": checker_module(problem)},
-                            timeout=timeout, memory_mb=memory_mb)
+        summary = run_tests(
+            empty,
+            {"solution.py": program, "test_solution.py": checker_module(problem)},
+            timeout=timeout,
+            memory_mb=memory_mb,
+        )
     passed = summary["error"] is None and summary["total"] == 1 and summary["passed"] == 1
     error = summary["error"] or next((f["error"] for f in summary["failures"]), None)
     return {"passed": passed, "error": None if passed else error}
@@ -112,6 +129,13 @@ class ProgramEnv(Env):
         """1 when the program passes the problem's check(). How it can be gamed: special-casing the
         inputs the asserts use; the tests are the problem's own, so a policy never sees them."""
         problem = self.task["problem"]
-        result = run_program(extract_program(trajectory.text, problem), problem, self.timeout, self.memory_mb)
-        info = {"correct": float(result["passed"]), "test_error": result["error"], "calls": 0, "used_tool": False}
+        result = run_program(
+            extract_program(trajectory.text, problem), problem, self.timeout, self.memory_mb
+        )
+        info = {
+            "correct": float(result["passed"]),
+            "test_error": result["error"],
+            "calls": 0,
+            "used_tool": False,
+        }
         return info["correct"], info

@@ -34,7 +34,9 @@ def tests_passed_fraction(summary: dict) -> float:
     return summary["passed"] / summary["total"]
 
 
-def naive_test_reward(workspace: str, timeout: float = 10.0, memory_mb: int = 512) -> tuple[float, dict]:
+def naive_test_reward(
+    workspace: str, timeout: float = 10.0, memory_mb: int = 512
+) -> tuple[float, dict]:
     """The fraction of tests passing in the workspace as the agent left it, tests included.
 
     How it is gamed (the chapter's example): the agent can edit the test files. Deleting or emptying the
@@ -44,8 +46,13 @@ def naive_test_reward(workspace: str, timeout: float = 10.0, memory_mb: int = 51
     summary = run_tests(workspace, timeout=timeout, memory_mb=memory_mb)
     no_tests = summary["total"] == 0 and not summary["error"]
     fraction = 1.0 if no_tests else tests_passed_fraction(summary)
-    return fraction, {"passed": summary["passed"], "total": summary["total"], "fraction": fraction,
-                      "hacked": False, "summary": summary}
+    return fraction, {
+        "passed": summary["passed"],
+        "total": summary["total"],
+        "fraction": fraction,
+        "hacked": False,
+        "summary": summary,
+    }
 
 
 def sha256_text(text: str) -> str:
@@ -60,8 +67,9 @@ def _sha256_file(path: str) -> str | None:
         return None
 
 
-def guarded_test_reward(workspace: str, pristine_tests: dict[str, str], timeout: float = 10.0,
-                        memory_mb: int = 512) -> tuple[float, dict]:
+def guarded_test_reward(
+    workspace: str, pristine_tests: dict[str, str], timeout: float = 10.0, memory_mb: int = 512
+) -> tuple[float, dict]:
     """The fraction of the *original* tests that pass on the agent's code; 0 if the tests were touched.
 
     `pristine_tests` maps each test file's relative path to the text the task shipped. If any of those
@@ -76,16 +84,36 @@ def guarded_test_reward(workspace: str, pristine_tests: dict[str, str], timeout:
     """
     if not pristine_tests:
         raise ValueError("guarded_test_reward needs the task's original test files; got none")
-    tampered = sorted(path for path, text in pristine_tests.items()
-                      if _sha256_file(os.path.join(workspace, path)) != sha256_text(text))
+    tampered = sorted(
+        path
+        for path, text in pristine_tests.items()
+        if _sha256_file(os.path.join(workspace, path)) != sha256_text(text)
+    )
     if tampered:
-        return 0.0, {"passed": 0, "total": 0, "fraction": 0.0, "hacked": True, "tampered": tampered,
-                     "summary": None}
-    summary = run_tests(workspace, files=pristine_tests, tests=sorted(pristine_tests), timeout=timeout,
-                        memory_mb=memory_mb)
+        return 0.0, {
+            "passed": 0,
+            "total": 0,
+            "fraction": 0.0,
+            "hacked": True,
+            "tampered": tampered,
+            "summary": None,
+        }
+    summary = run_tests(
+        workspace,
+        files=pristine_tests,
+        tests=sorted(pristine_tests),
+        timeout=timeout,
+        memory_mb=memory_mb,
+    )
     fraction = tests_passed_fraction(summary)
-    return fraction, {"passed": summary["passed"], "total": summary["total"], "fraction": fraction,
-                      "hacked": False, "tampered": [], "summary": summary}
+    return fraction, {
+        "passed": summary["passed"],
+        "total": summary["total"],
+        "fraction": fraction,
+        "hacked": False,
+        "tampered": [],
+        "summary": summary,
+    }
 
 
 def looping_penalty(read_counts: dict[str, int], max_reads: int, penalty: float = 0.2) -> float:

@@ -32,7 +32,7 @@ MAX_OUTPUT_BYTES = 16 << 20  # RLIMIT_FSIZE for the child: bounds what a runaway
 # - Each test's exception is caught on its own (BaseException: sys.exit() in a test is a failure too).
 # - Its reports go to a private duplicate of stdout, one JSON line each after RUNNER_MARK; whatever
 #   the tests print goes to /dev/null.
-RUNNER_SOURCE = r'''
+RUNNER_SOURCE = r"""
 import sys
 workspace_path = sys.path.pop(0)  # until the runner's own imports are done, so no workspace file shadows them
 import ast, importlib, json, os, socket, traceback
@@ -89,7 +89,7 @@ for path, name in tests:
         failures.append({"test": f"{path}::{name}", "error": describe(e, path)})
 report(passed=passed, failed=len(failures), total=passed + len(failures), failures=failures[:20])
 os._exit(0)  # do not wait for threads the tests may have left running
-'''.replace("MARK", repr(RUNNER_MARK))
+""".replace("MARK", repr(RUNNER_MARK))
 
 
 def _child_limits(memory_mb: int, cpu_seconds: int):
@@ -99,12 +99,15 @@ def _child_limits(memory_mb: int, cpu_seconds: int):
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_OUTPUT_BYTES, MAX_OUTPUT_BYTES))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
     return apply
 
 
 def _write_inside(folder: str, relpath: str, text: str) -> None:
     full = os.path.realpath(os.path.join(folder, relpath))
-    if os.path.isabs(relpath) or os.path.commonpath([full, os.path.realpath(folder)]) != os.path.realpath(folder):
+    if os.path.isabs(relpath) or os.path.commonpath(
+        [full, os.path.realpath(folder)]
+    ) != os.path.realpath(folder):
         raise ValueError(f"file name {relpath!r} must be a relative path inside the workspace")
     os.makedirs(os.path.dirname(full), exist_ok=True)
     with open(full, "wb") as f:
@@ -114,19 +117,26 @@ def _write_inside(folder: str, relpath: str, text: str) -> None:
 def _parse_report(line: str) -> dict:
     """One runner report, or {} if the line was cut short by a kill or is not a well-formed report."""
     try:
-        report = json.loads(line[len(RUNNER_MARK):])
+        report = json.loads(line[len(RUNNER_MARK) :])
     except json.JSONDecodeError:
         return {}
     if not isinstance(report, dict):
         return {}
-    if "passed" in report and not (all(isinstance(report.get(key), int) for key in ("passed", "failed", "total"))
-                                   and isinstance(report.get("failures"), list)):
+    if "passed" in report and not (
+        all(isinstance(report.get(key), int) for key in ("passed", "failed", "total"))
+        and isinstance(report.get("failures"), list)
+    ):
         return {}
     return report
 
 
-def run_tests(workspace: str, files: dict[str, str] | None = None, tests: list[str] | None = None,
-              timeout: float = 10.0, memory_mb: int = 512) -> dict:
+def run_tests(
+    workspace: str,
+    files: dict[str, str] | None = None,
+    tests: list[str] | None = None,
+    timeout: float = 10.0,
+    memory_mb: int = 512,
+) -> dict:
     """Run the `test_*` functions of a workspace in a sandboxed child process; never touches the workspace.
 
     The workspace is copied (symlinks copied as links, not followed) to a fresh temporary folder, `files`
@@ -140,19 +150,34 @@ def run_tests(workspace: str, files: dict[str, str] | None = None, tests: list[s
     ours leaks in), -S (no site-packages: the tests see the standard library and the workspace only) and
     -B (no .pyc files).
     """
-    with tempfile.TemporaryDirectory(prefix="minirl-sandbox-", ignore_cleanup_errors=True) as scratch:
+    with tempfile.TemporaryDirectory(
+        prefix="minirl-sandbox-", ignore_cleanup_errors=True
+    ) as scratch:
         work = os.path.join(scratch, "work")
         shutil.copytree(workspace, work, symlinks=True)
         for relpath, text in (files or {}).items():
             _write_inside(work, relpath, text)
-        env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": scratch, "TMPDIR": scratch, "LC_ALL": "C.UTF-8",
-               "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "HOME": scratch,
+            "TMPDIR": scratch,
+            "LC_ALL": "C.UTF-8",
+            "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONIOENCODING": "utf-8",
+        }
         output_path = os.path.join(scratch, "runner.out")
         with open(output_path, "wb") as output:
-            proc = subprocess.Popen([sys.executable, "-S", "-B", "-c", RUNNER_SOURCE, *(tests or [])], cwd=work,
-                                    env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-                                    start_new_session=True,  # its own process group, so killpg reaches children
-                                    preexec_fn=_child_limits(memory_mb, math.ceil(timeout) + 1))
+            proc = subprocess.Popen(
+                [sys.executable, "-S", "-B", "-c", RUNNER_SOURCE, *(tests or [])],
+                cwd=work,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so killpg reaches children
+                preexec_fn=_child_limits(memory_mb, math.ceil(timeout) + 1),
+            )
             try:
                 returncode, timed_out = proc.wait(timeout=timeout), False
             except subprocess.TimeoutExpired:
@@ -174,5 +199,7 @@ def run_tests(workspace: str, files: dict[str, str] | None = None, tests: list[s
         error = f"timeout: the tests did not finish within {timeout:g} s"
     else:
         tail = " ".join(line for line in lines if line and not line.startswith(RUNNER_MARK))[-200:]
-        error = f"the test process died (exit code {returncode}) before reporting" + (f": {tail}" if tail else "")
+        error = f"the test process died (exit code {returncode}) before reporting" + (
+            f": {tail}" if tail else ""
+        )
     return {"passed": 0, "failed": collected, "total": collected, "failures": [], "error": error}

@@ -84,15 +84,25 @@ def foreign_tool_call(text: str) -> bool:
 
 # ---- calculator: exact arithmetic on a whitelisted AST, bounded in time and size --------------------------
 MAX_EXPRESSION_CHARS = 200
-MAX_DEPTH = 100  # operators nested inside one another; 200 characters allow ~200, so this is a second guard
-MAX_DIGITS = 400  # any number, final or intermediate: covers every double (1e308) and 2**1000, not 1e308**2
-LIMIT = 10 ** MAX_DIGITS
+MAX_DEPTH = (
+    100  # operators nested inside one another; 200 characters allow ~200, so this is a second guard
+)
+MAX_DIGITS = (
+    400  # any number, final or intermediate: covers every double (1e308) and 2**1000, not 1e308**2
+)
+LIMIT = 10**MAX_DIGITS
 SIGNIFICANT_DIGITS = 12  # for results with no short exact decimal form
 MAX_EXACT_DECIMALS = 20  # 1/4 -> 0.25 exactly; 2**-40 (40 decimals) is rounded instead
 # Models write these symbols; "^" means power in their training text, never XOR.
 NORMALIZE = {"×": "*", "÷": "/", "^": "**", "−": "-"}
-BINARY_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-              ast.Div: lambda a, b: a / b, ast.FloorDiv: lambda a, b: a // b, ast.Mod: lambda a, b: a % b}
+BINARY_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+}
 
 
 class CalculatorError(Exception):
@@ -116,20 +126,26 @@ def _literal(node: ast.Constant, source: str) -> Fraction:
     text = (ast.get_source_segment(source, node) or repr(node.value)).replace("_", "")
     exponent = re.search(r"[eE]([-+]?\d+)$", text)
     if exponent and abs(int(exponent.group(1))) > MAX_DIGITS + MAX_EXPRESSION_CHARS:
-        raise CalculatorError(f"a number in the calculation has more than {MAX_DIGITS} digits")  # 1e999999999
+        raise CalculatorError(
+            f"a number in the calculation has more than {MAX_DIGITS} digits"
+        )  # 1e999999999
     return _checked(Fraction(text))
 
 
 def _power(base: Fraction, exponent: Fraction) -> Fraction:
     if exponent.denominator != 1:
-        raise CalculatorError("only whole-number exponents are supported (the result would not be exact)")
+        raise CalculatorError(
+            "only whole-number exponents are supported (the result would not be exact)"
+        )
     exponent = exponent.numerator
     # |base**e| has at least |e| * (bits - 1) * log10(2) digits in its numerator or denominator; refuse before
     # computing when that lower bound is over the limit (9**9**9**9, 10**100000, 2**-100000).
     bits = max(abs(base.numerator).bit_length(), base.denominator.bit_length())
-    if abs(exponent) * (bits - 1) * 30103 > MAX_DIGITS * 100000:  # log10(2) = 0.30103; ints cannot overflow
+    if (
+        abs(exponent) * (bits - 1) * 30103 > MAX_DIGITS * 100000
+    ):  # log10(2) = 0.30103; ints cannot overflow
         raise CalculatorError(f"the power has more than {MAX_DIGITS} digits")
-    return _checked(base ** exponent)  # bits <= 1 means 0 or ±1: cheap for any exponent
+    return _checked(base**exponent)  # bits <= 1 means 0 or ±1: cheap for any exponent
 
 
 def _evaluate(node: ast.AST, source: str, depth: int = 0) -> Fraction:
@@ -140,7 +156,9 @@ def _evaluate(node: ast.AST, source: str, depth: int = 0) -> Fraction:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
         value = _evaluate(node.operand, source, depth + 1)
         return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.BinOp) and (type(node.op) in BINARY_OPS or isinstance(node.op, ast.Pow)):
+    if isinstance(node, ast.BinOp) and (
+        type(node.op) in BINARY_OPS or isinstance(node.op, ast.Pow)
+    ):
         left = _evaluate(node.left, source, depth + 1)
         right = _evaluate(node.right, source, depth + 1)
         if isinstance(node.op, ast.Pow):
@@ -148,9 +166,16 @@ def _evaluate(node: ast.AST, source: str, depth: int = 0) -> Fraction:
         return _checked(BINARY_OPS[type(node.op)](left, right))
     if isinstance(node, (ast.BinOp, ast.UnaryOp)):
         raise CalculatorError(f"unsupported operator {type(node.op).__name__}; use + - * / // % **")
-    what = {ast.Name: "names", ast.Call: "function calls", ast.Attribute: "attributes",
-            ast.Subscript: "subscripts", ast.Lambda: "lambdas"}.get(type(node), type(node).__name__)
-    raise CalculatorError(f"unsupported syntax ({what}); use numbers, + - * / // % ** and parentheses")
+    what = {
+        ast.Name: "names",
+        ast.Call: "function calls",
+        ast.Attribute: "attributes",
+        ast.Subscript: "subscripts",
+        ast.Lambda: "lambdas",
+    }.get(type(node), type(node).__name__)
+    raise CalculatorError(
+        f"unsupported syntax ({what}); use numbers, + - * / // % ** and parentheses"
+    )
 
 
 def format_number(value: Fraction) -> str:
@@ -161,18 +186,22 @@ def format_number(value: Fraction) -> str:
         return "-" + format_number(-value)
     if value.denominator == 1:
         return str(value.numerator)
-    digits = len(str(value.numerator)) - len(str(value.denominator))  # floor(log10) is this or one less
+    digits = len(str(value.numerator)) - len(
+        str(value.denominator)
+    )  # floor(log10) is this or one less
     exponent = digits if value >= Fraction(10) ** digits else digits - 1
     decimals = max(0, SIGNIFICANT_DIGITS - 1 - exponent)
-    if (value * 10 ** MAX_EXACT_DECIMALS).denominator == 1:  # the denominator is 2**a * 5**b, a, b <= 20
+    if (
+        value * 10**MAX_EXACT_DECIMALS
+    ).denominator == 1:  # the denominator is 2**a * 5**b, a, b <= 20
         decimals = MAX_EXACT_DECIMALS  # exact; the trailing zeros are stripped below
     elif exponent < -SIGNIFICANT_DIGITS:
         mantissa = str(int(value * Fraction(10) ** decimals + Fraction(1, 2)))  # round half up
         exponent += len(mantissa) - SIGNIFICANT_DIGITS  # rounding up may carry into a 13th digit
         mantissa = mantissa[:SIGNIFICANT_DIGITS].rstrip("0")
         return f"{mantissa[0]}{'.' + mantissa[1:] if len(mantissa) > 1 else ''}e{exponent}"
-    scaled = str(int(value * 10 ** decimals + Fraction(1, 2))).rjust(decimals + 1, "0")
-    whole, fraction = scaled[:len(scaled) - decimals], scaled[len(scaled) - decimals:].rstrip("0")
+    scaled = str(int(value * 10**decimals + Fraction(1, 2))).rjust(decimals + 1, "0")
+    whole, fraction = scaled[: len(scaled) - decimals], scaled[len(scaled) - decimals :].rstrip("0")
     return whole + ("." + fraction if fraction else "")
 
 
@@ -210,9 +239,18 @@ def calculator(expression: str) -> str:
 
 
 # One spec for every use (SFT demonstrations, RL prompts, lessons), so they all render the same system prompt.
-CALCULATOR_SPEC = {"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression exactly.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+CALCULATOR_SPEC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression exactly.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
 TOOLS = {"calculator": calculator}  # the tools a JSONL task's items may name (tasks.JsonlTask)
 
 
@@ -220,9 +258,11 @@ def execute(call: ToolCall, tools: dict) -> str:
     """Run a parsed call with `tools` (name -> function) and return its result as a string. An unknown
     tool, arguments that do not fit the function's signature, or an exception inside the tool give an
     "Error: ..." string the model can read; this never raises."""
+
     def short(text) -> str:
         text = str(text)
         return text if len(text) <= 40 else text[:40] + "…"
+
     function = tools.get(call.name) if isinstance(call.name, str) else None
     if function is None:
         return f"Error: unknown tool {short(call.name)!r}; available: {', '.join(tools) or 'none'}"
