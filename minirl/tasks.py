@@ -31,7 +31,7 @@ class Task(ABC):
     A subclass gives `name`, `reward_functions` (usually set in __init__), `sample`, `eval_items` and
     `accuracy`. The default `rollout` is single-turn: G completions per item from one prefill, each
     completion a Trajectory whose `text` the reward functions read. A task with an environment
-    overrides `rollout` to play episodes there (rollout.run_episodes); its reward functions then read
+    subclasses EnvTask instead, whose rollout plays episodes there; its reward functions then read
     the episode's record, `trajectory.info`, which the environment wrote when the episode ended."""
 
     reward_functions: dict  # {name: (fn(trajectory) -> float, weight)}; reward = Σ weight·fn
@@ -102,6 +102,49 @@ class Task(ABC):
             )
 
 
+class EnvTask(Task):
+    """A task played in an environment (envs/): its rollout runs group_size episodes per item
+    (rollout.run_episodes), each in a fresh environment from make_env, for up to max_turns turns.
+    The reward functions read the record the environment writes when an episode ends (trajectory.info)."""
+
+    max_turns = 1
+
+    @abstractmethod
+    def make_env(self, rng: random.Random):
+        """A fresh environment for one episode. rng is the rollout's own, seeded with its seed, so
+        whatever the environment draws (a flaky tool's failures) replays with the run."""
+
+    def rollout(
+        self,
+        model,
+        tokenizer,
+        items,
+        group_size,
+        max_new_tokens,
+        *,
+        temperature=1.0,
+        top_p=1.0,
+        seed=None,
+        decoder=None,
+        wrap_env=None,
+    ):
+        rng = random.Random(seed)
+        return run_episodes(
+            model,
+            tokenizer,
+            lambda: self.make_env(rng),
+            items,
+            group_size,
+            self.max_turns,
+            max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            decoder=decoder,
+            wrap_env=wrap_env,
+        )
+
+
 class ArithmeticTask(Task):
     """Single-turn arithmetic, the chapter's "What is 37 × 84?". The reward is 1 for the exact answer
     in the required format ("Answer: 3108") and 0 otherwise; accuracy is reported strict (that
@@ -147,7 +190,7 @@ class ArithmeticTask(Task):
         }
 
 
-class CalculatorTask(Task):
+class CalculatorTask(EnvTask):
     """The calculator agent as an RL task: multi-turn episodes in CalculatorEnv (envs/calculator.py).
     Reward parts: "correct" (exact final answer), "penalty" (tool calls after the answer was known) and
     "cost" (tool_cost per call, 0 unless asked for);
@@ -187,35 +230,8 @@ class CalculatorTask(Task):
     def eval_items(self) -> list[dict]:
         return self._eval
 
-    def rollout(
-        self,
-        model,
-        tokenizer,
-        items,
-        group_size,
-        max_new_tokens,
-        *,
-        temperature=1.0,
-        top_p=1.0,
-        seed=None,
-        decoder=None,
-        wrap_env=None,
-    ):
-        env_seeds = random.Random(seed)  # the flaky tool's failures are part of the replayable run
-        return run_episodes(
-            model,
-            tokenizer,
-            lambda: CalculatorEnv(self.flaky, env_seeds.random(), self.tool_cost),
-            items,
-            group_size,
-            self.max_turns,
-            max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            decoder=decoder,
-            wrap_env=wrap_env,
-        )
+    def make_env(self, rng):
+        return CalculatorEnv(self.flaky, rng.random(), self.tool_cost)
 
     def accuracy(self, trajectory) -> dict:
         return {
@@ -227,7 +243,7 @@ class CalculatorTask(Task):
         return {k: v for k, v in agent_metrics(trajectories).items() if k in self.metric_names}
 
 
-class CodeTask(Task):
+class CodeTask(EnvTask):
     """The code agent as an RL task (envs/code.py): fix a bug in a tiny repository with read_file, edit_file
     and run_test. Reward parts: "fraction" of the original tests passing (guarded: tampering with the
     tests scores 0) and "penalty" (−0.2 for re-reading a file in a loop). `reward="naive"` scores the
@@ -257,34 +273,8 @@ class CodeTask(Task):
     def eval_items(self) -> list[dict]:
         return self._eval
 
-    def rollout(
-        self,
-        model,
-        tokenizer,
-        items,
-        group_size,
-        max_new_tokens,
-        *,
-        temperature=1.0,
-        top_p=1.0,
-        seed=None,
-        decoder=None,
-        wrap_env=None,
-    ):
-        return run_episodes(
-            model,
-            tokenizer,
-            lambda: CodeEnv(reward=self.reward),
-            items,
-            group_size,
-            self.max_turns,
-            max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            decoder=decoder,
-            wrap_env=wrap_env,
-        )
+    def make_env(self, rng):
+        return CodeEnv(reward=self.reward)
 
     def accuracy(self, trajectory) -> dict:
         return {
@@ -304,7 +294,7 @@ class CodeTask(Task):
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
-class JsonlTask(Task):
+class JsonlTask(EnvTask):
     """A task read from a JSONL file: bring your own questions (GSM8K's layout works as it is).
 
     Each line is one item:
@@ -420,34 +410,8 @@ class JsonlTask(Task):
     def eval_items(self) -> list[dict]:
         return self._eval
 
-    def rollout(
-        self,
-        model,
-        tokenizer,
-        items,
-        group_size,
-        max_new_tokens,
-        *,
-        temperature=1.0,
-        top_p=1.0,
-        seed=None,
-        decoder=None,
-        wrap_env=None,
-    ):
-        return run_episodes(
-            model,
-            tokenizer,
-            lambda: AnswerEnv(self.conventions),
-            items,
-            group_size,
-            self.max_turns,
-            max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            decoder=decoder,
-            wrap_env=wrap_env,
-        )
+    def make_env(self, rng):
+        return AnswerEnv(self.conventions)
 
     def accuracy(self, trajectory) -> dict:
         return {
@@ -463,7 +427,7 @@ class JsonlTask(Task):
         }
 
 
-class ProgramTask(Task):
+class ProgramTask(EnvTask):
     """HumanEval-format problems (envs/program.py): write the function, its tests are the reward. Read
     from the file openai/human-eval ships (HumanEval.jsonl.gz) or any file of its layout; every
     problem is held out (an evaluation set, not training data); `sample` draws from them too, for a
@@ -484,34 +448,8 @@ class ProgramTask(Task):
     def eval_items(self) -> list[dict]:
         return self._items
 
-    def rollout(
-        self,
-        model,
-        tokenizer,
-        items,
-        group_size,
-        max_new_tokens,
-        *,
-        temperature=1.0,
-        top_p=1.0,
-        seed=None,
-        decoder=None,
-        wrap_env=None,
-    ):
-        return run_episodes(
-            model,
-            tokenizer,
-            lambda: ProgramEnv(self.timeout),
-            items,
-            group_size,
-            1,
-            max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            decoder=decoder,
-            wrap_env=wrap_env,
-        )
+    def make_env(self, rng):
+        return ProgramEnv(self.timeout)
 
     def accuracy(self, trajectory) -> dict:
         passed = bool(trajectory.info["correct"])

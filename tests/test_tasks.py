@@ -9,7 +9,7 @@ from minirl import load_pretrained
 from minirl.envs.calculator import CalculatorEnv, expert_policy, play
 from minirl.envs.code import SCRIPTED_POLICIES, CodeEnv, load_templates, make_task, run_scripted
 from minirl.rollout import Trajectory
-from minirl.tasks import TASKS, ArithmeticTask, CalculatorTask, CodeTask, Task
+from minirl.tasks import TASKS, ArithmeticTask, CalculatorTask, CodeTask, EnvTask, Task
 from minirl.toy import build_checkpoint
 
 
@@ -18,6 +18,8 @@ def test_every_task_is_a_task_with_the_whole_protocol():
         assert issubclass(cls, Task), cls
         for method in ("sample", "eval_items", "rollout", "accuracy", "metrics", "score"):
             assert callable(getattr(cls, method)), (cls, method)
+    # every task but the single-turn arithmetic one plays episodes in an environment
+    assert [name for name, cls in TASKS.items() if not issubclass(cls, EnvTask)] == ["arithmetic"]
 
 
 def test_a_task_missing_part_of_the_protocol_cannot_be_made():
