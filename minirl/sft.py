@@ -36,7 +36,7 @@ from tqdm import tqdm
 from . import data, distributed, evaluation, graduation, training
 from .checkpoint import MetricsLog, save_checkpoint
 from .config import Qwen2Config
-from .kv_cache import SharedPrefix
+from .kv_cache import SharedPrefix, passes
 from .losses import IGNORE_INDEX, sft_loss_chunked
 from .memory import budget_bytes
 from .sft_memory import plan_memory
@@ -269,16 +269,19 @@ def train(cfg: SFTConfig) -> dict:
             epoch,
             stats.lengths if cfg.group_by_length else None,
         )
-        # this rank's share of the step's micro-batches, each run rows_per_pass conversations at a time
-        parts = [
-            mine[i : i + rows_per_pass]
-            for b in batches[index * cfg.grad_accum : (index + 1) * cfg.grad_accum]
-            for mine in [b[rank::world]]
-            for i in range(0, len(mine), rows_per_pass)
+        # this rank's share of the step's micro-batches
+        mine = [
+            b[rank::world] for b in batches[index * cfg.grad_accum : (index + 1) * cfg.grad_accum]
         ]
-        shared = (
-            data.shared_prefix_length([examples[i] for part in parts for i in part]) if parts else 0
-        )
+        mine = [m for m in mine if m]
+        shared = data.shared_prefix_length([examples[i] for m in mine for i in m]) if mine else 0
+        # each run in passes of similar lengths, at most rows_per_pass conversations each (kv_cache.passes):
+        # the same gradient as one padded pass (the loss divides by the step's count), less padding
+        parts = [
+            [m[j] for j in part]
+            for m in mine
+            for part in passes([stats.lengths[i] - shared for i in m], rows_per_pass)
+        ]
         group = [
             collate_on(examples, part, tokenizer.pad_token_id, device, skip=shared)
             for part in parts

@@ -28,6 +28,23 @@ def test_bench_sft_step_tiny_runs_and_matches_peft():
             assert worst < 1e-4, line
 
 
+def test_bench_sample_realistic_tiny_stops_rows_at_eos_like_transformers():
+    """sample.py --realistic on a toy checkpoint: chat-templated HumanEval prompts of mixed lengths,
+    rows stopping at the checkpoint's eos, greedy tokens compared with transformers'."""
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "sample.py"), "--tiny", "--realistic"]
+        + ["--batch", "3", "--new-tokens", "8", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "realistic (stop at eos" in result.stdout, result.stdout
+    assert "identical greedy outputs: 3/3 rows" in result.stdout, result.stdout
+    lengths = result.stdout.split("prompts ")[1].split(" tokens")[0].split("-")
+    assert int(lengths[0]) < int(lengths[1]), "the prompts should differ in length"
+
+
 @pytest.mark.slow
 def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
     """bench/gpu_suite.sh --tiny: every script of the GPU suite on a tiny model, sample.py's smoke runs
