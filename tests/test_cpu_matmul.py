@@ -2,6 +2,9 @@
 emulated-bfloat16 path (float32 blocks, one rounding) with its gradients, forced on whatever this
 CPU is, so the test runs everywhere."""
 
+import os
+import platform
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -84,9 +87,9 @@ def test_chunked_logprobs_take_the_same_products_in_emulated_bfloat16(emulated, 
 
 
 def test_emulation_is_detected_from_the_cpu_flags():
-    flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     expected = (
-        __import__("platform").machine().lower() in ("x86_64", "amd64")
+        platform.machine().lower() in ("x86_64", "amd64")
         and bool(flags)
         and "avx512_bf16" not in flags
         and "amx_bf16" not in flags
