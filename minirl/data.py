@@ -34,6 +34,48 @@ def tool_names(tools) -> set[str]:
     return {(t.get("function", t) or {}).get("name") for t in tools or [] if isinstance(t, dict)}
 
 
+def check_tools(tools) -> None:
+    """A line's "tools": absent, or a list of specs each naming its function (as the template renders
+    them, one JSON object per tool; a string here would render as one tool per character)."""
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise ValueError(
+            f'"tools" must be a list of tool specs ({{"type": "function", "function": {{"name": '
+            f"...}}}}), got {type(tools).__name__} {str(tools)[:40]!r}"
+        )
+    for j, tool in enumerate(tools):
+        spec = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise ValueError(f"tool {j}: a tool spec needs a function name, got {str(tool)[:60]!r}")
+
+
+def check_call(call, i: int, known: set[str]) -> None:
+    """One tool call of an assistant message, as the rollout parser (envs/tools.parse_assistant) would
+    read it once rendered: a known tool's name, and arguments that are a JSON object (or a string
+    holding one). Training on anything else teaches calls the parser refuses."""
+    function = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        raise ValueError(f"message {i}: a tool call must be an object, got {str(call)[:60]!r}")
+    name = function.get("name")
+    if name not in known:
+        raise ValueError(
+            f"message {i}: tool call to {name!r}, which is not in the line's tools "
+            f"({', '.join(sorted(map(str, known))) or 'none listed'})"
+        )
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            pass
+    if not isinstance(arguments, dict):
+        raise ValueError(
+            f"message {i}: the arguments of the call to {name} must be a JSON object "
+            f"(or a string holding one), got {str(function.get('arguments', 'nothing'))[:60]!r}"
+        )
+
+
 def check_conversation(record) -> dict:
     """Normalize one JSONL record to {"messages": [...], "tools": [...] or None}, or raise ValueError."""
     if isinstance(record, list):
@@ -45,6 +87,7 @@ def check_conversation(record) -> dict:
     ):
         raise ValueError('expected {"messages": [...], "tools": [...]} or a list of messages')
     messages, tools = record["messages"], record.get("tools")
+    check_tools(tools)
     known = tool_names(tools)
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
@@ -53,16 +96,13 @@ def check_conversation(record) -> dict:
                 f"(expected one of {', '.join(ROLES)})"
             )
         calls = m.get("tool_calls") or []
+        if calls and (m["role"] != "assistant" or not isinstance(calls, list)):
+            raise ValueError(f"message {i}: tool_calls must be a list, on an assistant message")
         if m["role"] == "assistant" and calls:
             if m.get("content") is not None and not isinstance(m["content"], str):
                 raise ValueError(f"message {i}: assistant content must be a string")
             for call in calls:
-                name = (call.get("function", call) if isinstance(call, dict) else {}).get("name")
-                if name not in known:
-                    raise ValueError(
-                        f"message {i}: tool call to {name!r}, which is not in the line's tools "
-                        f"({', '.join(sorted(map(str, known))) or 'none listed'})"
-                    )
+                check_call(call, i, known)
         elif "content" not in m or not isinstance(m["content"], str):
             raise ValueError(f"message {i} ({m['role']}): missing content (a string)")
         elif m["role"] == "assistant" and not m["content"].strip():
@@ -72,39 +112,55 @@ def check_conversation(record) -> dict:
     return {"messages": messages, "tools": tools}
 
 
-def read_jsonl(path: str):
-    """(line number, record) for every non-blank line of a .jsonl or .jsonl.gz file; a line that is
-    not JSON stops with `file:line: invalid JSON (...)`."""
+def jsonl_lines(path: str):
+    """(line number, record or the error that line raised) for every non-blank line of a .jsonl or
+    .jsonl.gz file. A line that is not UTF-8, not JSON or nested too deeply for Python's parser comes
+    back as a ValueError saying so, so every reader can name file:line."""
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
+    with opener(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                yield lineno, json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                yield (
+                    lineno,
+                    ValueError(
+                        f"not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})"
+                    ),
+                )
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({e})") from None
+                yield lineno, ValueError(f"invalid JSON ({e})")
+            except RecursionError:
+                yield lineno, ValueError("invalid JSON (nested too deeply to read)")
+
+
+def read_jsonl(path: str):
+    """(line number, record) for every non-blank line of a .jsonl or .jsonl.gz file; a line that is
+    not UTF-8 JSON stops with `file:line: ...`."""
+    for lineno, record in jsonl_lines(path):
+        if isinstance(record, ValueError):
+            raise ValueError(f"{path}:{lineno}: {record}") from None
+        yield lineno, record
 
 
 def read_conversations(path: str, skip_bad: bool = False) -> tuple[list[dict], int]:
     """All valid conversations of a JSONL file and the number of bad lines skipped (skip_bad=True);
-    without skip_bad the first bad line raises DataError("path:line: what is wrong")."""
+    without skip_bad the first bad line raises DataError("path:line: what is wrong"). Each
+    conversation keeps where it came from as "source" ("path:line")."""
     conversations, skipped = [], 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                conversations.append(check_conversation(json.loads(line)))
-            except (json.JSONDecodeError, ValueError, AttributeError, TypeError) as e:
-                if not skip_bad:
-                    reason = (
-                        f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
-                    )
-                    raise DataError(
-                        f"{path}:{lineno}: {reason}; fix the line or pass --skip-bad"
-                    ) from None
-                skipped += 1
+    for lineno, record in jsonl_lines(path):
+        try:
+            if isinstance(record, ValueError):
+                raise record
+            conversation = check_conversation(record)
+        except (ValueError, AttributeError, TypeError, RecursionError) as e:
+            if not skip_bad:
+                raise DataError(f"{path}:{lineno}: {e}; fix the line or pass --skip-bad") from None
+            skipped += 1
+            continue
+        conversations.append({**conversation, "source": f"{path}:{lineno}"})
     if not conversations:
         raise DataError(f"{path}: no usable conversation")
     return conversations, skipped

@@ -43,6 +43,31 @@ def loss_plateau(
     return previous - last <= max(tolerance * abs(previous), min_delta)
 
 
+def prompt_ids(tokenizer, conversation: dict) -> list[int]:
+    """The ids graduation samples from: the conversation up to its first assistant turn, and the
+    generation prompt."""
+    first = next(i for i, m in enumerate(conversation["messages"]) if m["role"] == "assistant")
+    text = tokenizer.apply_chat_template(
+        conversation["messages"][:first], conversation.get("tools"), add_generation_prompt=True
+    )
+    return tokenizer.encode(text)
+
+
+def check_fits(tokenizer, conversations: list[dict], max_new_tokens: int, context: int) -> None:
+    """Before training: raise ValueError naming the held-out conversation (file:line) whose prompt
+    plus `max_new_tokens` would not fit the model's context, so the run cannot fail at its end."""
+    for conversation in conversations:
+        n = len(prompt_ids(tokenizer, conversation))
+        if n + max_new_tokens > context:
+            raise ValueError(
+                f"{conversation.get('source', 'a held-out conversation')}: graduation samples "
+                f"--eval-max-new-tokens {max_new_tokens} tokens after this conversation's "
+                f"{n}-token prompt, {n + max_new_tokens} positions in all, beyond the model's "
+                f"context of {context}; lower --eval-max-new-tokens or leave the conversation out "
+                "of the held-out data"
+            )
+
+
 @torch.no_grad()
 def evaluate(
     model,
@@ -54,14 +79,8 @@ def evaluate(
     seed: int = 0,
 ) -> dict:
     """Sample k completions for the first assistant turn of each held-out conversation and score them."""
-    prompts, known = [], []
-    for conv in conversations:
-        first = next(i for i, m in enumerate(conv["messages"]) if m["role"] == "assistant")
-        text = tokenizer.apply_chat_template(
-            conv["messages"][:first], conv.get("tools"), add_generation_prompt=True
-        )
-        prompts.append(tokenizer.encode(text))
-        known.append(tool_names(conv.get("tools")))
+    prompts = [prompt_ids(tokenizer, conv) for conv in conversations]
+    known = [tool_names(conv.get("tools")) for conv in conversations]
     outs = generate(
         model,
         prompts,

@@ -26,7 +26,6 @@ groups with a non-finite reward are dropped and counted instead of poisoning the
 """
 
 import copy
-import math
 import os
 import random
 import time
@@ -36,8 +35,10 @@ import torch
 from tqdm import tqdm
 
 from . import distributed, evaluation, training
-from .checkpoint import MetricsLog, save_checkpoint
+from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .config import Qwen2Config
+from .finite import check_update
+from .flags import check_grpo
 from .grpo_memory import fit_learning, plan_memory
 from .learner import (
     completion_logprobs,
@@ -106,6 +107,7 @@ class GRPOConfig:
     eval_every: int = 0  # 0 = only at the end
     save_every: int = 10
     resume: bool = False
+    overwrite: bool = False  # replace the run a used --out holds (claim_run_folder)
     stop_after: int = 0
     # --- rollout log, for `minirl view` (rollout_log.py) ---
     log_rollouts_every: int = (
@@ -256,8 +258,7 @@ def learn(
             params
         )  # summed: each rank's loss was already divided by the global count
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
-        if not math.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite gradient norm {grad_norm}; refusing the update")
+        check_update(totals["loss"], grad_norm, model, scheduler.last_epoch // cfg.inner_steps + 1)
         stats = {**totals, "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0]}
         optimizer.step()
         scheduler.step()
@@ -272,17 +273,7 @@ def learn(
 
 def train(cfg: GRPOConfig) -> dict:
     # Stage 1: the flags, the task and the memory plan, all checked before a weight is loaded
-    if cfg.aggregation not in ("token", "sequence", "constant"):
-        raise ValueError(
-            f"--aggregation must be token, sequence or constant, got {cfg.aggregation!r}"
-        )
-    if cfg.merge_lora not in ("auto", "on", "off"):
-        raise ValueError(f"--merge-lora must be auto, on or off, got {cfg.merge_lora!r}")
-    if cfg.log_rollouts_every < 0 or cfg.log_rollout_groups < 1:
-        raise ValueError(
-            f"--log-rollouts-every must be >= 0 (0: off) and --log-rollout-groups >= 1, got "
-            f"{cfg.log_rollouts_every} and {cfg.log_rollout_groups}"
-        )
+    check_grpo(cfg)
     device, dtype = training.start(cfg)
     distributed.check_divisible(cfg.prompts_per_step, "--prompts-per-step")
     rank, share = distributed.rank(), cfg.prompts_per_step // distributed.world_size()
@@ -308,8 +299,9 @@ def train(cfg: GRPOConfig) -> dict:
         rows_per_pass
     )  # (rows, checkpointing) of the next learning pass, re-planned every step
 
-    # Stage 2: the policy (an SFT adapter merged in: it becomes π_ref), what it trains, the optimizer, --resume
-    os.makedirs(cfg.out, exist_ok=True)
+    # Stage 2: the run folder, the policy (an SFT adapter merged in: it becomes π_ref), what it
+    # trains, the optimizer, --resume
+    claim_run_folder(cfg, "grpo")  # this run's folder from here on, or a refusal
     model, tokenizer = load_pretrained(cfg.model, dtype=dtype, device=device)
     if cfg.adapter:
         merge_and_unload(load_adapter(model, cfg.adapter))

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from . import cpu_matmul
+from .finite import check_weights
 from .trainable_tokens import add_trainable_tokens, remove_trainable_tokens, token_adapter
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -360,6 +361,8 @@ def load_adapter(model: nn.Module, folder: str) -> nn.Module:
         k.removeprefix(PEFT_PREFIX).replace(".default.", "."): v
         for k, v in load_file(weights_path).items()
     }
+    for name, tensor in tensors.items():
+        check_weights(tensor, f"{weights_path}: tensor {name}")
     expected = lora_state_dict(model)
     missing, unexpected = expected.keys() - tensors.keys(), tensors.keys() - expected.keys()
     wrong = [k for k in expected.keys() & tensors.keys() if expected[k].shape != tensors[k].shape]

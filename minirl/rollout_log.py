@@ -28,6 +28,7 @@ import os
 
 import torch
 
+from .files import reopen_log
 from .losses import kl_k3
 
 
@@ -123,6 +124,14 @@ def rollout_records(
     return records
 
 
+def _step(line: str) -> float:
+    """A record's step; a line cut short by a kill counts as after every checkpoint."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
+
+
 class RolloutLog:
     """Appends records to rollouts.jsonl; on resume, keeps only the lines up to the checkpoint's step."""
 
@@ -130,12 +139,9 @@ class RolloutLog:
         kept = []
         if resume_step is not None and os.path.exists(path):
             with open(path, encoding="utf-8") as f:
-                kept = [
-                    line for line in f if line.strip() and json.loads(line)["step"] <= resume_step
-                ]
+                kept = [line for line in f if _step(line) <= resume_step]
         self.path = path
-        self.file = open(path, "w", encoding="utf-8")
-        self.file.writelines(kept)
+        self.file = reopen_log(path, kept)  # replaced whole, then appended to (files.py)
 
     def write(self, records: list[dict]):
         for record in (

@@ -34,8 +34,10 @@ import torch
 from tqdm import tqdm
 
 from . import data, distributed, evaluation, graduation, training
-from .checkpoint import MetricsLog, save_checkpoint
+from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .config import Qwen2Config
+from .finite import check_update
+from .flags import check_sft
 from .kv_cache import SharedPrefix, passes
 from .losses import IGNORE_INDEX, sft_loss_chunked
 from .memory import budget_bytes
@@ -111,6 +113,7 @@ class SFTConfig:
     # --- checkpoints ---
     save_every: int = 0  # 0 = at the end of each epoch
     resume: bool = False
+    overwrite: bool = False  # replace the run a used --out holds (claim_run_folder)
     stop_after: int = (
         0  # stop (with a checkpoint) after this many steps; the schedule still spans the run
     )
@@ -161,7 +164,9 @@ def eval_task(cfg: SFTConfig):
 
 # ---- the loop ----------------------------------------------------------------------------------------
 def train(cfg: SFTConfig) -> dict:
-    # Stage 1: the data, the evaluation task and the memory plan, all checked before a weight is loaded
+    # Stage 1: the flags, the data, the evaluation task and the memory plan, all checked before a
+    # weight is loaded
+    check_sft(cfg)
     device, dtype = training.start(cfg)
     distributed.check_divisible(cfg.batch_size, "--batch-size")
     rank, world = distributed.rank(), distributed.world_size()
@@ -181,10 +186,14 @@ def train(cfg: SFTConfig) -> dict:
         raise data.DataError(
             f"{cfg.data}: every conversation was dropped (longer than --max-len {cfg.max_len}?)"
         )
+    model_config = Qwen2Config.from_json(cfg.model)
+    graduation.check_fits(
+        tokenizer, eval_convs, cfg.eval_max_new_tokens, model_config.max_position_embeddings
+    )
     budget = budget_bytes(device, cfg.memory_limit)
     rows_per_pass, checkpointing, estimated_peak = plan_memory(
         cfg,
-        Qwen2Config.from_json(cfg.model),
+        model_config,
         tokenizer,
         examples,
         eval_convs,
@@ -200,8 +209,8 @@ def train(cfg: SFTConfig) -> dict:
         f"{'training' if eval_on == 'train' else 'held-out'} prompts"
     )
 
-    # Stage 2: the model, what it trains, the optimizer and schedule, and --resume
-    os.makedirs(cfg.out, exist_ok=True)
+    # Stage 2: the run folder, the model, what it trains, the optimizer and schedule, and --resume
+    claim_run_folder(cfg, "sft")  # this run's folder from here on, or a refusal
     model = load_pretrained(cfg.model, dtype=dtype, device=device)[0]
     training.trainable(model, cfg)
     rows = [] if cfg.full else tokens_to_train(cfg.train_tokens, model, tokenizer, examples)
@@ -320,6 +329,7 @@ def train(cfg: SFTConfig) -> dict:
         )  # summed: each rank's loss was already divided by the global count
         loss_value = distributed.all_reduce_sum(loss_value)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
+        check_update(loss_value, grad_norm, model, step + 1)
         lr = scheduler.get_last_lr()[0]
         optimizer.step()
         scheduler.step()

@@ -15,6 +15,7 @@ import random
 from abc import ABC, abstractmethod
 
 from .answers import CONVENTIONS, lenient_answer, reference_answer, strict_answer
+from .data import jsonl_lines
 from .envs.answer import AnswerEnv
 from .envs.calculator import CalculatorEnv, agent_metrics, make_questions
 from .envs.code import CodeEnv, load_templates
@@ -343,17 +344,13 @@ class JsonlTask(EnvTask):
 
     def read(self, path: str) -> list[dict]:
         items = []
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    items.append(self.item(json.loads(line)))
-                except (json.JSONDecodeError, ValueError, TypeError, KeyError) as e:
-                    reason = (
-                        f"invalid JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
-                    )
-                    raise ValueError(f"{path}:{lineno}: {reason}") from None
+        for lineno, record in jsonl_lines(path):
+            try:
+                if isinstance(record, ValueError):  # not UTF-8 or not JSON
+                    raise record
+                items.append(self.item(record))
+            except (ValueError, TypeError, KeyError) as e:
+                raise ValueError(f"{path}:{lineno}: {e}") from None
         if not items:
             raise ValueError(f"{path}: no items")
         return items

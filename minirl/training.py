@@ -12,13 +12,14 @@ weight_decay, resume, out; lora_dropout where it has one), so a loop's own file 
 its own: the data or the task, the step, and its metrics.
 """
 
-import json
 import os
 
 import torch
 
 from . import distributed
 from .checkpoint import latest_checkpoint, restore_checkpoint
+from .files import write_json
+from .finite import check_trained
 from .lora import add_lora, save_adapter
 from .weights import run_dtype, save_pretrained
 
@@ -71,13 +72,13 @@ def finish(cfg, model, tokenizer, summary: dict) -> str:
     its own), and summary.json with `summary` and the folder's path; rank 0 writes, every rank returns
     once both exist. Returns the folder."""
     final_dir = os.path.join(cfg.out, "model" if cfg.full else "adapter")
+    check_trained(model, f"{final_dir}, not written")
     summary["saved"] = final_dir
     if distributed.is_main():
         if cfg.full:
             save_pretrained(model, final_dir, tokenizer)
         else:
             save_adapter(model, final_dir)
-        with open(os.path.join(cfg.out, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        write_json(os.path.join(cfg.out, "summary.json"), summary)
     distributed.barrier()
     return final_dir

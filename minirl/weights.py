@@ -18,6 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import Qwen2Config
+from .files import atomic_write, write_json
+from .finite import check_weights
 from .model import Qwen2
 from .tokenizer import Tokenizer
 
@@ -37,11 +39,25 @@ def weight_files(folder: str) -> list[str]:
         try:
             with open(index_path, encoding="utf-8") as f:
                 weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            names = list(dict.fromkeys(weight_map.values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise CheckpointError(
+                f"{index_path}: not valid JSON ({type(e).__name__}: {e})"
+            ) from None
+        except (KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(
                 f"{index_path}: not a safetensors index with a 'weight_map' ({e!r})"
             ) from None
-        files = [os.path.join(folder, name) for name in dict.fromkeys(weight_map.values())]
+        for name in names:  # a shard is a file of this folder, never a path that leads elsewhere
+            if (
+                not isinstance(name, str)
+                or os.path.basename(name) != name
+                or name in ("", ".", "..")
+            ):
+                raise CheckpointError(
+                    f"{index_path}: shard {name!r} is not a file name in the checkpoint folder"
+                )
+        files = [os.path.join(folder, name) for name in names]
         absent = [f for f in files if not os.path.isfile(f)]
         if absent:
             raise CheckpointError(f"{index_path} lists shard {absent[0]}, which does not exist")
@@ -141,6 +157,7 @@ def load_model(folder: str, dtype=torch.float32, device="cpu") -> Qwen2:
                     params[name].copy_(
                         f.get_tensor(name)
                     )  # one tensor in flight; copy_ casts bf16 -> dtype
+                    check_weights(params[name], f"{path}: tensor {name}")
     model.eos_token_ids = eos_token_ids(folder, config)
     return model.eval()
 
@@ -174,26 +191,6 @@ def load_pretrained(path: str, dtype=torch.float32, device="cpu"):
     return model, tokenizer
 
 
-def _atomic(path: str, write):
-    """Write through a temporary name and rename, so a crash never leaves a half-written file at `path`."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _write_json(path: str, obj):
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-
-    _atomic(path, write)
-
-
 def save_pretrained(model: Qwen2, folder: str, tokenizer=None, max_shard_size: int = 5_000_000_000):
     """Write config.json, generation_config.json and the weights in the published layout (sharded when
     they exceed max_shard_size bytes), plus the tokenizer files when a tokenizer is given."""
@@ -215,13 +212,13 @@ def save_pretrained(model: Qwen2, folder: str, tokenizer=None, max_shard_size: i
         else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
     for name, shard in zip(names, shards):
-        _atomic(
+        atomic_write(
             os.path.join(folder, name),
             lambda tmp, shard=shard: save_file(shard, tmp, metadata={"format": "pt"}),
         )
     index_path = os.path.join(folder, INDEX_NAME)
     if len(shards) > 1:
-        _write_json(
+        write_json(
             index_path,
             {
                 "metadata": {
@@ -238,8 +235,8 @@ def save_pretrained(model: Qwen2, folder: str, tokenizer=None, max_shard_size: i
         os.remove(index_path)
     config = model.config.to_dict()
     config["torch_dtype"] = str(model.dtype).removeprefix("torch.")
-    _write_json(os.path.join(folder, "config.json"), config)
-    _write_json(
+    write_json(os.path.join(folder, "config.json"), config)
+    write_json(
         os.path.join(folder, "generation_config.json"),
         {"bos_token_id": model.config.bos_token_id, "eos_token_id": list(model.eos_token_ids)},
     )

@@ -55,6 +55,19 @@ def hf_tiny_model(
     return model
 
 
+def processes_with(marker: str) -> list[int]:
+    """PIDs whose command line holds `marker` (every PID namespace's processes show in /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
 @pytest.fixture
 def hf_checkpoint(tmp_path):
     """Factory: write a tiny transformers model to a folder; returns (hf_model, folder)."""

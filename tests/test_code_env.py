@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from conftest import processes_with
 
 from minirl.envs.code import (
     SCRIPTED_POLICIES,
@@ -276,24 +277,13 @@ def run_in_sandbox(tmp_path, code, test, test_timeout=2.0, memory_mb=512):
         return observation, time.monotonic() - start, env.last_summary
 
 
-def is_running(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return (
-                f.read().rsplit(")", 1)[1].split()[0] != "Z"
-            )  # a zombie is dead, just not yet reaped
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc")
 def test_an_infinite_loop_times_out_and_its_process_group_is_killed(tmp_path):
-    pid_file = tmp_path / "child.pid"
+    marker = "271.828"
     code = (
         "import subprocess\n"
         "def spin():\n"
-        "    child = subprocess.Popen(['sleep', '60'])\n"
-        f"    open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        f"    subprocess.Popen(['sleep', '{marker}'])\n"
         "    while True:\n"
         "        pass\n"
     )
@@ -302,13 +292,12 @@ def test_an_infinite_loop_times_out_and_its_process_group_is_killed(tmp_path):
     assert seconds < 3.0 + 3.0
     assert observation.startswith("0 passed, 2 failed") and "timeout" in observation
     assert summary["error"].startswith("timeout")
-    pid = int(pid_file.read_text())
     deadline = (
         time.monotonic() + 5.0
     )  # SIGKILL is delivered asynchronously: give a loaded machine a moment
-    while is_running(pid) and time.monotonic() < deadline:
+    while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not is_running(pid)
+    assert processes_with(marker) == []
 
 
 def test_an_infinite_loop_at_import_also_times_out(tmp_path):

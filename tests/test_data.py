@@ -37,7 +37,7 @@ def test_reads_records_and_bare_message_lists(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [GOOD, "", bare])
     conversations, skipped = read_conversations(path)
     assert skipped == 0 and len(conversations) == 2
-    assert conversations[1] == {"messages": bare, "tools": None}
+    assert conversations[1] == {"messages": bare, "tools": None, "source": f"{path}:3"}
 
 
 BAD_LINES = [

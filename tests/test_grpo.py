@@ -370,5 +370,5 @@ def test_merged_sampling_leaves_the_base_weights_bit_for_bit(
     loaded, _ = load_pretrained(base, dtype=torch.bfloat16)
     for name, weight in loaded.state_dict().items():
         assert torch.equal(model.state_dict()[name], weight), name
-    with pytest.raises(ValueError, match="--merge-lora must be auto, on or off"):
+    with pytest.raises(ValueError, match="--merge-lora must be one of auto, on, off"):
         train(config(base, tmp_path / "bad", merge_lora="yes"))

@@ -1,17 +1,39 @@
-"""Run a workspace's tests in a child process: the sandbox behind the code agent's run_test and rewards.
+"""Run a workspace's tests in a sandboxed child process: the sandbox behind the code agent's run_test,
+its rewards and HumanEval scoring.
 
-The sandbox (`run_tests`) is a convenience, not a security boundary. The tests run in a child
-Python process on a throwaway copy of the workspace, with a wall-clock timeout (the whole process
-group is killed), rlimits on address space, CPU seconds and file size, a clean environment and no
-site-packages. The network "block" is a Python-level guard: the runner replaces
-`socket.socket.connect`, `socket.create_connection` and `socket.getaddrinfo` before importing the
-tests, which stops ordinary code but not code that reaches for `_socket`, ctypes or a subprocess.
-The code under test also runs in the same interpreter as the runner, so it could forge the runner's
-report; it can read and write any file the user can (only its working folder is a copy); run as root,
-it can raise its own limits. Linux is the target (RLIMIT_AS is not enforced on macOS). Run untrusted
-model output inside a container or VM if it matters.
+    summary = run_tests(workspace, files={"mod.py": text}, timeout=10.0, memory_mb=512)
+
+The tests run in runner.py, started by `run_tests` in a child process on a throwaway copy of the
+workspace. Two levels of isolation, decided once per process by `isolation()` and named in one line
+on stderr the first time (and in every summary's "isolation"):
+
+namespaces   Linux with util-linux's `unshare` and user namespaces (most machines, root or not):
+             - network: a new, empty network namespace (127.0.0.1 is its own, nothing listens there);
+             - processes: a PID namespace of its own: the trainer and every other process are out
+               of sight and reach, and whatever the tests start dies with the runner;
+             - files: a root of its own (runner.enter_jail): the system's and Python's folders
+               read-only, the task's copy on a 64 MB tmpfs at /work, a fresh /tmp; no /etc, no
+               home folders, no other task's folder; then no privilege over any of it.
+limits       anywhere else (or MINIRL_SANDBOX=limits): the limits below only. The code can then
+             reach the network through `_socket` or a subprocess, read and write whatever the user
+             can, and signal the user's processes: not a boundary for hostile code.
+MINIRL_SANDBOX=namespaces refuses to run without the jail; the default, auto, falls back with the
+warning.
+
+Both levels: a wall-clock timeout (the process group is killed), rlimits on address space, CPU
+seconds and file size, a clean environment, no site-packages (-S), no .pyc files (-B), and the
+verdicts kept by a process the tested code cannot write to (runner.py: each test in a forked process
+of its own, passed only when it hands back a one-time token after the test function returned).
+
+Still possible, at both levels: code that reaches into its own process's frames or memory while
+the test runs (sys._getframe, gc, ctypes) can forge that one test's pass (find its token, or make
+the test's frame skip lines); code can patch objects a test calls in other modules, or return
+objects equal to anything, and a weak test rewards a weak fix; inside the jail no process count
+limit stops a fork bomb before the timeout does. Held-out tests the policy never sees, and review
+of its diff, close the first holes.
 """
 
+import functools
 import json
 import math
 import os
@@ -22,74 +44,80 @@ import subprocess
 import sys
 import tempfile
 
+RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
 RUNNER_MARK = "@@minirl-runner "
 MAX_OUTPUT_BYTES = 16 << 20  # RLIMIT_FSIZE for the child: bounds what a runaway test can write
+# A user namespace first (root of it: the rights to build the jail), then the rest, new and empty.
+UNSHARE = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork"]
+UNSHARE += ["--kill-child", "--ipc", "--uts"]
+SYSTEM_FOLDERS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+PROBE_TIMEOUT = 20.0
 
-# The test runner, run as `python -S -B -c RUNNER_SOURCE [test files]` in the copied workspace.
-# - The workspace joins sys.path only after the runner's own imports, so a json.py there cannot replace them.
-# - It finds the `def test_*` functions with `ast` before importing anything, so the count is known even
-#   if an import fails or the process is killed.
-# - Each test's exception is caught on its own (BaseException: sys.exit() in a test is a failure too).
-# - Its reports go to a private duplicate of stdout, one JSON line each after RUNNER_MARK; whatever
-#   the tests print goes to /dev/null.
-RUNNER_SOURCE = r"""
-import sys
-workspace_path = sys.path.pop(0)  # until the runner's own imports are done, so no workspace file shadows them
-import ast, importlib, json, os, socket, traceback
 
-def no_network(*args, **kwargs):
-    raise OSError("network disabled in the sandbox")
+def read_only_folders(python: str) -> list[str]:
+    """What a jailed Python needs: the system's folders, and its own prefix when that lies elsewhere
+    (pyenv's under /root, conda's under /opt)."""
+    folders = [f for f in SYSTEM_FOLDERS if os.path.lexists(f)]
+    for prefix in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(python))):
+        prefix = os.path.realpath(prefix)
+        if prefix != "/" and not any(prefix == f or prefix.startswith(f + "/") for f in folders):
+            folders.append(prefix)
+    return folders
 
-socket.socket.connect = socket.socket.connect_ex = socket.socket.sendto = no_network
-socket.create_connection = socket.getaddrinfo = no_network
 
-channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
-silent = os.open(os.devnull, os.O_WRONLY)
-os.dup2(silent, 1)
-os.dup2(silent, 2)
-
-def report(**fields):
-    channel.write("\n" + MARK + json.dumps(fields) + "\n")  # own line even after a stray partial one
-    channel.flush()
-
-def describe(error, path):
-    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if os.path.basename(f.filename) == path]
-    if frames:
-        text += f" (line {frames[-1].lineno}: {frames[-1].line})"
-    return text[:300]
-
-files = sys.argv[1:] or sorted(f for f in os.listdir(".") if f.startswith("test_") and f.endswith(".py"))
-tests, failures = [], []
-for path in files:
-    try:
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-    except (OSError, SyntaxError, ValueError) as e:
-        failures.append({"test": f"{path}::<collect>", "error": f"{type(e).__name__}: {e}"[:300]})
-        continue
-    tests += [(path, node.name) for node in tree.body
-              if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
-report(collected=len(tests) + len(failures))
-sys.path.insert(0, workspace_path)
-
-modules, passed = {}, 0
-for path, name in tests:
-    if path not in modules:
+def _jail_problem() -> str | None:
+    """None if runner.py can build its jail on this machine, else why not (one line)."""
+    python = os.path.realpath(sys.executable)
+    with tempfile.TemporaryDirectory(prefix="minirl-sandbox-probe-") as scratch:
+        root, work = os.path.join(scratch, "root"), os.path.join(scratch, "work")
+        os.mkdir(root)
+        os.mkdir(work)
+        config = {
+            "mark": RUNNER_MARK,
+            "probe": True,
+            "jail": {"root": root, "work": work, "read_only": read_only_folders(python)},
+        }
         try:
-            modules[path] = importlib.import_module(path[:-3])
-        except BaseException as e:
-            modules[path] = e
-    try:
-        if isinstance(modules[path], BaseException):
-            raise modules[path]
-        getattr(modules[path], name)()
-        passed += 1
-    except BaseException as e:
-        failures.append({"test": f"{path}::{name}", "error": describe(e, path)})
-report(passed=passed, failed=len(failures), total=passed + len(failures), failures=failures[:20])
-os._exit(0)  # do not wait for threads the tests may have left running
-""".replace("MARK", repr(RUNNER_MARK))
+            result = subprocess.run(
+                [*UNSHARE, python, "-S", "-B", RUNNER, json.dumps(config)],
+                cwd=work,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=PROBE_TIMEOUT,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"{type(e).__name__}: {e}"
+    output = (result.stdout + result.stderr).decode("utf-8", "replace")
+    if RUNNER_MARK + json.dumps({"jail": "ready"}) in output:
+        return None
+    return " ".join(output.split())[-200:] or f"unshare exited with code {result.returncode}"
+
+
+@functools.cache
+def isolation() -> str:
+    """ "namespaces" or "limits": what run_tests uses in this process (MINIRL_SANDBOX: auto, the
+    default, tries the jail once and falls back; namespaces requires it; limits skips it)."""
+    choice = os.environ.get("MINIRL_SANDBOX", "auto")
+    if choice not in ("auto", "namespaces", "limits"):
+        raise ValueError(f"MINIRL_SANDBOX={choice!r}: expected auto, namespaces or limits")
+    problem = "MINIRL_SANDBOX=limits" if choice == "limits" else _jail_problem()
+    if problem is None:
+        print(
+            "minirl sandbox: Linux namespaces (model code runs with no network, no other process in "
+            "sight, and no file but the system's, read-only, and its task's copy)",
+            file=sys.stderr,
+        )
+        return "namespaces"
+    if choice == "namespaces":
+        raise RuntimeError(
+            f"MINIRL_SANDBOX=namespaces, but the sandbox's jail cannot be built here: {problem}"
+        )
+    print(
+        f"minirl sandbox: WARNING: resource limits only ({problem}): model code can reach the "
+        "network and the files and processes of this user",
+        file=sys.stderr,
+    )
+    return "limits"
 
 
 def _child_limits(memory_mb: int, cpu_seconds: int):
@@ -114,20 +142,20 @@ def _write_inside(folder: str, relpath: str, text: str) -> None:
         f.write(text.encode("utf-8"))
 
 
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _parse_report(line: str) -> dict:
-    """One runner report, or {} if the line was cut short by a kill or is not a well-formed report."""
+    """One runner report, or {} if the line was cut short by a kill or is not a JSON object."""
     try:
         report = json.loads(line[len(RUNNER_MARK) :])
     except json.JSONDecodeError:
         return {}
-    if not isinstance(report, dict):
-        return {}
-    if "passed" in report and not (
-        all(isinstance(report.get(key), int) for key in ("passed", "failed", "total"))
-        and isinstance(report.get("failures"), list)
-    ):
-        return {}
-    return report
+    return report if isinstance(report, dict) else {}
 
 
 def run_tests(
@@ -141,15 +169,17 @@ def run_tests(
 
     The workspace is copied (symlinks copied as links, not followed) to a fresh temporary folder, `files`
     ({relative path: text}) are written over the copy, and the runner runs `tests` (relative paths; default
-    every top-level test_*.py). Returns {"passed", "failed", "total", "failures": [{"test", "error"}, ...],
-    "error"}: "error" is None when the runner finished; on a timeout or crash it says what happened and
-    every collected test counts as failed.
+    every top-level test_*.py), each in a process of its own. Returns {"passed", "failed", "total",
+    "failures": [{"test", "error"}, ...], "error", "isolation"}: "error" is None when the runner
+    finished; on a timeout or crash it says what happened and every collected test counts as failed.
+    The count is this process's, from the runner's verdicts.
 
     Why not `python -I`: -I also ignores PYTHONHASHSEED, and a fixed hash seed keeps results
     reproducible. The child gets a clean environment instead (so no PYTHON* variable, proxy or token of
     ours leaks in), -S (no site-packages: the tests see the standard library and the workspace only) and
     -B (no .pyc files).
     """
+    mode = isolation()
     with tempfile.TemporaryDirectory(
         prefix="minirl-sandbox-", ignore_cleanup_errors=True
     ) as scratch:
@@ -157,49 +187,77 @@ def run_tests(
         shutil.copytree(workspace, work, symlinks=True)
         for relpath, text in (files or {}).items():
             _write_inside(work, relpath, text)
+        config = {"mark": RUNNER_MARK, "tests": tests or []}
+        command, home, tmp = [sys.executable, "-S", "-B", RUNNER], scratch, scratch
+        if mode == "namespaces":
+            python = os.path.realpath(sys.executable)  # a venv's link does not lead anywhere inside
+            root = os.path.join(scratch, "root")
+            os.mkdir(root)
+            config["jail"] = {"root": root, "work": work, "read_only": read_only_folders(python)}
+            command, home, tmp = [*UNSHARE, python, "-S", "-B", RUNNER], "/work", "/tmp"
         env = {
             "PATH": os.environ.get("PATH", os.defpath),
-            "HOME": scratch,
-            "TMPDIR": scratch,
+            "HOME": home,
+            "TMPDIR": tmp,
             "LC_ALL": "C.UTF-8",
             "PYTHONHASHSEED": "0",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONIOENCODING": "utf-8",
         }
-        output_path = os.path.join(scratch, "runner.out")
-        with open(output_path, "wb") as output:
-            proc = subprocess.Popen(
-                [sys.executable, "-S", "-B", "-c", RUNNER_SOURCE, *(tests or [])],
-                cwd=work,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, so killpg reaches children
-                preexec_fn=_child_limits(memory_mb, math.ceil(timeout) + 1),
-            )
-            try:
-                returncode, timed_out = proc.wait(timeout=timeout), False
-            except subprocess.TimeoutExpired:
-                returncode, timed_out = None, True
-            try:  # also after a normal exit: Linux keeps the group id reserved while leftover children live
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-        with open(output_path, "rb") as f:
-            f.seek(max(0, os.path.getsize(output_path) - (1 << 20)))
-            lines = f.read().decode("utf-8", "replace").splitlines()
+        proc = subprocess.Popen(
+            [*command, json.dumps(config)],
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,  # only the runner writes here: the tests' output goes to /dev/null
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so killpg reaches children
+            preexec_fn=_child_limits(memory_mb, math.ceil(timeout) + 1),
+        )
+        timed_out = False
+        try:
+            output = proc.communicate(timeout=timeout)[0]
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:  # also after a normal exit (Linux keeps the group id reserved while leftover
+            # children live) and when this process is interrupted
+            _kill_group(proc.pid)
+        if timed_out:
+            output = proc.communicate()[0]
+    lines = output.decode("utf-8", "replace").splitlines()
     reports = [_parse_report(line) for line in lines if line.startswith(RUNNER_MARK)]
-    final = [r for r in reports if "passed" in r]
-    if final and not timed_out:
-        return {**final[-1], "error": None}
+    verdicts = [
+        r for r in reports if isinstance(r.get("test"), str) and isinstance(r.get("passed"), bool)
+    ]
+    if any(r.get("done") is True for r in reports) and not timed_out:
+        failures = [
+            {"test": r["test"], "error": str(r.get("error"))} for r in verdicts if not r["passed"]
+        ]
+        passed = sum(r["passed"] for r in verdicts)
+        return {
+            "passed": passed,
+            "failed": len(failures),
+            "total": len(verdicts),
+            "failures": failures[:20],
+            "error": None,
+            "isolation": mode,
+        }
     collected = next((r["collected"] for r in reports if isinstance(r.get("collected"), int)), 0)
+    jail_error = next((r["jail_error"] for r in reports if "jail_error" in r), None)
     if timed_out:
         error = f"timeout: the tests did not finish within {timeout:g} s"
+    elif jail_error:
+        error = f"the sandbox could not be built: {jail_error}"
     else:
         tail = " ".join(line for line in lines if line and not line.startswith(RUNNER_MARK))[-200:]
-        error = f"the test process died (exit code {returncode}) before reporting" + (
+        error = f"the test process died (exit code {proc.returncode}) before reporting" + (
             f": {tail}" if tail else ""
         )
-    return {"passed": 0, "failed": collected, "total": collected, "failures": [], "error": error}
+    return {
+        "passed": 0,
+        "failed": collected,
+        "total": collected,
+        "failures": [],
+        "error": error,
+        "isolation": mode,
+    }

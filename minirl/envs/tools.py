@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 
 
 @dataclass
@@ -46,10 +46,31 @@ def _loads(text: str):
         return None, type(e).__name__
 
 
+def split_calls(text: str) -> tuple[list[str], str]:
+    """(blocks, outside): the text inside each <tool_call>...</tool_call> pair, left to right, each
+    opening tag closed by the first closing tag after it, and the text outside the pairs.
+
+    One pass of str.find, so linear in the text's length. (The regex `<tool_call>(.*?)</tool_call>`
+    said the same but was quadratic in unclosed tags: at each of them the lazy match scanned to the end
+    of the text, 37 s for 20,000 of them.)
+    """
+    blocks, outside, position = [], [], 0
+    while (start := text.find(OPEN_TAG, position)) >= 0:
+        end = text.find(CLOSE_TAG, start + len(OPEN_TAG))
+        if end < 0:  # no closing tag after this one, hence none after any later opening tag either
+            break
+        outside.append(text[position:start])
+        blocks.append(text[start + len(OPEN_TAG) : end])
+        position = end + len(CLOSE_TAG)
+    outside.append(text[position:])
+    return blocks, "".join(outside)
+
+
 def parse_assistant(text: str) -> AssistantTurn:
     """Split generated assistant text (without <|im_end|>) into content, well-formed calls and errors."""
     calls, errors = [], []
-    for block in CALL_PATTERN.findall(text):
+    blocks, content = split_calls(text)
+    for block in blocks:
         call, problem = _loads(block)
         if problem:
             errors.append(f"Error: tool call is not valid JSON ({problem})")
@@ -65,10 +86,9 @@ def parse_assistant(text: str) -> AssistantTurn:
             errors.append(f'Error: "arguments" of {call["name"]} must be a JSON object')
             continue
         calls.append(ToolCall(call["name"], arguments))
-    content = CALL_PATTERN.sub("", text)
-    if "<tool_call>" in content or "</tool_call>" in content:
+    if OPEN_TAG in content or CLOSE_TAG in content:
         errors.append("Error: unbalanced <tool_call> tags")
-        content = content.replace("<tool_call>", "").replace("</tool_call>", "")
+        content = content.replace(OPEN_TAG, "").replace(CLOSE_TAG, "")
     return AssistantTurn(content.strip(), calls, errors)
 
 
@@ -79,7 +99,7 @@ def foreign_tool_call(text: str) -> bool:
     """A tool call written outside <tool_call> tags (as a Markdown JSON block, say): JSON that starts
     like {"name": ..., "arguments": ...}. parse_assistant reads it as a final answer, so it is
     never run; evaluations count it as a format failure."""
-    return FOREIGN_CALL.search(CALL_PATTERN.sub("", text)) is not None
+    return FOREIGN_CALL.search(split_calls(text)[1]) is not None
 
 
 # ---- calculator: exact arithmetic on a whitelisted AST, bounded in time and size --------------------------

@@ -1,0 +1,276 @@
+"""The test runner that sandbox.run_tests starts in a child process; never imported by minirl.
+
+    python -S -B runner.py CONFIG_JSON        (standard library only; CONFIG_JSON: see sandbox.py)
+
+It reports to its parent on stdout, one JSON line each after the config's "mark":
+{"collected": n}, then {"test": "file::name", "passed": bool, "error": text or null} per test,
+then {"done": true}. The parent counts the verdicts; this process only relays them.
+
+Why it is built this way (each point answers a way model-written code fooled or harmed the runner):
+- In a jail (config "jail", Linux only) it first builds a file system of its own (`enter_jail`):
+  the system's and Python's folders read-only, the task's copy at /work, a fresh /tmp and /proc, no
+  /etc and no home; the network, process and IPC namespaces were made new by `unshare` before this
+  process started. Then it gives up every privilege over what it built (a user namespace of its own).
+- It finds the `def test_*` functions with `ast` and compiles their code from the files as they were
+  before anything ran, so the count is known even if an import fails, and code that swaps a test
+  function in its module does not swap what runs.
+- Each test runs in a process of its own, forked from this one (`run_one`), and passes only if that
+  process writes back a one-time token after the test function returned. This process cannot be
+  reached from there: it is not dumpable (no ptrace, no /proc/PID/mem), the child closes the channel
+  to the parent first thing, and in the jail this process is PID 1, which its namespace cannot kill.
+  So patching builtins, globals or the runner's functions, printing reports or exiting early
+  cannot turn a failure into a pass; at most a test's own process fails.
+- The test's module runs with the builtins as they were before any workspace code ran (a copy),
+  the test function with another copy and a snapshot of its module's names, and a tracer the
+  import set is removed, so patched builtins or a line-skipping tracer do not reach the test.
+What is still possible is in sandbox.py's docstring.
+"""
+
+import ast
+import builtins
+import ctypes
+import json
+import os
+import shutil
+import socket
+import sys
+import traceback
+from types import CodeType, FunctionType, ModuleType
+
+# this file's folder: nothing of minirl's is imported here, and no workspace file yet
+sys.path.pop(0)
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 1 << 14, 1 << 18
+# A read-only remount must keep the flags the mount already has: in a user namespace the kernel
+# refuses to clear them (statvfs flag -> mount flag).
+KEPT_FLAGS = {
+    os.ST_NOSUID: MS_NOSUID,
+    os.ST_NODEV: MS_NODEV,
+    os.ST_NOEXEC: MS_NOEXEC,
+    os.ST_NOATIME: 1 << 10,
+    os.ST_NODIRATIME: 1 << 11,
+    os.ST_RELATIME: 1 << 21,
+}
+CLONE_NEWUSER = 0x10000000
+PR_SET_DUMPABLE = 4
+DEVICES = ("null", "zero", "random", "urandom")
+MAX_VERDICT_BYTES = 1 << 16
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(source, target, fstype, flags, data=None) -> None:
+    def c_string(text):
+        return None if text is None else text.encode()
+
+    result = libc.mount(c_string(source), c_string(target), c_string(fstype), flags, c_string(data))
+    _check(result, f"mount {target}")
+
+
+def enter_jail(root: str, work: str, read_only: list[str]) -> None:
+    """Make `root` (an empty folder) this process's whole file system and drop every privilege.
+
+    Runs as root of the fresh user, mount, PID, network, IPC and UTS namespaces `unshare` made:
+      /usr, /lib*, /bin, /sbin, Python's prefix   read-only binds (`read_only`; a symlink copied)
+      /work                                       the task's copy (`work`), on a 64 MB tmpfs
+      /tmp                                        a fresh 64 MB tmpfs
+      /dev/{null,zero,random,urandom}, /proc      the devices, and this PID namespace's processes
+    then / itself is remounted read-only and the process enters a user namespace of its own, where it
+    holds no capability over the mounts, network and processes above (CLONE_NEWUSER: the uid it shows
+    is the overflow uid; the kernel still checks files against the user who started the sandbox).
+    """
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here propagates back out
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for path in read_only:
+        target = root + path
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.islink(path):  # Debian's /bin -> usr/bin
+            os.symlink(os.readlink(path), target)
+            continue
+        os.makedirs(target, exist_ok=True)
+        _mount(path, target, None, MS_BIND | MS_REC)
+        kept = sum(flag for st, flag in KEPT_FLAGS.items() if os.statvfs(path).f_flag & st)
+        _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | kept)
+    os.makedirs(root + "/dev")
+    for name in DEVICES:
+        open(f"{root}/dev/{name}", "w").close()
+        _mount(f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
+    os.makedirs(root + "/work")  # a copy on a tmpfs of its own: the tests cannot fill the disk
+    _mount("tmpfs", root + "/work", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=0755")
+    shutil.copytree(work, root + "/work", symlinks=True, dirs_exist_ok=True)
+    os.makedirs(root + "/tmp")
+    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
+    os.makedirs(root + "/proc")
+    try:  # some container runtimes forbid a new proc mount; the tests rarely need /proc
+        _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except OSError:
+        pass
+    os.chdir(root)
+    _mount(root, "/", None, MS_MOVE)
+    os.chroot(".")
+    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir("/work")
+    _check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+
+
+def collect(files: list[str]) -> tuple[list[tuple], list[dict]]:
+    """([(file, test name, the file's code, the test's code)], [collection failures]) for the
+    top-level `def test_*` functions of `files`, compiled here from the files' text."""
+    tests, failures = [], []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+            tree = ast.parse(source, path)
+            module_code = compile(tree, path, "exec")
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError) as e:
+            failures.append(
+                {"test": f"{path}::<collect>", "error": f"{type(e).__name__}: {e}"[:300]}
+            )
+            continue
+        codes = {c.co_name: c for c in module_code.co_consts if isinstance(c, CodeType)}
+        names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+        for name in dict.fromkeys(n for n in names if n.startswith("test_")):  # the last def wins
+            tests.append((path, name, module_code, codes[name]))
+    return tests, failures
+
+
+def describe(error: BaseException, path: str) -> str:
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if os.path.basename(f.filename) == os.path.basename(path)
+    ]
+    if frames:
+        text += f" (line {frames[-1].lineno}: {frames[-1].line})"
+    return text[:300]
+
+
+def run_one(path, name, module_code, code, token: bytes, verdict_fd: int, pristine: dict):
+    """In the forked child: run the test's module and the test, write the token if the test returned
+    (a JSON error if it raised), exit. Never returns.
+
+    Everything used once workspace code has run is taken first, into locals: the builtins and
+    this module's globals can be patched from there. The module runs from the code compiled before
+    (module_code) with a copy of the pristine builtins, so the functions it defines (a HumanEval
+    check()) see those; the test function itself gets another copy, and a snapshot of the module's
+    names taken after the import."""
+    os.closerange(3, verdict_fd)  # the channel to the parent among them
+    os.closerange(verdict_fd + 1, 1 << 16)
+    write, exit_now, make_function, copy, names_of = os.write, os._exit, FunctionType, dict, vars
+    settrace, setprofile = sys.settrace, sys.setprofile
+    module_builtins, test_builtins = copy(pristine), copy(pristine)
+    try:
+        sys.path.insert(0, os.getcwd())
+        module = ModuleType(path[:-3])
+        module.__file__, module.__builtins__ = os.path.abspath(path), module_builtins
+        sys.modules[module.__name__] = module
+        exec(module_code, names_of(module))  # imports the workspace's code
+        settrace(None)  # a tracer set at import could skip the test's lines (f_lineno jumps)
+        setprofile(None)
+        namespace = copy(names_of(module))
+        namespace["__builtins__"] = test_builtins
+        make_function(code, namespace, name)()
+    except BaseException as e:  # sys.exit() in a test is a failure too
+        write(verdict_fd, json.dumps({"error": describe(e, path)}).encode())
+        exit_now(0)
+    write(verdict_fd, token)
+    exit_now(0)
+
+
+def block_network() -> None:
+    """A clear error for ordinary network calls (in the jail the network namespace is empty anyway;
+    without it this is all there is, and `_socket`, ctypes or a subprocess get past it)."""
+
+    def no_network(*args, **kwargs):
+        raise OSError("network disabled in the sandbox")
+
+    socket.socket.connect = socket.socket.connect_ex = socket.socket.sendto = no_network
+    socket.create_connection = socket.getaddrinfo = no_network
+
+
+def verdict(message: bytes, token: bytes, status: int) -> tuple[bool, str | None]:
+    """(passed, error) from what a test's process wrote and how it ended."""
+    if message.endswith(token):
+        return True, None
+    try:
+        error = json.loads(message.decode("utf-8").splitlines()[-1])["error"]
+        return False, str(error)[:300]
+    except (ValueError, IndexError, KeyError, TypeError):
+        pass
+    how = (
+        f"exit code {os.WEXITSTATUS(status)}"
+        if os.WIFEXITED(status)
+        else f"signal {os.WTERMSIG(status)}"
+    )
+    return False, f"the test process died ({how}) before reporting"
+
+
+def run(config: dict, report) -> None:
+    """Collect, then run each test in a forked process of its own; report every verdict."""
+    tests, failures = collect(
+        config["tests"]
+        or sorted(f for f in os.listdir(".") if f.startswith("test_") and f.endswith(".py"))
+    )
+    report(collected=len(tests) + len(failures))
+    for failure in failures:
+        report(test=failure["test"], passed=False, error=failure["error"])
+    block_network()
+    pristine_builtins = dict(vars(builtins))
+    for path, name, module_code, code in tests:
+        token = os.urandom(16).hex().encode()
+        read_fd, verdict_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            run_one(path, name, module_code, code, token, verdict_fd, pristine_builtins)
+        os.close(verdict_fd)
+        _, status = os.waitpid(pid, 0)
+        os.set_blocking(
+            read_fd, False
+        )  # a grandchild may still hold the pipe open: read what is there
+        try:
+            message = os.read(read_fd, MAX_VERDICT_BYTES)
+        except BlockingIOError:
+            message = b""
+        os.close(read_fd)
+        passed, error = verdict(message, token, status)
+        report(test=f"{path}::{name}", passed=passed, error=error)
+    report(done=True)
+
+
+def main():
+    config = json.loads(sys.argv[1])
+    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
+
+    def report(**fields):
+        channel.write("\n" + config["mark"] + json.dumps(fields) + "\n")
+        channel.flush()
+
+    try:
+        if config.get("jail"):
+            enter_jail(**config["jail"])
+    except OSError as e:
+        report(jail_error=str(e))
+        os._exit(1)
+    if config.get("probe"):  # sandbox.isolation() asking whether the jail can be built here
+        report(jail="ready")
+        os._exit(0)
+    _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+    silent = os.open(os.devnull, os.O_WRONLY)  # what the tests print goes nowhere
+    os.dup2(silent, 1)
+    os.dup2(silent, 2)
+    run(config, report)
+    os._exit(0)  # do not wait for threads the tests may have left running
+
+
+if __name__ == "__main__":
+    main()
