@@ -22,8 +22,10 @@ from minirl.flags import FlagError
 from minirl.grpo import GRPOConfig
 from minirl.grpo import train as grpo_train
 from minirl.lora import load_adapter
+from minirl.rollout_log import RolloutLog
 from minirl.sft import SFTConfig
 from minirl.sft import train as sft_train
+from minirl.tasks import make_task
 from minirl.toy import build_checkpoint, calculator_conversation
 from minirl.weights import CheckpointError, load_pretrained
 
@@ -129,6 +131,18 @@ def test_an_out_that_is_a_file_is_refused(base, data, tmp_path, capsys):
     assert "is a file" in line and (tmp_path / "taken").read_text() == "not a folder"
 
 
+def test_a_resumed_rollout_log_is_replaced_whole_too(tmp_path):
+    path = str(tmp_path / "rollouts.jsonl")
+    log = RolloutLog(path, None)
+    log.write([{"step": step} for step in (1, 2, 3)])
+    log.close()
+    with open(path, "a") as f:
+        f.write('{"step": 4, "cut sho')
+    RolloutLog(path, 2).close()
+    with open(path) as f:
+        assert [json.loads(line)["step"] for line in f] == [1, 2]
+
+
 def test_a_resumed_metrics_log_is_replaced_whole_before_its_first_row(tmp_path):
     """Killed during the first step after a resume, metrics.csv kept its rows (it was reopened "w")."""
     path = str(tmp_path / "metrics.csv")
@@ -151,7 +165,9 @@ def test_a_resumed_metrics_log_is_replaced_whole_before_its_first_row(tmp_path):
 # --- non-finite values --------------------------------------------------------------------------
 
 
-def test_a_checkpoint_with_one_nan_weight_is_refused_naming_the_tensor(base, data, tmp_path):
+def test_a_checkpoint_with_one_nan_weight_is_refused_naming_the_tensor(
+    base, data, tmp_path, capsys
+):
     broken = build_checkpoint(str(tmp_path / "broken"), seed=0)
     weights_path = os.path.join(broken, "model.safetensors")
     tensors = load_file(weights_path)
@@ -164,6 +180,10 @@ def test_a_checkpoint_with_one_nan_weight_is_refused_naming_the_tensor(base, dat
     with pytest.raises(NonFiniteError):
         sft(broken, data, tmp_path / "run")
     assert not os.path.exists(tmp_path / "run" / "adapter")
+    line = cli_error(
+        ["generate", "--model", broken, "--prompt", "hi", "--max-new-tokens", "2"], capsys
+    )
+    assert "up_proj.weight holds 1 non-finite value" in line  # was: <|endoftext|>, exit code 0
 
 
 def test_an_adapter_with_nan_is_refused(base, data, tmp_path):
@@ -271,6 +291,16 @@ def test_unreadable_lines_are_named(tmp_path):
     path.write_text(good + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(DataError, match="data.jsonl:2: invalid JSON"):
         read_conversations(str(path))
+
+
+def test_unreadable_task_lines_are_named(tmp_path):
+    path = tmp_path / "items.jsonl"
+    path.write_bytes(b'{"question": "1 + 1?", "answer": 2}\n{"question": "caf\xe9", "answer": 1}\n')
+    with pytest.raises(ValueError, match=r"items.jsonl:2: not UTF-8 text"):
+        make_task("jsonl", data=str(path))
+    path.write_text('{"question": "1 + 1?", "answer": 2}\n' + "[" * 100_000 + "\n")
+    with pytest.raises(ValueError, match=r"items.jsonl:2: invalid JSON"):
+        make_task("jsonl", data=str(path))
 
 
 # --- one sentence per bad flag or field ----------------------------------------------------------

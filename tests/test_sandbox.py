@@ -345,7 +345,7 @@ def test_the_verdict_process_is_out_of_reach(tmp_path):
         and summary["passed"] == 2
         and set(failed) == {"test_read_its_memory"}
     ), summary
-    assert "PermissionError" in failed["test_read_its_memory"]
+    assert failed["test_read_its_memory"].startswith(("PermissionError", "FileNotFoundError"))
 
 
 def test_the_level_in_use_is_named_once(tmp_path, monkeypatch, capfd):
