@@ -45,6 +45,24 @@ def test_bench_sample_realistic_tiny_stops_rows_at_eos_like_transformers():
     assert int(lengths[0]) < int(lengths[1]), "the prompts should differ in length"
 
 
+def test_bench_sandbox_times_both_levels_with_the_same_verdicts():
+    """bench/sandbox.py: run_tests in the jail and limits-only on every code task, bug in and fixed;
+    exits 1 where the jail cannot be built (then it must say so)."""
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "sandbox.py"), "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if result.returncode and "jail cannot be built" in result.stderr:
+        pytest.skip(result.stderr.strip())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ratio namespaces / limits:" in result.stdout
+    assert "same verdicts at both levels: yes" in result.stdout
+    passed, total = result.stdout.split("passed ")[1].split(" (")[0].split(" of ")
+    assert 0 < int(passed) < int(total), result.stdout  # the fixes pass, the bugs fail
+
+
 @pytest.mark.slow
 def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
     """bench/gpu_suite.sh --tiny: every script of the GPU suite on a tiny model, sample.py's smoke runs
