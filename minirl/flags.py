@@ -91,13 +91,12 @@ def check_sft(cfg) -> None:
 def check_grpo(cfg) -> None:
     at_least(cfg.group_size, 1, "--group-size")
     at_least(cfg.prompts_per_step, 1, "--prompts-per-step")
-    at_least(cfg.max_new_tokens, 1, "--max-new-tokens")
     if _number(cfg.temperature, "--temperature") <= 0:
         raise FlagError(
             f"--temperature must be > 0, got {cfg.temperature}: GRPO learns from the differences "
             "within a group of samples, and its log-probs divide by the temperature"
         )
-    within(cfg.top_p, 0, 1, "--top-p", low_open=True)
+    check_sampling(cfg.temperature, cfg.top_p, 0, cfg.max_new_tokens)
     at_least(cfg.beta, 0, "--beta", "0: no KL term")
     within(cfg.clip_low, 0, 1, "--clip-low", high_open=True)
     at_least(cfg.clip_high, 0, "--clip-high")

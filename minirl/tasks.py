@@ -15,7 +15,7 @@ import random
 from abc import ABC, abstractmethod
 
 from .answers import CONVENTIONS, lenient_answer, reference_answer, strict_answer
-from .data import jsonl_lines
+from .data import read_jsonl
 from .envs.answer import AnswerEnv
 from .envs.calculator import CalculatorEnv, agent_metrics, make_questions
 from .envs.code import CodeEnv, load_templates
@@ -344,10 +344,8 @@ class JsonlTask(EnvTask):
 
     def read(self, path: str) -> list[dict]:
         items = []
-        for lineno, record in jsonl_lines(path):
+        for lineno, record in read_jsonl(path):  # a line not UTF-8 or not JSON: path:line
             try:
-                if isinstance(record, ValueError):  # not UTF-8 or not JSON
-                    raise record
                 items.append(self.item(record))
             except (ValueError, TypeError, KeyError) as e:
                 raise ValueError(f"{path}:{lineno}: {e}") from None
