@@ -17,7 +17,7 @@ from minirl.cli import main
 from minirl.config import ConfigError, Qwen2Config
 from minirl.data import DataError, read_conversations
 from minirl.envs.tools import parse_assistant
-from minirl.finite import NonFiniteError
+from minirl.finite import NonFiniteError, check_weights
 from minirl.flags import FlagError
 from minirl.grpo import GRPOConfig
 from minirl.grpo import train as grpo_train
@@ -184,6 +184,20 @@ def test_a_checkpoint_with_one_nan_weight_is_refused_naming_the_tensor(
         ["generate", "--model", broken, "--prompt", "hi", "--max-new-tokens", "2"], capsys
     )
     assert "up_proj.weight holds 1 non-finite value" in line  # was: <|endoftext|>, exit code 0
+
+
+def test_the_weight_check_looks_at_every_element_when_the_sum_is_not_finite():
+    """check_weights sums first: a sum that overflows on finite values is not an error, and a NaN or
+    an infinity is found wherever it sits, even where the sum alone would hide nothing."""
+    check_weights(torch.full((10,), 60000.0, dtype=torch.float16), "big")  # sum: inf in float16
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        tensor = torch.zeros(3, 4)
+        tensor[2, 1] = bad
+        with pytest.raises(NonFiniteError, match=r"t holds 1 non-finite value.*index \[2, 1\]"):
+            check_weights(tensor, "t")
+    both = torch.tensor([float("inf"), float("-inf"), 1.0])  # the sum is nan: still found
+    with pytest.raises(NonFiniteError, match="holds 2 non-finite"):
+        check_weights(both, "t")
 
 
 def test_an_adapter_with_nan_is_refused(base, data, tmp_path):
