@@ -1,13 +1,30 @@
-"""The README's promises: the Quickstart block, the test command CI runs, and a file tree that
-lists every file of the repository, one line each."""
+"""The README's promises: an entry point of at most 300 lines, the Quickstart block of exactly two
+commands and the test command CI runs, the shape-letter glossary, a chapter table whose functions
+exist, and links (README.md and docs/*.md) that lead to files and headings that exist. Also that
+docs/DESIGN.md's layout names every module of minirl/ (the file tree the README used to hold)."""
 
+import glob
+import importlib
 import os
 import re
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-SKIP_DIRS = {".git", ".venv", ".ci-venv", "__pycache__", ".pytest_cache", "runs", "build"}
+
+
+def read(path: str) -> str:
+    return open(os.path.join(ROOT, path), encoding="utf-8").read()
+
+
+README = read("README.md")
+PAGES = ["README.md"] + sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
+)
+# Written on another branch ("what each speed-up buys, and the --plain switch"): the README links it
+# already, so until the branches merge it is the one link allowed to lead nowhere.
+NOT_YET_MERGED = {"docs/speedups.md"}
+# The two training steps the chapter table names, written on another branch at the same time.
+STEPS_NOT_YET_MERGED = {"grpo.grpo_step", "sft.sft_step"}
 
 
 def quickstart_commands() -> list[str]:
@@ -16,14 +33,21 @@ def quickstart_commands() -> list[str]:
     return [line for line in block.splitlines() if line.strip()]
 
 
+def test_readme_is_an_entry_point():
+    lines = README.count("\n")
+    assert lines <= 300, f"README.md has {lines} lines; reference material belongs in docs/"
+
+
 def test_quickstart_has_exactly_two_commands():
-    run, test = quickstart_commands()
+    commands = quickstart_commands()
+    assert len(commands) == 2, f"the Quickstart block must hold two commands, got {commands}"
+    run, test = commands
     assert "pip install" in run and "python -m minirl quickstart" in run
     assert 'pip install -e ".[test]"' in test and "pytest" in test
 
 
 def test_ci_runs_exactly_the_readme_test_command():
-    script = open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8").read()
+    script = read(".ci/run")
     extract = re.search(r"test_command=\$\((awk .*)\)\n", script).group(1)
     got = subprocess.run(
         ["bash", "-c", extract], cwd=ROOT, capture_output=True, text=True, check=True
@@ -32,31 +56,66 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert 'eval "$test_command"' in script and "pip install --quiet torch==2.13.0" in script
 
 
-def repository_files() -> set[str]:
-    files = set()
-    for folder, dirs, names in os.walk(ROOT):
-        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info")]
-        for name in names:
-            if not name.endswith((".pyc",)) and name != ".git":  # a git worktree's .git is a file
-                files.add(os.path.relpath(os.path.join(folder, name), ROOT))
-    ignored = subprocess.run(
-        ["git", "check-ignore", *sorted(files)], cwd=ROOT, capture_output=True, text=True
-    )
-    return files - set(ignored.stdout.split())
-
-
-def test_file_tree_lists_every_file_once():
-    tree = README.split("## Files", 1)[1].split("```", 2)[1]
-    listed = [line.split()[0] for line in tree.splitlines() if line.strip()]
-    assert len(listed) == len(set(listed)), "a file is listed twice"
-    missing = repository_files() - set(listed)
-    assert not missing, f"files absent from the README tree: {sorted(missing)}"
-    gone = [f for f in listed if not os.path.exists(os.path.join(ROOT, f))]
-    assert not gone, f"README lists files that do not exist: {gone}"
-
-
 def test_glossary_defines_every_shape_letter():
-    for letter in "BGTVHKDC":
+    for letter in "BGTSVCHKDFL":
         assert re.search(rf"^\| {letter} \|", README, re.M), (
             f"shape letter {letter} missing from the glossary"
         )
+
+
+def chapter_table_functions() -> list[str]:
+    section = README.split("## Read it beside the chapter", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    column = header.index("function")
+    names = []
+    for row in rows[1:]:
+        cell = row.strip("|").split("|")[column]
+        names += re.findall(r"`([\w.]+)`", cell)
+    return names
+
+
+def test_chapter_table_names_functions_that_exist():
+    names = chapter_table_functions()
+    assert len(names) >= 10, names
+    for name in names:
+        module, attribute = name.rsplit(".", 1)
+        found = hasattr(importlib.import_module(f"minirl.{module}"), attribute)
+        if name in STEPS_NOT_YET_MERGED and not found:
+            continue
+        assert found, f"README's chapter table names minirl.{name}, which does not exist"
+
+
+def heading_anchors(path: str) -> set[str]:
+    """GitHub's anchors for a markdown file's headings: lower case, punctuation dropped, spaces to -."""
+    text = re.sub(r"```.*?```", "", read(path), flags=re.S)
+    headings = re.findall(r"^#+ (.+)$", text, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_relative_links_lead_somewhere():
+    broken = []
+    for page in PAGES:
+        text = re.sub(r"```.*?```", "", read(page), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+            if resolved in NOT_YET_MERGED and not os.path.exists(os.path.join(ROOT, resolved)):
+                continue
+            if not os.path.exists(os.path.join(ROOT, resolved)):
+                broken.append(f"{page}: {target} (no file {resolved})")
+            elif anchor and resolved.endswith(".md") and anchor not in heading_anchors(resolved):
+                broken.append(f"{page}: {target} (no heading #{anchor} in {resolved})")
+    assert not broken, "links that lead nowhere:\n" + "\n".join(broken)
+
+
+def test_design_layout_names_every_module():
+    design = read("docs/DESIGN.md")
+    modules = [
+        os.path.relpath(p, os.path.join(ROOT, "minirl"))
+        for p in glob.glob(os.path.join(ROOT, "minirl", "**", "*.py"), recursive=True)
+    ]
+    missing = sorted(m for m in modules if f"`{m}`" not in design)
+    assert not missing, f"modules docs/DESIGN.md's layout does not name: {missing}"
