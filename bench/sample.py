@@ -24,7 +24,7 @@ bytes read per decoding step over the card's bandwidth (--bandwidth-gbs, default
 164, every len/--batch-th one; data/word_problems.jsonl without it) of mixed lengths, 100-400 tokens,
 each row stopping at the checkpoint's eos ids (<|im_end|>) at its own length, up to --new-tokens
 (default 256 there). --prompt-set words takes the word problems instead (GSM8K-style questions,
-the README's `grpo --task jsonl --data data/word_problems.jsonl`). Each side's rate counts the tokens it generated (the stop token included; a
+docs/usage.md's `grpo --task jsonl --data data/word_problems.jsonl`). Each side's rate counts the tokens it generated (the stop token included; a
 finished row's padding not). It needs a checkpoint's tokenizer (--model; --tiny builds a toy one).
 
 Greedy runs: both models hold the *same* weight tensors (transformers' model is built on the meta device and

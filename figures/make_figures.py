@@ -1,4 +1,4 @@
-"""Redraw every figure of the README from the metrics in runs/ (nothing is recomputed).
+"""Redraw every figure of the README and docs/ from the metrics in runs/ (nothing is recomputed).
 
 python figures/make_figures.py            # after `python -m minirl quickstart` and `... recipe calculator`
 """

@@ -1,5 +1,5 @@
 """Make figures/viewer.png: `python -m minirl view` on a run, photographed by headless Chromium with a
-token hovered (the README's screenshot).
+token hovered (the screenshot in docs/usage.md, "Viewer").
 
     python -m minirl quickstart --fast --out /tmp/q && python figures/viewer_screenshot.py /tmp/q
 

@@ -1,6 +1,6 @@
 """SFT data: JSONL conversations -> checked messages -> (input_ids, labels) -> padded batches.
 
-One conversation per line, in Qwen2.5's chat format (tokenizer.py renders it; README "Stage one"):
+One conversation per line, in Qwen2.5's chat format (tokenizer.py renders it; docs/usage.md "Stage one"):
 
     {"messages": [{"role": "user", "content": "What is 37 * 84?"},
                   {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function":

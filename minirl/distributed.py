@@ -1,6 +1,6 @@
 """Data parallelism on the engine PyTorch ships: torchrun starts the processes, torch.distributed connects them.
 
-    torchrun --nproc_per_node 4 -m minirl sft ...      # 4 ranks on one machine (README: Scale-out)
+    torchrun --nproc_per_node 4 -m minirl sft ...      # 4 ranks on one machine (docs/gpu.md: Scale-out)
 
 Every rank holds a whole copy of the model and works on its share of each step's batch: SFT splits
 each micro-batch's conversations, GRPO each step's prompts (a group never spans ranks). After the

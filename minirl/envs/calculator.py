@@ -105,7 +105,7 @@ class CalculatorEnv(Env):
         penalty: −0.1 for each tool call made after a tool result already equalled the answer;
         cost: −tool_cost for every call (0 by default): what a call costs in time or money. Without
         it a call is free, and GRPO on a real Qwen2.5 learned to call the calculator for "7 + 5" too
-        (tool use on easy questions 0.96 after five steps, README); with it a direct right answer
+        (tool use on easy questions 0.96 after five steps, docs/results.md); with it a direct right answer
         beats a right answer through the tool by tool_cost, which is all a group needs.
         How it can be gamed: answering with several numbers ("3108 or 3018") — only the last counts,
         so listing candidates does not help; calling the tool is never rewarded by itself."""
