@@ -45,8 +45,19 @@ questions = make_questions(args.questions, random.Random(0), level="toy")
 policy = demonstrator(seed=0)
 trajectories = []
 for q in questions:
-    messages, reward, info = play(CalculatorEnv(), q, policy)
-    trajectories.append(Trajectory(q, [], [], [], [], "answer", reward=reward, info=info))
+    # no model plays, so there are no tokens; the environment's record is what the metrics read
+    _, _, info = play(CalculatorEnv(), q, policy)
+    trajectories.append(
+        Trajectory(
+            prompt=q,
+            prompt_ids=[],
+            completion_ids=[],
+            action_mask=[],
+            logprobs=[],
+            finish_reason="answer",
+            info=info,
+        )
+    )
 accuracy, tool_use = {}, {}
 for level in ("easy", "hard"):
     subset = [t for t in trajectories if t.info["difficulty"] == level]
@@ -60,12 +71,8 @@ print(
     "The failure is systematic (hard questions answered from memory), the outcome is verifiable (an exact\n"
     "number), the task is frequent: a good case for training. The checklist passes."
 )
-assert accuracy["easy"] == 1.0 > accuracy["hard"], (
-    f"expected failures on hard questions only, got {accuracy}"
-)
-assert math.isclose(accuracy["hard"], tool_use["hard"]), (
-    f"expected hard right only via the tool: {accuracy} {tool_use}"
-)
+assert accuracy["easy"] == 1.0 > accuracy["hard"], f"expected failures on hard only: {accuracy}"
+assert math.isclose(accuracy["hard"], tool_use["hard"]), f"right only via the tool: {tool_use}"
 
 # %% 3. a real model, with the tool in its prompt (the ceiling of prompt + tools)
 if args.model:

@@ -24,7 +24,8 @@ import tempfile
 from minirl import load_pretrained
 from minirl.chat import render, show_mask
 from minirl.envs.calculator import CalculatorEnv, expert_policy, make_question, play
-from minirl.rollout import Trajectory, run_episodes
+from minirl.rollout import Trajectory, prompt_ids, run_episodes
+from minirl.tasks import CalculatorTask
 from minirl.toy import build_checkpoint
 
 parser = argparse.ArgumentParser(description="Lesson 02: the MDP and a trajectory")
@@ -48,27 +49,18 @@ for symbol, meaning in [
     print(f"{symbol:15s} {meaning}")
 
 # %% 2. one episode, written by the expert policy, token by token
-task = make_question(random.Random(7), hard=True)
-messages, reward, info = play(CalculatorEnv(), task, expert_policy)
+question = make_question(random.Random(7), hard=True)
+messages, reward, info = play(CalculatorEnv(), question, expert_policy)
 for m in messages:
     print(f"{m['role']:>9}: {m.get('content') or m.get('tool_calls')}")
 print(f"reward {reward} ({info})")
 assert reward == 1.0, f"expected the expert's episode to earn reward 1, got {reward}"
-ids, mask = render(tokenizer, messages, task["tools"])
-prompt_len = len(
-    tokenizer.encode(
-        tokenizer.apply_chat_template(messages[:1], task["tools"], add_generation_prompt=True)
-    )
-)
-print(
-    f"\n{len(ids)} tokens: {prompt_len} prompt, {sum(mask)} action, {len(ids) - prompt_len - sum(mask)} observation"
-)
-assert not any(mask[:prompt_len]) and mask[prompt_len] == 1, (
-    "expected the first action token right after the prompt"
-)
-assert 0 < sum(mask) < len(ids) - prompt_len, (
-    "expected the episode's tokens split between actions and observations"
-)
+ids, mask = render(tokenizer, messages, question["tools"])
+prompt_len = len(prompt_ids(tokenizer, question))
+observed = len(ids) - prompt_len - sum(mask)
+print(f"\n{len(ids)} tokens: {prompt_len} prompt, {sum(mask)} action, {observed} observation")
+assert not any(mask[:prompt_len]) and mask[prompt_len] == 1, "actions start after the prompt"
+assert sum(mask) > 0 and observed > 0, "both actions and observations"
 print("  pos  who          token")
 for pos in range(prompt_len - 3, len(ids)):
     who = "action" if mask[pos] else ("prompt" if pos < prompt_len else "observation")
@@ -76,38 +68,47 @@ for pos in range(prompt_len - 3, len(ids)):
 
 # %% 3. the same MDP, played by the model (actions highlighted, observations plain)
 trajectories = run_episodes(
-    model, tokenizer, CalculatorEnv, [task], group_size=2, max_turns=3, max_new_tokens=32, seed=0
+    model,
+    tokenizer,
+    CalculatorEnv,
+    [question],
+    group_size=2,
+    max_turns=3,
+    max_new_tokens=32,
+    seed=0,
 )
+# Each environment wrote its episode's record (t.info) when the episode ended; the reward is the
+# task's to weigh from that record, and until Task.score runs there is none (t.reward is None).
+calculator = CalculatorTask()
+calculator.score(trajectories)
 for t in trajectories:
-    print(f"--- {t.finish_reason}, {t.turns} turn(s), reward {t.reward}")
+    print(f"--- {t.finish_reason}, {t.turns} turn(s), reward {t.reward:+.2f}")
     print(show_mask(tokenizer, t.prompt_ids[-4:] + t.completion_ids, [0] * 4 + t.action_mask))
-    assert len(t.action_mask) == len(t.completion_ids), (
-        "expected one action-mask entry per completion token"
-    )
+    assert len(t.action_mask) == len(t.completion_ids), "one mask entry per completion token"
 
 # %% 4. the return: r_t per turn, Σ γ^t r_t
+# The expert's episode of part 2 as a Trajectory (no model played it, so no token ids), scored by
+# the same task from the environment's record: the task's reward is the environment's total.
 episode = Trajectory(
-    task,
-    [],
-    [],
-    [],
-    [],
-    "answer",
-    reward=reward,
+    prompt=question,
+    prompt_ids=[],
+    completion_ids=[],
+    action_mask=[],
+    logprobs=[],
+    finish_reason="answer",
     turns=sum(m["role"] == "assistant" for m in messages),
+    info=info,
 )
+calculator.score([episode])
+assert math.isclose(episode.reward, reward), f"task {episode.reward} vs environment {reward}"
 print("rewards per turn:", episode.rewards_per_turn())
-assert episode.rewards_per_turn() == [0.0] * (episode.turns - 1) + [reward], (
-    f"got {episode.rewards_per_turn()}"
-)
+assert episode.rewards_per_turn() == [0.0] * (episode.turns - 1) + [episode.reward]
+returns = {}
 for gamma in (1.0, 0.9):
-    print(f"γ = {gamma}: return {episode.discounted_return(gamma):.3f}")
-    assert math.isclose(episode.discounted_return(gamma), gamma ** (episode.turns - 1) * reward), (
-        "expected γ^(T−1)·R"
-    )
-assert episode.discounted_return(0.9) < episode.discounted_return(1.0), (
-    "expected γ < 1 to devalue a 2-turn answer"
-)
+    returns[gamma] = episode.discounted_return(gamma)
+    print(f"γ = {gamma}: return {returns[gamma]:.3f}")
+    assert math.isclose(returns[gamma], gamma ** (episode.turns - 1) * episode.reward)
+assert returns[0.9] < returns[1.0], "γ < 1 devalues a two-turn answer"
 print(
     "With γ < 1 a two-turn answer would be worth less than a one-turn guess; the agent would learn to skip the\n"
     "tool. Agentic RL keeps γ = 1 and asks for brevity through explicit penalties (see lesson 07)."

@@ -16,6 +16,7 @@ quickstart stage), so it is built with a wide initialization that lets a LoRA ad
 
 # %% setup
 import argparse
+import csv
 import inspect
 import json
 import math
@@ -27,7 +28,7 @@ import torch
 from minirl import load_pretrained
 from minirl.chat import render, show_mask
 from minirl.lora import LoRALinear, add_lora
-from minirl.losses import sft_loss
+from minirl.losses import IGNORE_INDEX, sft_loss
 from minirl.sft import SFTConfig, train
 from minirl.toy import build_checkpoint, calculator_conversation
 
@@ -50,16 +51,12 @@ ids, mask = render(tokenizer, demo["messages"], demo["tools"])
 print(show_mask(tokenizer, ids, mask))
 print(f"{sum(mask)} of {len(ids)} tokens are trained")
 trained = tokenizer.decode([t for t, m in zip(ids, mask) if m])
-assert "What is" not in trained and "<tool_response>" not in trained, (
-    f"expected no prompt or tool reply in {trained!r}"
-)
-assert '"37 * 84"' in trained and "37 * 84 = 3108." in trained, (
-    f"expected the call and the answer in {trained!r}"
-)
+assert "What is" not in trained and "<tool_response>" not in trained, f"{trained!r}"
+assert '"37 * 84"' in trained and "37 * 84 = 3108." in trained, f"{trained!r}"
 
 # %% 2. the SFT loss, as the library computes it
 print(inspect.getsource(sft_loss))
-labels = torch.tensor([[t if m else -100 for t, m in zip(ids, mask)]])
+labels = torch.tensor([[t if m else IGNORE_INDEX for t, m in zip(ids, mask)]])
 with torch.no_grad():
     print(
         f"loss of the untrained model on this demonstration: {sft_loss(model(torch.tensor([ids])), labels):.3f} "
@@ -78,12 +75,8 @@ print(
     f"B = 0 at the start, so the adapted model is the base model: max |Δlogit| = {(after - before).abs().max():.1e}"
 )
 print(f"trainable: {trainable:,} of {total:,} parameters ({100 * trainable / total:.1f} %)")
-assert torch.allclose(after, before, rtol=0, atol=1e-6), (
-    "expected LoRA with B = 0 to leave the logits unchanged"
-)
-assert 0 < trainable < total, (
-    f"expected only the adapters trainable, got {trainable} of {total} parameters"
-)
+assert torch.allclose(after, before, rtol=0, atol=1e-6), "expected B = 0 to change nothing"
+assert 0 < trainable < total, f"expected only adapters to train: {trainable} of {total}"
 
 # %% 4. train: a handful of demonstrations, many epochs (the library's loop)
 data = os.path.join(work, "train.jsonl")
@@ -104,37 +97,27 @@ summary = train(
     )
 )
 with open(os.path.join(work, "run", "metrics.csv")) as f:
-    losses = [float(line.split(",")[2]) for line in f.readlines()[1:]]
+    losses = [float(row["loss"]) for row in csv.DictReader(f)]
 print(
     "loss every 10 steps:",
     " ".join(f"{x:.3f}" for x in losses[::10]),
     f"... final {losses[-1]:.3f}",
 )
-assert all(map(math.isfinite, losses)) and losses[-1] < losses[0], (
-    f"expected SFT to lower the loss, got {losses}"
-)
+assert all(map(math.isfinite, losses)) and losses[-1] < losses[0], f"{losses}"
 
 # %% 5. graduation: converged, well-formatted, still diverse?
 for key in ("loss_plateau", "format_accuracy", "distinct_completions", "distinct_2", "graduated"):
     print(f"{key:22s} {summary[key]}")
 passed = summary["loss_plateau"] and summary["format_accuracy"] >= 0.9 and summary["diverse"]
-assert summary["graduated"] == passed, (
-    f"expected graduated = plateau, format >= 0.9, diverse; got {summary}"
-)
-if not summary[
-    "diverse"
-]:  # reached by the full 60 epochs (format 1.00, distinct 0.25), not by the tests' 3
+assert summary["graduated"] == passed, f"graduated = plateau, format, diverse: {summary}"
+# reached by the full 60 epochs (format 1.00, distinct 0.25), not by the tests' 3
+if not summary["diverse"]:
+    assert summary["format_accuracy"] >= 0.9, f"format {summary['format_accuracy']}"
     print(
-        "Four demonstrations, many epochs: the model has memorized them. The format is right, but its samples"
-    )
-    assert summary["format_accuracy"] >= 0.9, (
-        f"expected the format right (>= 0.9), got {summary['format_accuracy']}"
-    )
-    print(
-        "for a prompt are nearly all the same completion. GRPO compares samples within a group; identical"
-    )
-    print(
-        "samples get identical rewards and teach nothing. This is the chapter's warning that over-SFT hurts RL."
+        "Four demonstrations, many epochs: the model has memorized them. The format is right, but its\n"
+        "samples for a prompt are nearly all the same completion. GRPO compares samples within a group;\n"
+        "identical samples get identical rewards and teach nothing. This is the chapter's warning that\n"
+        "over-SFT hurts RL."
     )
 else:
     print("Format and diversity were measured on the training prompts (too few to hold any out).")

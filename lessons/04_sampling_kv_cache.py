@@ -49,7 +49,8 @@ prompts = [
 def greedy_without_cache(model, prompt, new_tokens):
     ids = list(prompt)
     for _ in range(new_tokens):
-        logits = model(torch.tensor([ids]))[0, -1]  # (V,): a full forward pass over len(ids) tokens
+        # a full forward pass over all len(ids) tokens, for the last position's logits only
+        logits = model(torch.tensor([ids]))[0, -1]  # (V,)
         ids.append(int(logits.argmax()))
     return ids[len(prompt) :]
 
@@ -63,10 +64,9 @@ start = time.perf_counter()
 fast = generate(model, prompts, max_new_tokens=args.new_tokens, temperature=0, stop_token_ids=[])
 with_cache = time.perf_counter() - start
 print(f"identical tokens: {all(a == b.tokens for a, b in zip(slow, fast))}")
-assert [b.tokens for b in fast] == slow, (
-    "expected the KV cache to leave the greedy tokens unchanged"
-)
-# the speed-up is printed, not asserted: timings on a shared CPU are noise at the tests' 16 tokens (1.2x seen)
+assert [b.tokens for b in fast] == slow, "expected the cache to leave the tokens unchanged"
+# The speed-up is printed, not asserted: timings on a shared CPU are noise at the tests' 16
+# tokens (1.2x seen).
 print(
     f"{len(prompts)} prompts x {args.new_tokens} tokens: without cache {no_cache:.2f}s, "
     f"with cache (batched) {with_cache:.2f}s -> {no_cache / with_cache:.1f}x"
@@ -85,28 +85,21 @@ shape = (
     64,
     model.config.head_dim,
 )
-assert tuple(cache.keys.shape) == shape, (
-    f"expected (L, B, K, S, D) = {shape}, got {tuple(cache.keys.shape)}"
-)
+assert tuple(cache.keys.shape) == shape, f"expected (L, B, K, S, D) = {shape}"
 
 # %% 4. left padding: positions count real tokens only, so a padded row equals the prompt alone
 short, long_ = prompts[0], prompts[1]
-padded = generate(model, [short, long_], max_new_tokens=8, temperature=0, stop_token_ids=[])[
-    0
-].tokens
+batch = generate(model, [short, long_], max_new_tokens=8, temperature=0, stop_token_ids=[])
+padded = batch[0].tokens
 alone = generate(model, [short], max_new_tokens=8, temperature=0, stop_token_ids=[])[0].tokens
 print(
     f"short prompt padded to {len(long_)} tokens gives the same tokens as alone: {padded == alone}"
 )
-assert padded == alone, (
-    f"expected left padding to change nothing, got {padded} padded vs {alone} alone"
-)
+assert padded == alone, f"expected padding to change nothing: {padded} vs {alone}"
 
 # %% 5. a group: G samples of one prompt share a single prefill; the seed makes them reproducible
 group = generate(model, [prompts[1]], max_new_tokens=12, temperature=1.0, num_samples=4, seed=0)
 for out in group:
     print(f"{out.finish_reason:6s} logp {sum(out.logprobs):7.2f}  {tokenizer.decode(out.tokens)!r}")
 again = generate(model, [prompts[1]], max_new_tokens=12, temperature=1.0, num_samples=4, seed=0)
-assert [o.tokens for o in again] == [o.tokens for o in group], (
-    "expected the same seed to give the same 4 samples"
-)
+assert [o.tokens for o in again] == [o.tokens for o in group], "expected the same 4 samples"

@@ -44,22 +44,14 @@ for name, policy in SCRIPTED_POLICIES.items():
     print(
         f"{name:8s} {what[name]:44s} {scores['naive']:+6.2f} {scores['guarded']:+8.2f}  {info['hacked']}"
     )
-    assert info["hacked"] == (name == "hacker"), (
-        f"expected only the hacker flagged, {name}: {info['hacked']}"
-    )
+    assert info["hacked"] == (name == "hacker"), f"expected only the hacker flagged: {name}"
 print(
     "Under the naive reward the hacker ties the honest fix. An RL policy would find that shortcut, because it is\n"
     "shorter than fixing the bug. The guarded reward scores the original tests, so tampering earns nothing."
 )
-assert all(math.isclose(table[n]["naive"], 1.0) for n in ("hacker", "A")), (
-    f"expected hacker = A = 1.0: {table}"
-)
-assert table["hacker"]["guarded"] == 0.0, (
-    f"expected tampering to earn 0 under the guarded reward, got {table}"
-)
-assert all(math.isclose(table[n]["naive"], table[n]["guarded"]) for n in "ABC"), (
-    f"expected honest unchanged: {table}"
-)
+assert all(math.isclose(table[n]["naive"], 1.0) for n in ("hacker", "A")), f"{table}"
+assert table["hacker"]["guarded"] == 0.0, f"expected tampering to earn 0: {table}"
+assert all(math.isclose(table[n]["naive"], table[n]["guarded"]) for n in "ABC"), f"{table}"
 
 # %% 3. the guard
 print(inspect.getsource(rewards.guarded_test_reward))

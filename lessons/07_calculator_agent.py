@@ -49,24 +49,16 @@ for expression in [
     "1/0",
 ]:
     print(f"calculator({expression!r:36}) -> {calculator(expression)!r}")
-assert calculator("37 * 84") == "3108" and calculator("2 ** 10") == "1024", (
-    "expected exact arithmetic on the whitelist"
-)
-assert all(calculator(e).startswith("Error:") for e in ("__import__('os')", "9**9**9**9", "1/0")), (
-    "expected errors"
-)
+assert calculator("37 * 84") == "3108" and calculator("2 ** 10") == "1024"
+assert all(calculator(e).startswith("Error:") for e in ("__import__('os')", "9**9**9**9", "1/0"))
 
 # %% 2. the parser: a call in Qwen2.5's format, and a broken one that becomes an observation
 good = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 84"}}\n</tool_call>'
 turn, broken = parse_assistant(good), parse_assistant(good.replace("}}", "}"))
 print(turn)
 print(broken)
-assert [c.arguments for c in turn.calls] == [{"expression": "37 * 84"}] and not turn.errors, (
-    f"expected 1 call: {turn}"
-)
-assert not broken.calls and broken.errors[0].startswith("Error:"), (
-    f"expected the broken call as an error: {broken}"
-)
+assert [c.arguments for c in turn.calls] == [{"expression": "37 * 84"}] and not turn.errors
+assert not broken.calls and broken.errors[0].startswith("Error:"), "expected an error, not a call"
 
 
 # %% 3. three habits, scored by the environment
@@ -102,12 +94,8 @@ for name, policy in [
         f"{name:14s} mean reward {reward[name]:+.3f}   accuracy {accuracy[name]:.2f}   "
         f"calls/episode {sum(i['calls'] for _, _, i in results) / len(results):.2f}"
     )
-assert accuracy["expert"] == accuracy["double caller"] == 1.0 > accuracy["guesser"], (
-    f"expected {accuracy}"
-)
-assert reward["expert"] > reward["double caller"] > reward["guesser"], (
-    f"expected the repeat call penalized: {reward}"
-)
+assert accuracy["expert"] == accuracy["double caller"] == 1.0 > accuracy["guesser"], f"{accuracy}"
+assert reward["expert"] > reward["double caller"] > reward["guesser"], f"{reward}"
 
 
 # %% 4. a flaky tool: the expert retries after an error, a policy that gives up does not
@@ -123,9 +111,7 @@ for name, policy in [("retries", expert_policy), ("gives up", gives_up)]:
     results = [play(CalculatorEnv(flaky=0.5, seed=i), q, policy) for i, q in enumerate(hard)]
     flaky_accuracy[name] = sum(i["correct"] for _, _, i in results) / len(results)
     print(f"flaky tool (p = 0.5), {name:9s}: accuracy {flaky_accuracy[name]:.2f}")
-assert flaky_accuracy["retries"] > flaky_accuracy["gives up"], (
-    f"expected retrying to pay off, got {flaky_accuracy}"
-)
+assert flaky_accuracy["retries"] > flaky_accuracy["gives up"], "expected retrying to pay off"
 
 # %% 5. the model plays: episodes and the agent metrics that GRPO logs every step
 folder = args.model or build_checkpoint(
@@ -134,6 +120,8 @@ folder = args.model or build_checkpoint(
 model, tokenizer = load_pretrained(folder)
 task = CalculatorTask(seed=0, eval_size=8)
 trajectories = task.rollout(model, tokenizer, task.eval_items(), 2, 48, seed=0)
+# the rollout leaves each episode's record in t.info; the task weighs it into t.reward
+task.score(trajectories)
 for t in trajectories[:2]:
     print(f"--- {t.finish_reason}, reward {t.reward:+.2f}: {t.messages[1]['content'][:80]!r}")
 print({k: round(v, 3) for k, v in agent_metrics(trajectories).items()})

@@ -24,6 +24,7 @@ from minirl.chat import show_mask
 from minirl.envs.code import SCRIPTED_POLICIES, CodeEnv, load_templates, make_task, run_scripted
 from minirl.envs.tools import ToolCall
 from minirl.rollout import run_episodes
+from minirl.tasks import CodeTask
 
 parser = argparse.ArgumentParser(description="Lesson 08: the code agent")
 parser.add_argument(
@@ -48,9 +49,7 @@ with CodeEnv() as env:
     print(
         f"reward {reward:+.2f}: {info['passed']}/{info['total']} tests pass, penalty {info['penalty']}"
     )
-    assert info["passed"] == info["total"] == 10 and math.isclose(reward, 1.0), (
-        f"expected 10/10 and +1.00: {info}"
-    )
+    assert info["passed"] == info["total"] == 10 and math.isclose(reward, 1.0), f"{info}"
 
 # %% 3. the chapter's three trajectories
 scores = {}
@@ -61,9 +60,7 @@ for name in ("A", "B", "C"):
         f"trajectory {name}: {info['passed']}/{info['total']} pass, reads {sum(info['reads'].values())}, "
         f"reward {scores[name]:+.2f}"
     )
-assert math.isclose(scores["A"], 1.0) and 0 < scores["B"] < 1, (
-    f"expected A = 1 and B partial, got {scores}"
-)
+assert math.isclose(scores["A"], 1.0) and 0 < scores["B"] < 1, f"A = 1, B partial: {scores}"
 assert math.isclose(scores["C"], -0.2), f"expected C, reading in circles, at -0.2, got {scores}"
 
 # %% 4. the sandbox: paths stay inside the task folder
@@ -72,9 +69,8 @@ with CodeEnv() as env:
     for path in ["../secret.txt", "/etc/passwd", template["file"]]:
         observation = env.step(ToolCall("read_file", {"path": path}))
         print(f"read_file({path!r}) -> {observation[:70]!r}")
-        assert observation.startswith("Error:") == (path != template["file"]), (
-            f"sandbox: {path} -> {observation!r}"
-        )
+        refused = observation.startswith("Error:")
+        assert refused == (path != template["file"]), f"{path}: {observation!r}"
 
 # %% 5. the model tries
 if args.model:
@@ -82,7 +78,8 @@ if args.model:
 else:
     from minirl.toy import build_checkpoint
 
-    # the code task's prompt (system, three tool specs, request) is ~1,500 toy tokens: a longer context
+    # the code task's prompt (system, three tool specs, request) is ~1,500 toy tokens, more than
+    # the toy model's default context of 1,024
     folder = build_checkpoint(
         os.path.join(tempfile.mkdtemp(prefix="lesson08-"), "toy"),
         seed=0,
@@ -90,5 +87,7 @@ else:
     )
 model, tokenizer = load_pretrained(folder)
 (episode,) = run_episodes(model, tokenizer, CodeEnv, [task], max_turns=3, max_new_tokens=48, seed=0)
+# the environment left its record of the repository in episode.info; the task weighs it
+CodeTask().score([episode])
 print(f"--- {episode.finish_reason} after {episode.turns} turn(s), reward {episode.reward:+.2f}")
 print(show_mask(tokenizer, episode.completion_ids, episode.action_mask))

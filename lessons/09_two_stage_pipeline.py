@@ -38,14 +38,10 @@ print(
         {k: round(v, 3) if isinstance(v, float) else v for k, v in summary.items()}, indent=1
     )
 )
-assert 0 < summary["demonstrator_accuracy"] < 1, (
-    f"expected an imperfect demonstrator, got {summary}"
-)
+assert 0 < summary["demonstrator_accuracy"] < 1, "expected an imperfect demonstrator"
 with open(os.path.join(args.out, "sft", "metrics.csv")) as f:
     sft_losses = [float(r["loss"]) for r in csv.DictReader(f)]
-assert all(map(math.isfinite, sft_losses)) and sft_losses[-1] < sft_losses[0], (
-    f"expected a lower loss: {sft_losses}"
-)
+assert all(map(math.isfinite, sft_losses)) and sft_losses[-1] < sft_losses[0], f"{sft_losses}"
 with open(os.path.join(args.out, "grpo", "metrics.csv")) as f:
     rows = list(csv.DictReader(f))
 print("GRPO step: tool use on hard questions in the samples")
@@ -58,12 +54,7 @@ print(
     "SFT copied the demonstrator's habit of skipping the tool; no demonstration told GRPO to use it more. The\n"
     "reward did: in each group, the samples that called the calculator were right and pulled the policy along."
 )
-if (
-    not args.fast
-):  # --fast learns nothing (its accuracies are ~0); the README's quickstart table is the full run
-    assert summary["grpo_accuracy"] > summary["demonstrator_accuracy"], (
-        f"expected RL past its teacher: {summary}"
-    )
-    assert summary["tool_use_rate_grpo"] > summary["tool_use_rate_sft"], (
-        f"expected more tool use after GRPO: {summary}"
-    )
+# --fast learns nothing (its accuracies are ~0); the README's quickstart table is the full run
+if not args.fast:
+    assert summary["grpo_accuracy"] > summary["demonstrator_accuracy"], "RL past its teacher"
+    assert summary["tool_use_rate_grpo"] > summary["tool_use_rate_sft"], "more tool use after RL"

@@ -42,14 +42,13 @@ if not os.path.isdir(os.path.join(runs, "grpo", "model")):
         f"no checkpoints in {runs}: running the pipeline (quickstart{' --fast' if args.fast else ''}) first"
     )
     run(out_dir=runs, fast=args.fast, figure=None)
-task = CalculatorTask(
-    seed=0, level="toy", eval_size=16 if args.fast else 200, max_turns=3
-)  # lesson 09's world
+# lesson 09's world
+task = CalculatorTask(seed=0, level="toy", eval_size=16 if args.fast else 200, max_turns=3)
 episodes = {}
 for name in ("sft", "grpo"):
     model, tokenizer = load_pretrained(os.path.join(runs, name, "model"))
-    # n samples of every held-out question at temperature 1 (sample s with seed s), then again with the
-    # first tool call of every episode failing: the same code GRPO's held-out numbers come from
+    # n samples of every held-out question at temperature 1 (sample s with seed s), then again
+    # with the first tool call of every episode failing (the code behind GRPO's held-out numbers)
     episodes[name] = play(
         model,
         tokenizer,
@@ -63,16 +62,14 @@ for name in ("sft", "grpo"):
     )
 summaries = {name: summarize(e) for name, e in episodes.items()}
 
-# %% 1. final answer: pass@k, the unbiased estimator (Chen et al. 2021), from n samples with c successes
-# pass@k = 1 − C(n−c, k) / C(n, k): the chance that at least one of k samples drawn from the n succeeds
+# %% 1. final answer: pass@k, the unbiased estimator (Chen et al. 2021): n samples, c successes
+# pass@k = 1 − C(n−c, k) / C(n, k): the chance that at least one of k of the n samples succeeds
 n, c, k = 4, 1, 2
 print(
     f"one item, n={n}, c={c}: pass@{k} = 1 - C({n - c},{k})/C({n},{k}) = {1 - math.comb(n - c, k) / math.comb(n, k):.3f}"
     f" = pass_at_k -> {pass_at_k(n, c, k):.3f}"
 )
-assert math.isclose(pass_at_k(n, c, k), 1 - math.comb(n - c, k) / math.comb(n, k)), (
-    "expected pass_at_k = the formula"
-)
+assert math.isclose(pass_at_k(n, c, k), 1 - math.comb(n - c, k) / math.comb(n, k))
 for name, s in summaries.items():
     f = s["final_answer"]
     print(
@@ -97,14 +94,12 @@ for name, s in summaries.items():
         f"episode, longest identical run {j['longest_identical_run']}, truncated {j['truncated_rate']:.3f}"
     )
 
-# %% 4. robustness: pass^k (tau-bench: all k trials succeed, C(c, k)/C(n, k)) and an injected tool error
+# %% 4. robustness: pass^k (tau-bench: all k succeed, C(c, k)/C(n, k)) and an injected tool error
 print(
     f"one item, n={n}, c=3: pass^2 = C(3,2)/C(4,2) = {math.comb(3, 2) / math.comb(4, 2):.3f} = pass_hat_k -> "
     f"{pass_hat_k(4, 3, 2):.3f}"
 )
-assert math.isclose(pass_hat_k(4, 3, 2), math.comb(3, 2) / math.comb(4, 2)), (
-    "expected pass_hat_k = the formula"
-)
+assert math.isclose(pass_hat_k(4, 3, 2), math.comb(3, 2) / math.comb(4, 2))
 for name, s in summaries.items():
     r = s["robustness"]
     injected = r["perturbations"]["tool_error"]
@@ -114,12 +109,8 @@ for name, s in summaries.items():
         f"{injected['success_where_perturbed'] or 0:.2f} of the {injected['episodes_perturbed']} episodes it hit"
     )
     clean = s["final_answer"]["pass@1"]
-    assert r[f"pass^{args.n}"] <= clean + 1e-9, (
-        f"expected pass^{args.n} <= pass@1 = {clean}, got {r}"
-    )
-    assert math.isclose(injected["drop"], clean - injected["pass@1"], abs_tol=1e-9), (
-        f"expected clean − perturbed: {r}"
-    )
+    assert r[f"pass^{args.n}"] <= clean + 1e-9, f"expected pass^{args.n} <= pass@1 = {clean}"
+    assert math.isclose(injected["drop"], clean - injected["pass@1"], abs_tol=1e-9)
 
 # %% 5. cost: what an answer costs in tokens and calls
 for name, s in summaries.items():
@@ -138,9 +129,7 @@ print(
     f"{len(result['flipped_to_failure'])} to failure"
 )
 pass1 = {name: s["final_answer"]["pass@1"] for name, s in summaries.items()}
-assert math.isclose(result["difference"], pass1["grpo"] - pass1["sft"], abs_tol=1e-9), (
-    f"expected the pass@1s {pass1}"
-)
+assert math.isclose(result["difference"], pass1["grpo"] - pass1["sft"], abs_tol=1e-9), f"{pass1}"
 print(
     "GRPO is "
     + (

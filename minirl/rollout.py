@@ -18,35 +18,42 @@ from .sampling import generate
 class Trajectory:
     """One episode. Each field has one writer: the rollout (this module) everything up to `info`, as
     the episode runs; the environment's reward() the `info` record when it ends (envs/__init__.py);
-    Task.score (tasks.py) `reward_parts` and `reward`."""
+    Task.score (tasks.py) `reward_parts` and `reward`. Until Task.score runs, `reward` is None, not
+    0.0: an episode nobody scored must not read as one that scored 0, so printing it as a number,
+    learning from it or asking for its returns fails instead."""
 
-    prompt: dict  # the task item: messages, tools, answer, ...
+    # the task item: messages, tools, answer, ...
+    prompt: dict
     prompt_ids: list[int]
-    completion_ids: list[int]  # everything after the prompt: actions and (multi-turn) observations
-    action_mask: list[int]  # 1 = sampled by the policy (trained), 0 = observation (context only)
-    logprobs: list[float]  # sampling log-prob of each completion token, 0 where action_mask is 0
-    finish_reason: str  # "stop" | "length" (single turn); "answer" | "max_turns" | "length" | "context" (episodes)
-    text: str = ""  # the final reply decoded, stop tokens removed (for rewards that read text)
-    messages: list = field(
-        default_factory=list
-    )  # the conversation as text: opening messages, turns, results
-    turns: int = 1  # assistant turns (actions) taken
-    tool_calls: list = field(
-        default_factory=list
-    )  # {"name", "arguments", "result"} of every call, in order
-    tool_errors: int = (
-        0  # observations that were errors: a failing or unknown tool, a malformed call
-    )
-    info: dict = field(
-        default_factory=dict
-    )  # the environment's record of the episode: reward parts and facts
-    reward_parts: dict = field(
-        default_factory=dict
-    )  # each of the task's reward functions on this episode
-    reward: float = 0.0  # Σ weight · part
+    # everything after the prompt: actions and (multi-turn) observations
+    completion_ids: list[int]
+    # 1 = sampled by the policy (trained), 0 = observation (context only)
+    action_mask: list[int]
+    # sampling log-prob of each completion token, 0 where action_mask is 0
+    logprobs: list[float]
+    # "stop" | "length" (single turn); "answer" | "max_turns" | "length" | "context" (episodes)
+    finish_reason: str
+    # the final reply decoded, stop tokens removed (for rewards that read text)
+    text: str = ""
+    # the conversation as text: opening messages, turns, results
+    messages: list = field(default_factory=list)
+    # assistant turns (actions) taken
+    turns: int = 1
+    # {"name", "arguments", "result"} of every call, in order
+    tool_calls: list = field(default_factory=list)
+    # observations that were errors: a failing or unknown tool, a malformed call
+    tool_errors: int = 0
+    # the environment's record of the episode: reward parts and facts
+    info: dict = field(default_factory=dict)
+    # each of the task's reward functions on this episode
+    reward_parts: dict = field(default_factory=dict)
+    # Σ weight · part; None until Task.score writes it
+    reward: float | None = None
 
     def rewards_per_turn(self) -> list[float]:
         """r_t for each turn: 0 until the last, which carries the episode's reward (outcome reward)."""
+        if self.reward is None:
+            raise ValueError("the trajectory is not scored: Task.score writes its reward")
         return [0.0] * (self.turns - 1) + [self.reward]
 
     def discounted_return(self, gamma: float = 1.0) -> float:
@@ -145,12 +152,17 @@ def run_episodes(
             ids = tokenizer.encode(
                 tokenizer.apply_chat_template(messages, tools, add_generation_prompt=True)
             )
-            episodes.append(
-                {
-                    "env": env,
-                    "traj": Trajectory(item, ids, [], [], [], "", messages=list(messages), turns=0),
-                }
+            trajectory = Trajectory(
+                prompt=item,
+                prompt_ids=ids,
+                completion_ids=[],
+                action_mask=[],
+                logprobs=[],
+                finish_reason="",
+                messages=list(messages),
+                turns=0,
             )
+            episodes.append({"env": env, "traj": trajectory})
     for turn in range(max_turns):
         active = [e for e in episodes if not e["traj"].finish_reason]
         fits = []
@@ -207,9 +219,8 @@ def run_episodes(
         t = e["traj"]
         t.finish_reason = t.finish_reason or "max_turns"
         t.text = t.messages[-1]["content"] if t.messages[-1]["role"] == "assistant" else ""
-        _, t.info = e["env"].reward(
-            t
-        )  # the environment's total is its parts' sum; the task weighs the parts
+        # the environment's total is its parts' sum; the task weighs the parts (Task.score)
+        _, t.info = e["env"].reward(t)
         e["env"].close()
         trajectories.append(t)
     return trajectories

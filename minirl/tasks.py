@@ -92,7 +92,7 @@ class Task(ABC):
 
     def score(self, trajectories) -> None:
         """The one place a reward is written: each trajectory's reward_parts (every reward function's
-        value) and reward = Σ weight·part."""
+        value) and reward = Σ weight·part (a rollout leaves reward None until this runs)."""
         for traj in trajectories:
             traj.reward_parts = {
                 name: float(fn(traj)) for name, (fn, _) in self.reward_functions.items()

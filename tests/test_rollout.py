@@ -8,10 +8,11 @@ import minirl.rollout as rollout_module
 from minirl import load_pretrained
 from minirl.chat import render
 from minirl.envs.calculator import CalculatorEnv, agent_metrics, make_question
+from minirl.grpo import filter_groups
 from minirl.losses import token_logprobs
 from minirl.rollout import Trajectory, run_episodes
 from minirl.sampling import Completion
-from minirl.tasks import CalculatorTask
+from minirl.tasks import ArithmeticTask, CalculatorTask
 from minirl.toy import build_checkpoint
 
 CALCULATOR_TASK = CalculatorTask(
@@ -71,9 +72,8 @@ def test_rollout_tokens_are_what_training_renders(toy, monkeypatch):
     model, tokenizer = toy
     scripted(tokenizer, model, [CALL, "37 * 84 = 3108."], monkeypatch)
     (traj,) = run_episodes(model, tokenizer, CalculatorEnv, [task_37_84()], max_turns=4)
-    assert (
-        traj.reward == 0.0 and traj.info["correct"] == 1.0
-    )  # the episode's record; the task weighs it:
+    # the environment wrote the episode's record; the reward is the task's to weigh from it
+    assert traj.reward is None and traj.info["correct"] == 1.0
     CALCULATOR_TASK.score([traj])
     assert traj.finish_reason == "answer" and traj.turns == 2 and traj.reward == 1.0
     messages = [
@@ -185,6 +185,30 @@ def test_sampled_episodes_replay_exactly_in_the_learner(toy):
             recomputed[mask], torch.tensor(t.logprobs)[mask], atol=1e-4, rtol=0
         )
         assert t.finish_reason in ("answer", "max_turns", "length", "context")
+
+
+def test_an_unscored_trajectory_has_no_reward_until_the_task_scores_it():
+    item = ArithmeticTask().item(37, "*", 84)
+    t = Trajectory(
+        prompt=item,
+        prompt_ids=[],
+        completion_ids=[],
+        action_mask=[],
+        logprobs=[],
+        finish_reason="stop",
+        text="Answer: 3108",
+    )
+    assert t.reward is None and not t.reward_parts
+    # "not scored" cannot be printed, learned from or summed as if it were "scored 0"
+    with pytest.raises(TypeError):
+        f"{t.reward:+.2f}"
+    with pytest.raises(TypeError):
+        filter_groups([t], 1, dynamic_sampling=False)
+    with pytest.raises(ValueError, match="not scored"):
+        t.discounted_return()
+    ArithmeticTask().score([t])
+    assert t.reward == 1.0 and t.reward_parts == {"correct": 1.0}
+    assert f"{t.reward:+.2f}" == "+1.00"
 
 
 def test_returns_by_hand():

@@ -85,9 +85,8 @@ def test_the_single_turn_rollout_gives_g_completions_per_item_prompt_major(tmp_p
         items[2],
         items[2],
     ]
-    assert all(
-        t.reward == 0.0 and not t.reward_parts for t in trajectories
-    )  # nothing scored before score()
+    # nothing scored before score()
+    assert all(t.reward is None and not t.reward_parts for t in trajectories)
     task.score(trajectories)
     assert all(
         set(t.reward_parts) == {"correct"} and t.reward == t.reward_parts["correct"]
