@@ -8,7 +8,7 @@
 # Rows: sample.py (batch 1 and group sampling, 0.5B and 7B, vs transformers generate; LoRA folded in
 # vs unmerged, the measurement behind grpo --merge-lora auto), grpo_step.py
 # (a GRPO step's time split and peak: 0.5B and 1.5B full fine-tuning, capped to 40 GB), memory.py (the
-# 7B LoRA step: measured peak vs minirl.memory's estimate, capped to 40 GB); then pytest -m gpu.
+# 7B LoRA step: measured peak vs minirl.run.memory's estimate, capped to 40 GB); then pytest -m gpu.
 # The rows run most important first under one time budget (SUITE_BUDGET seconds, default 480): a row
 # gets at most what is left, and rows that no longer fit are written as skipped, so the suite ends
 # in time with every row it managed. PYTHON picks the interpreter (default: python3).

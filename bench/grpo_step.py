@@ -1,63 +1,86 @@
-"""One GRPO step on a real-shape model: the time split sample / score / learn, tokens/s, and the peak
-memory of each phase.
+"""One GRPO step on a real-shape model: the time split sample / score / learn, tokens/s, and the
+peak memory of each phase.
 
     python bench/grpo_step.py --tiny                                   # seconds, CPU: the plumbing
     python bench/grpo_step.py --device cuda --preset 7b --group 8 --prompts 1 --prompt-len 256 \
         --new-tokens 768 --compile                                     # the chapter's 7B LoRA step
     python bench/grpo_step.py --device cuda --preset 0.5b --full       # full fine-tuning (float32)
-    python bench/grpo_step.py --tiny --peer                            # learn vs transformers + peft
+    python bench/grpo_step.py --tiny --plain                           # the plain pipeline instead
+    python bench/grpo_step.py --tiny --peer                            # learn vs transformers+peft
     python bench/grpo_step.py --preset 0.5b --dtype bfloat16 --lora-r 16 --group 8 --prompts 8 \
         --new-tokens 200 --peer                                        # the same on a real shape
 
-A step is minirl's own code path: `generate` draws G completions for each prompt (one prefill per
-prompt, every row decoded to --new-tokens: no stop token, so the length is fixed; with LoRA on a GPU
-the adapters are folded into the weights meanwhile, as grpo --merge-lora auto does), a verifiable toy
-reward scores them (the share of even token ids: cheap, and different within a group), then
-`grpo.learn` computes the reference log-probs with the adapters disabled, the policy's log-probs in
-chunks and the clipped loss, and steps AdamW. Weights are random with the published config (bfloat16
-with LoRA, float32 with --full, as `grpo` picks on a GPU; --dtype chooses). Activation checkpointing
-is requested (set_gradient_checkpointing) but the model stays in eval mode, where minirl's layers (and
-transformers') do not checkpoint: the learning phase runs without it (no recomputation).
+A step is minirl's own code path, `grpo.grpo_step`, with the speed-ups the CLI uses by default
+(`fast=FAST`: the model's layers swapped to their fast CPU-product twins by FAST.apply after the
+adapter is added, and the run's sampler FAST.decoder(model, compile=--compile), held for the whole
+run as `minirl grpo` holds it); --plain runs the plain pipeline instead (fast=PLAIN, PLAIN.apply,
+no decoder: sampling.generate), as `minirl grpo --plain` does. The prompts are random token ids, so
+grpo_step is handed a small task of this script's own (EvenTokens): its rollout calls
+`minirl.generate` for G completions of each prompt (every row decoded to --new-tokens: no stop
+token, so the length is fixed; with LoRA on a GPU grpo_step folds the adapters into the weights
+meanwhile, as grpo --merge-lora auto does), and its verifiable toy reward is the share of even token
+ids (cheap, and different within a group). Then grpo_step computes the group advantages, the
+reference log-probs with the adapters disabled (a frozen copy of the starting weights with --full),
+the policy's log-probs (shared prompt tokens run once, the log-probs in chunks from the hidden
+states: fast/prefix_learner.py, fast/chunked_logprobs.py; whole rows and the lm_head's logits with
+--plain) and the clipped loss, and steps AdamW. Weights are random with the published config
+(bfloat16 with LoRA, float32 with --full, as `grpo` picks on a GPU; --dtype chooses). Activation
+checkpointing is on (set_gradient_checkpointing): grpo_step puts the model in train mode for its
+optimizer steps, where the layers checkpoint; the reference log-probs run without gradients, where
+there is nothing to checkpoint, and sampling runs in eval mode.
+
+The times are grpo_step's own (StepResult.timing()): sampling (the task's rollout, the fold of the
+adapters included), scoring (the reward and the advantages) and learning (the rest of the step).
+grpo_step reads its clock without waiting for the GPU; its last waits are the loss's and the
+gradient norm's .item(), so on a GPU t_learn leaves out the AdamW update's kernels (milliseconds).
 
 Peer (--peer): the learning phase of the last step, timed again side by side in this process on the
-very same rollouts and advantages, minirl's `grpo.learn` against transformers + peft written the
-way TRL's GRPOTrainer computes its loss with a peft model. The transformers twin shares minirl's
-base weight tensors (sft_step.transformers_twin) and peft's LoRA A and B are copied from minirl's
+very same rollouts and advantages. minirl's side is `grpo.grpo_step` with a task whose rollout
+returns copies of those rollouts (FixedRollouts: nothing is sampled and nothing folded, scoring
+reads the same toy reward, so only learning costs), against transformers + peft written the way
+TRL's GRPOTrainer computes its loss with a peft model. The transformers twin shares minirl's base
+weight tensors (sft_step.transformers_twin) and peft's LoRA A and B are copied from minirl's
 adapters (sft_step.peft_twin); LoRA weights are float32 on both sides, whatever the base dtype:
 minirl's adapters always train in float32 (lora.LoRALinear) and peft casts its adapters to float32
 (get_peft_model's autocast_adapter_dtype), so --dtype bfloat16 means a bfloat16 base and float32
-adapters on both. The peer, per minibatch of --minibatch rows (minirl's size; on these fixed-length
-rollouts both cut the same rows): prompt ids left-padded + completion ids right-padded, concatenated
-(the prompts here all have --prompt-len tokens, so no row is padded), `model(input_ids,
-attention_mask=..., logits_to_keep=Lc + 1)`, the completion positions' logits in float32 (divided by
-the temperature if it is not 1), log_softmax, the completion tokens gathered; the reference
-log-probs under `with model.disable_adapter(), torch.no_grad()`; the same clipped surrogate with the
-k3 KL (minirl.losses.policy_loss, so the formula is identical), each minibatch weighted by its share
-of the batch's tokens, backward, the gradient clipped to the same norm, AdamW (the same lr) on
-peft's LoRA parameters. Activation checkpointing is set the same way on both sides (the printed
-line says whether it was in effect: both models only checkpoint in train mode). What differs is
-the implementation: minirl runs each group's shared prompt once per pass (learner.shared_prefix)
-and computes log-probs in chunks from the hidden states, the peer runs every row's whole prompt and
+adapters on both. The peer, per minibatch of --minibatch rows: prompt ids left-padded + completion
+ids right-padded, concatenated (the prompts here all have --prompt-len tokens, so no row is padded),
+`model(input_ids, attention_mask=..., logits_to_keep=Lc + 1)`, the completion positions' logits in
+float32 (divided by the temperature if it is not 1), log_softmax, the completion tokens gathered;
+the reference log-probs under `with model.disable_adapter(), torch.no_grad()`; the same clipped
+surrogate with the k3 KL (minirl.losses.policy_loss, so the formula is identical), each minibatch
+weighted by its share of the batch's tokens, backward, the gradient clipped to the same norm, AdamW
+(the same lr) on peft's LoRA parameters. Activation checkpointing is set the same way on both sides
+(the printed line says whether it was in effect: both models only checkpoint in train mode). What
+differs is the implementation: minirl runs each group's shared prompt once per pass
+(fast/prefix_learner.py), cuts its minibatches by length (fast/length_passes.py; on these
+fixed-length rollouts they hold --minibatch rows, as the peer's) and computes log-probs in chunks
+from the hidden states (fast/chunked_logprobs.py); the peer runs every row's whole prompt and
 materializes the (rows, Lc, V) logits. Every timed run starts from the same LoRA weights (restored
 from a snapshot) with a fresh AdamW, so each does the same work; one untimed round warms both up,
-then --repeats rounds alternate minirl / peer. Printed: the median seconds of each, the ratio
-peer / minirl (> 1: minirl faster), and the agreement: the losses and gradient norms of the first
-run of each side, and the largest |Δ| of the policy's per-token log-probs (computed once per side,
-no grad, before timing): ~1e-6 in float32, a few 1e-3 in bfloat16 (the tiny model's). On-policy
-the surrogate's value is -Σ A·m / Σ m, ~0, whatever the log-probs: the loss mostly checks the KL
-term; the gradient norm checks the gradients.
+then --repeats rounds alternate minirl / peer. Printed: the median seconds of each, the ratio peer /
+minirl (> 1: minirl faster), and the agreement: the losses and gradient norms of the first run of
+each side, and the largest |Δ| of the policy's per-token log-probs (computed once per side, no grad,
+before timing; minirl's with learner.fixed_logprobs through the learner and head grpo_step uses):
+~1e-6 in float32, a few 1e-3 in bfloat16 (the tiny model's). On-policy the surrogate's value is
+-Σ A·m / Σ m, ~0, whatever the log-probs: the loss mostly checks the KL term; the gradient norm
+checks the gradients.
 
 Without --peer no peer is run: the ratio printed is sample time / learn time, where a step's time
 goes; bench/sample.py and bench/sft_step.py compare sampling and a LoRA SFT step against
 transformers and peft.
 
-Memory: on a GPU torch.cuda.max_memory_allocated, reset before each phase; --cap-gb 40 caps the card
-with torch.cuda.set_per_process_memory_fraction so a larger card fails like a 40 GB one would. On a
-CPU the kernel's resident high-water mark (VmHWM, reset through /proc/self/clear_refs), minus what
-was resident before the phase. bench/memory.py compares both with minirl.memory's estimate.
+Memory: on a GPU torch.cuda.max_memory_allocated, reset when each phase starts; --cap-gb 40 caps the
+card with torch.cuda.set_per_process_memory_fraction so a larger card fails like a 40 GB one would.
+On a CPU the kernel's resident high-water mark (VmHWM, reset through /proc/self/clear_refs), minus
+what was resident when the phase started. The sampling phase is measured inside the task's rollout
+(the adapters already folded in), the learning phase from the task's score to the end of the step.
+bench/memory.py compares both with minirl.run.memory's estimate.
 """
 
 import argparse
+import copy
+import dataclasses
 import os
 import statistics
 import sys
@@ -75,56 +98,148 @@ from sft_step import (  # noqa: E402  (bench/ is on the path: this script's fold
 )
 
 import minirl  # noqa: E402
+from minirl import grpo  # noqa: E402
+from minirl import learner as plain_learner  # noqa: E402
 from minirl.config import preset  # noqa: E402
-from minirl.grpo import GRPOConfig, learn  # noqa: E402
-from minirl.learner import frozen_logprobs, learning_batch  # noqa: E402
-from minirl.lora import add_lora, merged_for_sampling  # noqa: E402
-from minirl.losses import group_advantages, policy_loss  # noqa: E402
+from minirl.fast import PLAIN_HELP, prefix_learner, speedups  # noqa: E402
+from minirl.fast.chunked_logprobs import chunked_token_logprobs  # noqa: E402
+from minirl.learner import fixed_logprobs, lm_head_logprobs  # noqa: E402
+from minirl.lora import add_lora  # noqa: E402
+from minirl.losses import policy_loss  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
-from minirl.sampling import Decoder  # noqa: E402
+from minirl.tasks import Task  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 
 LR = 1e-5  # AdamW's learning rate, minirl's and the peer's
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# grpo_step reads only the pad id of its tokenizer (the prompts are token ids already)
+TOKENIZER = SimpleNamespace(pad_token_id=0)
 
 
 class PeakMemory:
-    """Peak bytes allocated inside a `with` block, above what was allocated when it began."""
+    """Peak bytes of a phase, from start() to stop() (or inside a `with` block): `peak` absolute,
+    `extra` above what was allocated (on a CPU: resident) at the start."""
 
     def __init__(self, device):
         self.device = device
 
-    def __enter__(self):
+    def start(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.before = torch.cuda.memory_allocated(self.device)
         else:
+            # "5": VmHWM := VmRSS
             with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # VmHWM := VmRSS
+                f.write("5")
             self.before = status_bytes("VmRSS")
         return self
 
-    def __exit__(self, *exc):
+    def stop(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.peak = torch.cuda.max_memory_allocated(
-                self.device
-            )  # absolute: everything alive at the peak
+            # absolute: everything alive at the peak
+            self.peak = torch.cuda.max_memory_allocated(self.device)
         else:
             self.peak = status_bytes("VmHWM")
         self.extra = self.peak - self.before
 
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def even_share(trajectory) -> float:
+    """The toy reward: the share of even token ids in the completion."""
+    return sum(t % 2 == 0 for t in trajectory.completion_ids) / len(trajectory.completion_ids)
+
+
+class BenchTask(Task):
+    """What the bench's two tasks share: the toy reward, and none of what grpo_step never calls."""
+
+    name = "even-tokens"
+
+    def __init__(self):
+        self.reward_functions = {"even": (even_share, 1.0)}
+
+    def sample(self, n, rng):
+        raise NotImplementedError("the bench hands grpo_step its prompts")
+
+    def eval_items(self):
+        raise NotImplementedError("the bench evaluates nothing")
+
+    def accuracy(self, trajectory):
+        raise NotImplementedError("the bench logs no accuracy")
+
+
+class EvenTokens(BenchTask):
+    """An item is a prompt of token ids; rollout samples G completions of each with minirl.generate
+    and no stop token (every row runs to max_new_tokens). It measures the peak memory of grpo_step's
+    two phases: `sampling` inside rollout, `learning` from score on (the caller stops it when
+    grpo_step returns)."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.sampling, self.learning = PeakMemory(device), PeakMemory(device)
+
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, **options):
+        with self.sampling:
+            outs = minirl.generate(
+                model,
+                items,
+                max_new_tokens=max_new_tokens,
+                stop_token_ids=[],
+                seed=options["seed"],
+                num_samples=group_size,
+                temperature=options["temperature"],
+                top_p=options["top_p"],
+                decoder=options["decoder"],
+            )
+        return [
+            Trajectory(
+                prompt={},
+                prompt_ids=items[i // group_size],
+                completion_ids=out.tokens,
+                action_mask=[1] * len(out.tokens),
+                logprobs=out.logprobs,
+                finish_reason=out.finish_reason,
+            )
+            for i, out in enumerate(outs)
+        ]
+
+    def score(self, trajectories):
+        # grpo_step scores right after sampling and learns right after scoring: the learning
+        # phase's peak is tracked from here to the end of the step (scoring allocates next to
+        # nothing)
+        self.learning.start()
+        super().score(trajectories)
+
+
+class FixedRollouts(BenchTask):
+    """A task whose rollout returns copies of given rollouts instead of sampling (--peer: a
+    grpo_step on the very rollouts the peer learns from, whatever the model would sample). Scoring
+    writes each copy's reward; the token lists are shared (nothing writes them)."""
+
+    def __init__(self, trajectories):
+        super().__init__()
+        self.trajectories = trajectories
+
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, **options):
+        return [copy.copy(t) for t in self.trajectories]
+
 
 def build(args):
-    """The model (LoRA or full), its optimizer and the GRPOConfig that `learn` reads."""
+    """The model (LoRA or full) with the run's speed-ups applied, the frozen π_ref copy (--full with
+    β > 0), its optimizer and scheduler, the GRPOConfig grpo_step reads, and the device."""
     device = torch.device(args.device)
     dtype = DTYPES.get(args.dtype) or (
         torch.float32 if args.full or device.type == "cpu" else torch.bfloat16
     )
     config = tiny_config(512) if args.tiny else preset(args.preset)
     model = minirl.random_model(config, dtype=dtype, device=device, seed=args.seed)
-    cfg = GRPOConfig(
+    cfg = grpo.GRPOConfig(
         model="",
         group_size=args.group,
         prompts_per_step=args.prompts,
@@ -134,16 +249,17 @@ def build(args):
         full=args.full,
         checkpointing=True,
         merge_lora=args.merge_lora,
+        plain=args.plain,
     )
-    ref_model = None
     if args.full:
         model.requires_grad_(True)
-        if args.beta:  # full fine-tuning keeps a frozen copy as π_ref, as grpo.train does
-            ref_model = minirl.random_model(
-                config, dtype=dtype, device=device, seed=args.seed
-            ).requires_grad_(False)
     else:
         add_lora(model, r=args.lora_r, alpha=2 * args.lora_r)
+    # as run/grpo.py: the speed-ups once the adapter is in, then π_ref copied from the result
+    speedups(cfg.plain).apply(model)
+    ref_model = None
+    if args.full and args.beta:
+        ref_model = copy.deepcopy(model).requires_grad_(False).eval()
     model.set_gradient_checkpointing(True)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=LR)
@@ -161,65 +277,36 @@ def prompts_for(model, n, length, seed):
 def grpo_step(
     model, ref_model, cfg, optimizer, scheduler, device, prompts, seed, compile, decoder=None
 ):
-    """One step; returns seconds per phase, peak memory per phase, the loss statistics, and the
-    rollouts and advantages it learned from (for --peer). decoder: a Decoder held across steps
-    (compiled decoding keeps its cache and CUDA graph), else a one-off one."""
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    G = cfg.group_size
-    with PeakMemory(device) as sampling_memory:
-        start = time.perf_counter()
-        with merged_for_sampling(model, cfg.merge_lora):  # as grpo.train: LoRA folded in on a GPU
-            outs = minirl.generate(
-                model,
-                prompts,
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                stop_token_ids=[],
-                seed=seed,
-                num_samples=G,
-                compile=compile,
-                decoder=decoder,
-            )
-        sync()
-        t_sample = time.perf_counter() - start
-    start = time.perf_counter()
-    trajectories = [
-        Trajectory(
-            prompt={},
-            prompt_ids=prompts[i // G],
-            completion_ids=o.tokens,
-            action_mask=[1] * len(o.tokens),
-            logprobs=o.logprobs,
-            finish_reason=o.finish_reason,
-        )
-        for i, o in enumerate(outs)
-    ]
-    rewards = torch.tensor([sum(t % 2 == 0 for t in o.tokens) / len(o.tokens) for o in outs])
-    advantages = group_advantages(rewards, G)
-    t_score = time.perf_counter() - start
-    with PeakMemory(device) as learning_memory:
-        start = time.perf_counter()
-        stats, _ = learn(
-            cfg,
-            model,
-            ref_model,
-            learning_batch(trajectories, 0, device),
-            advantages,
-            optimizer,
-            scheduler,
-        )
-        sync()
-        t_learn = time.perf_counter() - start
+    """One grpo.grpo_step on `prompts` with EvenTokens; returns seconds per phase, peak memory per
+    phase, the loss statistics, and the rollouts and advantages it learned from (for --peer).
+    decoder: the run's sampler, held across steps (compiled decoding keeps its cache and CUDA
+    graph), else a one-off one of the speed-ups cfg.plain picks."""
+    fast = speedups(cfg.plain)
+    if decoder is None:
+        decoder = fast.decoder(model, compile=compile)
+    task = EvenTokens(device)
+    done = grpo.grpo_step(
+        model,
+        TOKENIZER,
+        task,
+        prompts,
+        optimizer,
+        scheduler,
+        cfg,
+        seed=seed,
+        ref_model=ref_model,
+        decoder=decoder,
+        fast=fast,
+    )
+    task.learning.stop()
     return dict(
-        t_sample=t_sample,
-        t_score=t_score,
-        t_learn=t_learn,
-        sampling=sampling_memory,
-        learning=learning_memory,
-        stats=stats,
-        tokens=len(outs) * cfg.max_new_tokens,
-        trajectories=trajectories,
-        advantages=advantages,
+        **done.timing(),
+        sampling=task.sampling,
+        learning=task.learning,
+        stats=done.stats,
+        tokens=sum(len(t.completion_ids) for t in done.trajectories),
+        trajectories=done.trajectories,
+        advantages=done.advantages,
     )
 
 
@@ -230,9 +317,11 @@ def peer_model(model, r, alpha):
     and with the same activation checkpointing setting."""
     base = {k: v for k, v in model.state_dict().items() if "lora_" not in k}
     twin = transformers_twin(SimpleNamespace(config=model.config, state_dict=lambda: base))
-    twin.model.rotary_emb.to(model.lm_head.weight.device)  # built anew, on the CPU
+    # built anew, on the CPU
+    twin.model.rotary_emb.to(model.lm_head.weight.device)
     twin = peft_twin(twin, model, r, alpha)
-    if model.model.gradient_checkpointing:  # transformers 5 renamed gradient_ to activation_
+    # transformers 5 renamed gradient_ to activation_
+    if model.model.gradient_checkpointing:
         if hasattr(twin, "activation_checkpointing_enable"):
             twin.activation_checkpointing_enable({"use_reentrant": False})
         else:
@@ -259,10 +348,12 @@ def peer_inputs(trajectories, device):
 
 def peer_logprobs(twin, ids, attention, Lc, temperature):
     """log π of the last Lc tokens of each row, TRL's _get_per_token_logps: (b, Lc) float32."""
+    # (b, Lc + 1, V): the last Lc + 1 positions
     logits = twin(
         input_ids=ids, attention_mask=attention, logits_to_keep=Lc + 1, use_cache=False
-    ).logits  # (b, Lc + 1, V): the last Lc + 1 positions
-    logits = logits[:, :-1].float()  # (b, Lc, V): position t predicts completion token t
+    ).logits
+    # (b, Lc, V): position t predicts completion token t
+    logits = logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     return logits.log_softmax(dim=-1).gather(-1, ids[:, -Lc:, None])[..., 0]
@@ -280,14 +371,15 @@ def peer_all_logprobs(twin, ids, attention, Lc, minibatch_size, temperature):
 
 
 def peer_learn(cfg, twin, trajectories, advantages, optimizer, device) -> dict:
-    """grpo.learn's work (one inner step) the way TRL's GRPOTrainer does it with a peft model."""
+    """grpo_step's learning (one inner step) the way TRL's GRPOTrainer does it with a peft model."""
     if cfg.inner_steps != 1:
         raise ValueError("--peer times one inner step (inner_steps = 1)")
     ids, attention, mask = peer_inputs(trajectories, device)
     N, Lc = mask.shape
     advantages = advantages.to(device)
     ref_logp = None
-    if cfg.beta:  # π_ref: the adapters off
+    # π_ref: the adapters off
+    if cfg.beta:
         with twin.disable_adapter():
             ref_logp = peer_all_logprobs(
                 twin, ids, attention, Lc, cfg.minibatch_size, cfg.temperature
@@ -298,7 +390,8 @@ def peer_learn(cfg, twin, trajectories, advantages, optimizer, device) -> dict:
         logp = peer_logprobs(twin, ids[rows], attention[rows], Lc, cfg.temperature)  # (b, Lc)
         loss, _ = policy_loss(
             logp,
-            logp.detach(),  # on-policy: π_old = πθ
+            # on-policy: π_old = πθ
+            logp.detach(),
             None if ref_logp is None else ref_logp[rows],
             advantages[rows],
             mask[rows],
@@ -307,11 +400,8 @@ def peer_learn(cfg, twin, trajectories, advantages, optimizer, device) -> dict:
             beta=cfg.beta,
             aggregation=cfg.aggregation,
         )
-        weight = (
-            mask[rows].sum() / n_tokens
-            if cfg.aggregation == "token"
-            else torch.tensor(len(rows) / N)
-        )  # the whole batch's normalizer, as learn's
+        # the whole batch's normalizer, as grpo_step's
+        weight = mask[rows].sum() / n_tokens if cfg.aggregation == "token" else len(rows) / N
         (loss * weight).backward()
         total += (loss * weight).item()
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -328,7 +418,8 @@ class Side:
     def __init__(self, module, run):
         self.params = [p for n, p in module.named_parameters() if "lora_" in n]
         self.start = [p.detach().clone() for p in self.params]
-        self.run = run  # optimizer -> stats (loss, grad_norm)
+        # optimizer -> stats (loss, grad_norm)
+        self.run = run
 
     @torch.no_grad()
     def reset(self):
@@ -338,15 +429,33 @@ class Side:
         return torch.optim.AdamW(self.params, lr=LR)
 
 
-def compare_learning(args, model, ref_model, cfg, device, trajectories, advantages):
-    """minirl's learn against transformers + peft on the same rollouts; returns what it prints."""
+def compare_learning(args, model, ref_model, cfg, device, prompts, trajectories, advantages):
+    """minirl's grpo_step on fixed rollouts against transformers + peft on the same rollouts;
+    returns what it prints."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     twin = peer_model(model, args.lora_r, 2 * args.lora_r)
+    fast = speedups(cfg.plain)
+    task = FixedRollouts(trajectories)
+    # nothing is sampled: no adapters to fold in and out around the copy
+    fixed_cfg = dataclasses.replace(cfg, merge_lora="off")
 
     def minirl_run(optimizer):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-        batch = learning_batch(trajectories, 0, device)
-        return learn(cfg, model, ref_model, batch, advantages, optimizer, scheduler)[0]
+        done = grpo.grpo_step(
+            model,
+            TOKENIZER,
+            task,
+            prompts,
+            optimizer,
+            scheduler,
+            fixed_cfg,
+            seed=args.seed,
+            ref_model=ref_model,
+            fast=fast,
+        )
+        # the peer learns from the step's advantages: these must be the same
+        assert torch.equal(done.advantages, advantages)
+        return done.stats
 
     sides = {
         "minirl": Side(model, minirl_run),
@@ -355,11 +464,13 @@ def compare_learning(args, model, ref_model, cfg, device, trajectories, advantag
             lambda optimizer: peer_learn(cfg, twin, trajectories, advantages, optimizer, device),
         ),
     }
-    # the agreement of the policies' per-token log-probs, once each, no grad, before any update
-    mask = learning_batch(trajectories, 0, device)["action_mask"].bool()
-    ours = frozen_logprobs(
-        model, learning_batch(trajectories, 0, device), cfg.minibatch_size, cfg.temperature
-    )
+    # the agreement of the policies' per-token log-probs, once each, no grad, before any update;
+    # minirl's through the learner and head grpo_step uses
+    learner = prefix_learner if fast.prefixes else plain_learner
+    head = chunked_token_logprobs if fast.chunked_logprobs else lm_head_logprobs
+    batch = learner.learning_batch(trajectories, TOKENIZER.pad_token_id, device)
+    ours = fixed_logprobs(learner.logprobs, model, batch, cfg.minibatch_size, cfg.temperature, head)
+    mask = batch["action_mask"].bool()
     ids, attention, _ = peer_inputs(trajectories, device)
     theirs = peer_all_logprobs(
         twin, ids, attention, mask.shape[1], cfg.minibatch_size, cfg.temperature
@@ -367,7 +478,8 @@ def compare_learning(args, model, ref_model, cfg, device, trajectories, advantag
     gap = (ours - theirs).abs()[mask].max().item()
     times = {label: [] for label in sides}
     stats = {label: [] for label in sides}
-    for i in range(1 + args.repeats):  # round 0 warms both up (first-call allocations, kernels)
+    # round 0 warms both up (first-call allocations, kernels)
+    for i in range(1 + args.repeats):
         for label, side in sides.items():
             optimizer = side.reset()
             sync()
@@ -378,8 +490,9 @@ def compare_learning(args, model, ref_model, cfg, device, trajectories, advantag
             stats[label].append(out)
             if i:
                 times[label].append(elapsed)
+    # the model as it was before the comparison
     for side in sides.values():
-        side.reset()  # the model as it was before the comparison
+        side.reset()
     return dict(
         times=times,
         seconds={label: statistics.median(t) for label, t in times.items()},
@@ -403,8 +516,8 @@ def parser():
         "--dtype",
         default="auto",
         choices=["auto", *DTYPES],
-        help="the base weights' dtype (auto: float32 on a CPU or with --full, else bfloat16, as grpo "
-        "picks); LoRA adapters train in float32 either way",
+        help="the base weights' dtype (auto: float32 on a CPU or with --full, else bfloat16, as "
+        "grpo picks); LoRA adapters train in float32 either way",
     )
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--group", type=int, default=8, help="G")
@@ -422,6 +535,7 @@ def parser():
         choices=["auto", "on", "off"],
         help="LoRA folded into the weights while sampling, as grpo (auto: on a GPU)",
     )
+    p.add_argument("--plain", action="store_true", help=PLAIN_HELP)
     p.add_argument("--cap-gb", type=float, default=None, help="cap the GPU to this many GB")
     p.add_argument(
         "--repeats",
@@ -466,7 +580,10 @@ def main():
     apply_cap(args)
     model, ref_model, cfg, optimizer, scheduler, device = build(args)
     prompts = prompts_for(model, args.prompts, args.prompt_len, args.seed)
-    decoder = Decoder(model, compile=args.compile)  # held for the run, as a GRPO loop holds one
+    # held for the run, as `minirl grpo` holds it (None with --plain: sampling.generate)
+    decoder = speedups(args.plain).decoder(model, compile=args.compile)
+    # the first step warms up (and compiles); with --peer one more step, whose rollouts it times
+    runs = 2 if args.peer else 1 + args.repeats
     steps = [
         grpo_step(
             model,
@@ -480,60 +597,61 @@ def main():
             args.compile,
             decoder,
         )
-        for i in range(2 if args.peer else 1 + args.repeats)
-    ][1:]  # the first warms up (and compiles); with --peer one more step, whose rollouts it times
+        for i in range(runs)
+    ][1:]
     med = {k: statistics.median(s[k] for s in steps) for k in ("t_sample", "t_score", "t_learn")}
     total = sum(med.values())
     peak_gb = max(max(s["sampling"].peak, s["learning"].peak) for s in steps) / 1e9
     name = "tiny" if args.tiny else f"Qwen2.5-{args.preset} shape"
-    mode = (
-        f"full fine-tuning, {model.dtype}".replace("torch.", "")
-        if args.full
-        else f"LoRA r={args.lora_r}, {model.dtype}".replace("torch.", "")
-    )
+    dtype = str(model.dtype).replace("torch.", "")
+    mode = f"full fine-tuning, {dtype}" if args.full else f"LoRA r={args.lora_r}, {dtype}"
     where = (
         torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else f"{torch.get_num_threads()} CPU threads"
     )
+    pipeline = "plain" if args.plain else "fast"
     print(
-        f"model: {name}; {mode}; {where}; {args.prompts} prompt(s) x {args.group} samples, {args.prompt_len} + "
-        f"{args.new_tokens} tokens; compile {args.compile}; median of {len(steps)} step(s) after a warm-up"
+        f"model: {name}; {mode}; {where}; {args.prompts} prompt(s) x {args.group} samples, "
+        f"{args.prompt_len} + {args.new_tokens} tokens; compile {args.compile}; {pipeline} "
+        f"pipeline; median of {len(steps)} step(s) after a warm-up"
     )
     print(
-        f"  sample {med['t_sample']:.2f}s  score {med['t_score']:.3f}s  learn {med['t_learn']:.2f}s  "
-        f"-> {steps[-1]['tokens'] / total:.1f} generated tokens/s over the whole step"
+        f"  sample {med['t_sample']:.2f}s  score {med['t_score']:.3f}s  learn {med['t_learn']:.2f}s"
+        f"  -> {steps[-1]['tokens'] / total:.1f} generated tokens/s over the whole step"
     )
     print(f"  ratio sample / learn: {med['t_sample'] / med['t_learn']:.2f}")
+    what = "allocated by torch" if device.type == "cuda" else "resident"
     print(
         f"  peak memory: sampling {steps[-1]['sampling'].peak / 1e9:.2f} GB, learning "
-        f"{steps[-1]['learning'].peak / 1e9:.2f} GB ({'allocated by torch' if device.type == 'cuda' else 'resident'})"
+        f"{steps[-1]['learning'].peak / 1e9:.2f} GB ({what})"
     )
     print(
         f"  loss {steps[-1]['stats']['loss']:.4f}  kl {steps[-1]['stats']['kl']:.2e}  "
         f"grad_norm {steps[-1]['stats']['grad_norm']:.3f}"
     )
     if args.table:
+        options = (", compile" if args.compile else "") + (", plain" if args.plain else "")
         append_row(
             args.table,
             "grpo_step.py",
             name,
             f"{mode}, {where}",
-            f"{args.prompts}x{args.group}, {args.prompt_len}+{args.new_tokens}{', compile' if args.compile else ''}",
+            f"{args.prompts}x{args.group}, {args.prompt_len}+{args.new_tokens}{options}",
             f"{steps[-1]['tokens'] / total:.1f}",
             f"sample {med['t_sample']:.1f}s / learn {med['t_learn']:.1f}s",
             f"peak {peak_gb:.1f} GB",
         )
     if args.peer:
-        peer_report(args, model, ref_model, cfg, device, steps[-1], name, mode, where)
+        peer_report(args, model, ref_model, cfg, device, prompts, steps[-1], name, mode, where)
 
 
-def peer_report(args, model, ref_model, cfg, device, step, name, mode, where):
+def peer_report(args, model, ref_model, cfg, device, prompts, step, name, mode, where):
     """--peer: the last step's learning phase, minirl against transformers + peft, printed in
     bench/sft_step.py's style (and one table row with --table)."""
     peer = "transformers+peft"
     result = compare_learning(
-        args, model, ref_model, cfg, device, step["trajectories"], step["advantages"]
+        args, model, ref_model, cfg, device, prompts, step["trajectories"], step["advantages"]
     )
     seconds, first = result["seconds"], result["first"]
     checkpointing = model.training and model.model.gradient_checkpointing
@@ -541,8 +659,9 @@ def peer_report(args, model, ref_model, cfg, device, step, name, mode, where):
         f"learning phase vs {peer} (TRL GRPOTrainer's way), the last step's "
         f"{len(step['trajectories'])} rollouts: LoRA r={args.lora_r} (float32 adapters, "
         f"{model.dtype} base); minibatch {cfg.minibatch_size}; activation checkpointing "
-        f"{'on' if checkpointing else 'off'}; AdamW lr {LR:g}; median of {args.repeats} "
-        "alternating runs after a warm-up, each from the same weights".replace("torch.", "")
+        f"{'on' if checkpointing else 'off'}; {'plain' if args.plain else 'fast'} pipeline; "
+        f"AdamW lr {LR:g}; median of {args.repeats} alternating runs after a warm-up, each from "
+        "the same weights".replace("torch.", "")
     )
     for label, times in result["times"].items():
         print(
@@ -567,7 +686,7 @@ def peer_report(args, model, ref_model, cfg, device, step, name, mode, where):
             name,
             f"{mode}, {where}",
             f"learn: {args.prompts}x{args.group}, {args.prompt_len}+{args.new_tokens}, "
-            f"minibatch {cfg.minibatch_size}",
+            f"minibatch {cfg.minibatch_size}{', plain' if args.plain else ''}",
             f"{seconds['minirl']:.2f}s",
             f"{peer} {seconds[peer]:.2f}s",
             f"{ratio:.2f}x, max abs dlogprob {result['gap']:.1e}",

@@ -1,17 +1,19 @@
-"""The memory plan checked: minirl.memory's estimate against the measured peak of a real GRPO step.
+"""The memory plan checked: minirl.run.memory's estimate against the measured peak of a real GRPO step.
 
     python bench/memory.py --tiny                                             # CPU: the plumbing
     python bench/memory.py --device cuda --cap-gb 40 --preset 7b --group 8 --prompts 1 \
         --prompt-len 256 --new-tokens 768                                     # the chapter's 7B LoRA step
     python bench/memory.py --device cuda --cap-gb 40 --preset 1.5b --full --minibatch 2
 
-Runs one step of bench/grpo_step.py (same options) and prints, for the sampling and the learning
-phase, the estimate, the measured peak and their ratio. On a GPU the measurement is
+Runs one step of bench/grpo_step.py (same options: minirl's grpo.grpo_step with the speed-ups the
+CLI uses by default, or the plain pipeline with --plain, which the estimate then describes too:
+whole rows and the lm_head's logits) and prints, for the sampling and the learning phase, the
+estimate, the measured peak and their ratio. On a GPU the measurement is
 torch.cuda.max_memory_allocated (what torch's allocator handed out; the CUDA context and the
 allocator's cached blocks are not in it, nor in the estimate); --cap-gb 40 makes a larger card
 behave as a 40 GB one. On a CPU it is the resident high-water mark above the process's size before
 the model was built (interpreter and libraries excluded, allocator slack included), and the estimate
-counts that slack too (cpu=True: minirl.memory.CPU_SLACK, measured on SFT steps).
+counts that slack too (cpu=True: minirl.run.memory.CPU_SLACK, measured on SFT steps).
 """
 
 import os
@@ -25,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from grpo_step import append_row, apply_cap, build, grpo_step, parser, prompts_for
 from sft_step import status_bytes  # noqa: E402
 
-from minirl.memory import estimate  # noqa: E402
+from minirl.run.memory import estimate  # noqa: E402
 
 
 def main():
@@ -57,6 +59,9 @@ def main():
         beta=args.beta,
         compile=args.compile,
         cpu=device.type == "cpu",
+        # --plain: learner.py's whole rows and the lm_head's logits
+        prefixes=not args.plain,
+        chunked=not args.plain,
     )
     print(plan.table())
     what = "allocated by torch" if device.type == "cuda" else "resident above the process's start"
@@ -83,7 +88,8 @@ def main():
             "memory.py",
             name,
             f"{mode}, {str(model.dtype).replace('torch.', '')}{cap}",
-            f"{args.prompts}x{args.group}, {args.prompt_len}+{args.new_tokens}",
+            f"{args.prompts}x{args.group}, {args.prompt_len}+{args.new_tokens}"
+            + (", plain" if args.plain else ""),
             f"measured {peak_measured / 1e9:.2f} GB",
             f"estimate {peak_estimate / 1e9:.2f} GB",
             f"{peak_estimate / peak_measured:.2f}",

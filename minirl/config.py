@@ -32,9 +32,8 @@ class Qwen2Config:
     intermediate_size: int
     num_hidden_layers: int
     num_attention_heads: int
-    num_key_value_heads: int | None = (
-        None  # None means "as many as attention heads" (plain MHA), as in HF
-    )
+    # None means "as many as attention heads" (plain MHA), as in HF
+    num_key_value_heads: int | None = None
     max_position_embeddings: int = 32768
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6

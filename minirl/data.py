@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .chat import render
-from .kv_cache import common_prefix_length
 from .losses import IGNORE_INDEX
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -198,17 +197,6 @@ def encode(
         stats.lengths.append(len(ids))
     stats.kept = len(examples)
     return examples, stats
-
-
-def shared_prefix_length(examples: list[dict]) -> int:
-    """How many leading tokens all the examples share (a system prompt and tool list), stopping before
-    the position that predicts the first trained token of any of them: those positions can be run
-    once for the whole batch (kv_cache.SharedPrefix) and need no logits."""
-    first_trained = min(
-        next((t for t, label in enumerate(e["labels"]) if label != IGNORE_INDEX), len(e["labels"]))
-        for e in examples
-    )
-    return common_prefix_length([e["input_ids"] for e in examples], limit=first_trained - 1)
 
 
 def collate(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:

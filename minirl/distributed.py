@@ -158,9 +158,8 @@ def all_reduce_grads(params: list[torch.Tensor]):
         buckets[-1].append(p)
         size += p.numel()
     for bucket in buckets:
-        flat = torch.cat(
-            [p.grad.reshape(-1) for p in bucket]
-        )  # one collective per bucket, not per tensor
+        # one collective per bucket, not per tensor
+        flat = torch.cat([p.grad.reshape(-1) for p in bucket])
         dist.all_reduce(flat)
         for p, reduced in zip(bucket, flat.split([p.numel() for p in bucket])):
             p.grad.copy_(reduced.view_as(p))

@@ -216,9 +216,8 @@ def compare(
     }
     differences = [rate["b"][i] - rate["a"][i] for i in items]
     low, high = paired_bootstrap(differences, resamples, seed)
-    better = [
-        i for i in items if rate["b"][i] > 0.5 >= rate["a"][i]
-    ]  # the majority verdict flipped to right
+    # items whose majority verdict flipped to right (worse: to wrong)
+    better = [i for i in items if rate["b"][i] > 0.5 >= rate["a"][i]]
     worse = [i for i in items if rate["a"][i] > 0.5 >= rate["b"][i]]
     return {
         "items": len(items),

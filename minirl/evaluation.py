@@ -47,6 +47,7 @@ from .envs.program import is_program_file
 from .envs.tools import parse_assistant
 from .eval_stats import call_problems
 from .eval_summary import compare, read_episodes, rescore, summarize, table
+from .fast import PLAIN_HELP, speedups
 from .lora import load_adapter, merge_and_unload
 from .tasks import make_task, parse_options
 from .weights import load_pretrained
@@ -113,13 +114,15 @@ def play(
     perturbations=(),
     shard: tuple[int, int] = (0, 1),
     progress: bool = True,
+    decoder=None,
 ) -> list[dict]:
     """Every held-out item (the first `limit`, if given) n times: sample s of every item drawn with
     seed + s, in batched rollouts of `batch_size` items of similar prompt length (a batch is
     left-padded to its longest prompt). Item ids are positions in task.eval_items(). Then all of it
     again under each of `perturbations` (envs/perturb.py), with the same seeds; those records carry
     "perturbation" and "perturbed" (how often it fired). shard = (rank, ranks) plays only the items
-    whose id is rank modulo ranks (torchrun: each rank its share)."""
+    whose id is rank modulo ranks (torchrun: each rank its share). decoder: the sampler
+    (fast.decoder.Decoder; None: sampling.generate)."""
     items = task.eval_items()[: limit or None]
     if not items:
         raise ValueError("the task has no evaluation items")
@@ -149,9 +152,8 @@ def play(
                         )
                     )
                 elif kind:
-                    rngs = iter(
-                        [perturb.episode_rng(kind, i, seed + s) for i in batch]
-                    )  # in make_env order
+                    # one generator per episode of the batch, taken by wrap_env in make_env order
+                    rngs = iter([perturb.episode_rng(kind, i, seed + s) for i in batch])
                     options["wrap_env"] = lambda env: perturb.PerturbedEnv(env, kind, next(rngs))  # noqa: B023
                 start = time.perf_counter()
                 trajectories = task.rollout(
@@ -162,11 +164,11 @@ def play(
                     max_new_tokens,
                     temperature=temperature,
                     seed=seed + s,
+                    decoder=decoder,
                     **options,
                 )
-                seconds = (time.perf_counter() - start) / len(
-                    trajectories
-                )  # each episode's share of its batch
+                # each episode's share of its batch
+                seconds = (time.perf_counter() - start) / len(trajectories)
                 task.score(trajectories)
                 for i, t, touch in zip(batch, trajectories, touched):
                     record = episode_record(t, i, s, seed + s, task.accuracy(t), seconds)
@@ -194,6 +196,7 @@ def evaluate(
     n: int = 1,
     temperature: float = 0.0,
     batch_size: int = 32,
+    decoder=None,
 ) -> dict:
     """The training loops' held-out numbers (grpo and sft --eval-task): `play` (under torchrun each rank
     its share of the items, gathered in order), then the summary; the main rank writes it as an eval
@@ -212,6 +215,7 @@ def evaluate(
             batch_size=batch_size,
             shard=(distributed.rank(), distributed.world_size()),
             progress=False,
+            decoder=decoder,
         )
     model.train(training)
     episodes = sorted(distributed.all_gather_objects(mine), key=_order)
@@ -275,10 +279,11 @@ def command(args):
     )
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_pretrained(args.model, dtype=getattr(torch, args.dtype), device=device)
-    for folder in (
-        args.adapter or []
-    ):  # SFT's, then GRPO's (trained on the merged SFT model), in order
+    # the adapters in order: SFT's, then GRPO's (trained on the merged SFT model)
+    for folder in args.adapter or []:
         merge_and_unload(load_adapter(model, folder))
+    fast = speedups(args.plain)
+    fast.apply(model)
     temperature = (
         args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
     )
@@ -294,6 +299,7 @@ def command(args):
         args.limit,
         args.batch_size,
         perturbations,
+        decoder=fast.decoder(model),
     )
     meta = {
         "model": args.model,
@@ -377,6 +383,7 @@ def add_parser(sub, fmt, dtypes):
     )
     e.add_argument("--dtype", default="float32", choices=list(dtypes))
     e.add_argument("--device", default=None, help="default: cuda when there is one, else cpu")
+    e.add_argument("--plain", action="store_true", help=PLAIN_HELP)
     e.add_argument(
         "--rescore",
         default=None,

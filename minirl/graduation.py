@@ -77,8 +77,10 @@ def evaluate(
     max_new_tokens: int = 128,
     temperature: float = 1.0,
     seed: int = 0,
+    decoder=None,
 ) -> dict:
-    """Sample k completions for the first assistant turn of each held-out conversation and score them."""
+    """Sample k completions for the first assistant turn of each held-out conversation and score them
+    (decoder: the sampler, fast.decoder.Decoder; None: sampling.generate)."""
     prompts = [prompt_ids(tokenizer, conv) for conv in conversations]
     known = [tool_names(conv.get("tools")) for conv in conversations]
     outs = generate(
@@ -88,6 +90,7 @@ def evaluate(
         temperature=temperature,
         seed=seed,
         num_samples=samples_per_prompt,
+        decoder=decoder,
     )
     stop_ids = set(model.eos_token_ids)
     k = samples_per_prompt

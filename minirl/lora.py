@@ -8,6 +8,7 @@ unchanged and training moves only the low-rank product B A. `LoRALinear` keeps t
 Turning the adapters off gives the base model back without a second copy of its weights: that is
 the reference policy pi_ref for the KL term of RL (`disable_adapters`). For sampling, the adapters
 can be folded into the weights for a while (`merged_adapters`): one matmul per layer instead of three.
+The drop-in fast/cpu_matmul.FastLoRALinear computes the same forward with faster CPU products.
 An adapter may also train a few embedding rows (trainable_tokens.py); they are saved, loaded, merged
 and disabled with it.
 """
@@ -19,19 +20,18 @@ import re
 from contextlib import contextmanager, nullcontext
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from . import cpu_matmul
 from .finite import check_weights
 from .trainable_tokens import add_trainable_tokens, remove_trainable_tokens, token_adapter
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-PEFT_PREFIX = (
-    "base_model.model."  # PEFT's key prefix: PeftModel -> LoraModel -> the transformers model
-)
+# PEFT's key prefix: PeftModel -> LoraModel -> the transformers model
+PEFT_PREFIX = "base_model.model."
 
 
 class LoRALinear(nn.Linear):
@@ -43,43 +43,34 @@ class LoRALinear(nn.Linear):
         nn.Module.__init__(self)  # not nn.Linear.__init__: that would allocate a new weight
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias  # the same Parameters, frozen by add_lora
-        kwargs = dict(
-            bias=False, device=base.weight.device, dtype=torch.float32
-        )  # adapters train in fp32
+        # adapters train in float32
+        kwargs = dict(bias=False, device=base.weight.device, dtype=torch.float32)
         self.lora_A = nn.Linear(base.in_features, r, **kwargs)  # (r, C_in)
         self.lora_B = nn.Linear(r, base.out_features, **kwargs)  # (C_out, r)
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.r, self.alpha = r, alpha
-        self.scaling = (
-            alpha / math.sqrt(r) if rslora else alpha / r
-        )  # rsLoRA (Kalajdzievski 2023) or LoRA
-        self.merged = False  # W holds W + scaling * B A
+        # rsLoRA (Kalajdzievski 2023) or LoRA
+        self.scaling = alpha / math.sqrt(r) if rslora else alpha / r
+        # W holds W + scaling * B A
+        self.merged = False
         self.enabled = True
-        nn.init.kaiming_uniform_(
-            self.lora_A.weight, a=math.sqrt(5)
-        )  # PEFT's default, = nn.Linear's init
+        # PEFT's default, = nn.Linear's init
+        nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
         nn.init.zeros_(self.lora_B.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = cpu_matmul.linear(
-            x, self.weight, self.bias
-        )  # W x + b (F.linear, faster for a few CPU rows)
+        """y = W x + (α/r)·B(A x): the frozen product plus the low-rank update, computed in float32
+        (then cast to W's dtype). Merged or disabled, only W x."""
+        y = F.linear(x, self.weight, self.bias)  # (..., C_out)
         if self.merged or not self.enabled:
             return y
-        a = self.lora_A(self.lora_dropout(x.to(self.lora_A.weight.dtype)))  # (..., r)
-        if y.dtype != a.dtype:  # a bfloat16 base: the update is computed in float32, then cast
-            return y + (self.lora_B(a) * self.scaling).to(y.dtype)
-        # y += scaling * a B^T in one matrix product, in place: no separate scale and add over (..., C_out).
-        # y is the base product's fresh output, which its backward does not need, so autograd allows it.
-        flat = y.view(-1, y.shape[-1])  # (N, C_out)
-        return flat.addmm_(a.view(-1, self.r), self.lora_B.weight.T, alpha=self.scaling).view(
-            y.shape
-        )
+        x = self.lora_dropout(x.to(self.lora_A.weight.dtype))
+        update = self.lora_B(self.lora_A(x)) * self.scaling  # (..., C_out)
+        return y + update.to(y.dtype)
 
     def delta_weight(self) -> torch.Tensor:
-        return (self.lora_B.weight @ self.lora_A.weight).mul_(
-            self.scaling
-        )  # (C_out, C_in), float32, one buffer
+        """(α/r)·B A: (C_out, C_in), float32, one buffer."""
+        return (self.lora_B.weight @ self.lora_A.weight).mul_(self.scaling)
 
     @torch.no_grad()
     def merge(self):
@@ -141,20 +132,6 @@ def add_lora(
     return model
 
 
-def merge_lora(model: nn.Module) -> nn.Module:
-    """W <- W + (alpha/r) B A in every adapted layer: sampling then costs no extra matmuls."""
-    for layer in lora_layers(model).values():
-        layer.merge()
-    return model
-
-
-def unmerge_lora(model: nn.Module) -> nn.Module:
-    """Undo merge_lora (exact in float32 up to rounding; in bfloat16 the rounding is visible)."""
-    for layer in lora_layers(model).values():
-        layer.unmerge()
-    return model
-
-
 def merge_and_unload(model: nn.Module) -> nn.Module:
     """Fold every adapter into its base weight and put plain Linear layers back: the adapted policy
     becomes the new base model (e.g. SFT's result becomes π_SFT, the reference for RL's KL term).
@@ -167,9 +144,7 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
             layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta"
         )
         plain.weight, plain.bias = layer.weight, layer.bias
-        setattr(
-            model.get_submodule(parent_name), child, cpu_matmul.use_few_row_products(plain)
-        )  # as model.py's
+        setattr(model.get_submodule(parent_name), child, plain)
     if hasattr(model, "lora_config"):
         del model.lora_config
     return model
@@ -193,9 +168,8 @@ def merged_adapters(model: nn.Module):
                 base = torch.empty(w.shape, dtype=w.dtype, device="cpu", pin_memory=w.is_cuda)
                 base.copy_(w)
                 saved.append((layer, base))
-                w.add_(
-                    layer.delta_weight()
-                )  # summed in float32, rounded once; no float32 copy of W
+                # summed in float32, rounded once; no float32 copy of W
+                w.add_(layer.delta_weight())
                 layer.merged = True
         yield model
     finally:
@@ -280,9 +254,8 @@ def save_adapter(model: nn.Module, folder: str):
     ):
         tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
         write(tmp)
-        os.replace(
-            tmp, os.path.join(folder, name)
-        )  # never a half-written adapter under the real name
+        # never a half-written adapter under the real name
+        os.replace(tmp, os.path.join(folder, name))
 
 
 def _dump_json(obj, path):
@@ -322,7 +295,9 @@ def load_adapter(model: nn.Module, folder: str) -> nn.Module:
             f"{ {'peft_type': cfg.get('peft_type'), 'bias': cfg.get('bias'), **unsupported} }"
         )
     if any(layer.merged for layer in lora_layers(model).values()):
-        raise ValueError("unmerge_lora(model) before loading an adapter into it")
+        raise ValueError(
+            "unmerge the adapters (LoRALinear.unmerge) before loading an adapter into them"
+        )
     if not lora_layers(model):
         add_lora(
             model,
@@ -333,9 +308,8 @@ def load_adapter(model: nn.Module, folder: str) -> nn.Module:
             rslora=cfg.get("use_rslora", False),
         )
     token_ids = cfg.get("trainable_token_indices")
-    if isinstance(
-        token_ids, dict
-    ):  # PEFT's per-layer form; minirl trains the (tied) embedding's rows
+    # PEFT's per-layer form; minirl trains the (tied) embedding's rows
+    if isinstance(token_ids, dict):
         if set(token_ids) - {"embed_tokens"}:
             raise ValueError(
                 f"{config_path}: trainable_token_indices for {sorted(token_ids)}: minirl trains "

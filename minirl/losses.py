@@ -8,9 +8,15 @@ learned; the one-position shift to "predict the next token" happens inside.
 import torch
 import torch.nn.functional as F
 
-from .cpu_matmul import input_grad, linear
-
 IGNORE_INDEX = -100
+
+
+def check_trained(trained: torch.Tensor) -> None:
+    """A clear error for a batch with no trained token (trained: bool, any shape)."""
+    if not trained.any():
+        raise ValueError(
+            "no trained token in the batch (every label is IGNORE_INDEX); the mean is undefined"
+        )
 
 
 def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -23,143 +29,13 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     whole batch, as transformers' causal-LM loss). Computed in float32.
     logits (B, T, V), labels (B, T) -> scalar.
     """
-    logits = logits[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
+    # position t predicts token t+1
+    logits = logits[:, :-1].float()  # (B, T-1, V)
     targets = labels[:, 1:]  # (B, T-1)
-    if not (targets != IGNORE_INDEX).any():
-        raise ValueError(
-            "no trained token in the batch (every label is IGNORE_INDEX); the mean is undefined"
-        )
+    check_trained(targets != IGNORE_INDEX)
     return F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
     )
-
-
-class ChunkLogprobs(torch.autograd.Function):
-    """log p(y) = z_y − logsumexp(z) for each row of z = hidden · Wᵀ / temperature, with its gradient
-    written out and the (N, V) logits recomputed in backward instead of kept:
-
-        ∂ log p(y) / ∂z = (onehot(y) − softmax(z)) / temperature
-        ∂/∂hidden = (∂/∂z) · W,   ∂/∂W = (∂/∂z)ᵀ · hidden
-
-    hidden (N, C), weight (V, C), targets (N,) -> (N,) float32. One (N, V) float32 buffer is alive at
-    a time, in forward and in backward (the softmax is formed in place), where autograd through
-    log_softmax and gather would hold three: the logits, the log-softmax, the gather's zero-filled
-    gradient. Used one chunk of positions at a time (token_logprobs_chunked, sft_loss_chunked).
-    keep=True saves the chunk's exp(z − max z) for backward instead of recomputing it: callers pass it
-    for the last chunk of a pass, whose buffer would be recomputed right away (its backward runs
-    first), so the peak is the same and one lm_head product is saved (4 % of a real GRPO step).
-    rows = (ids (k,), delta (k, C)): trained token rows (trainable_tokens.py), W[ids] + delta in
-    effect, added as k extra columns hidden · deltaᵀ; delta gets (∂/∂z[:, ids])ᵀ · hidden."""
-
-    @staticmethod
-    def _logits(hidden, weight, temperature, ids=None, delta=None):
-        logits = linear(hidden, weight).float()  # (N, V)
-        if ids is not None:
-            logits.index_add_(
-                1, ids, hidden.float() @ delta.T
-            )  # (N, k) onto the trained ids' columns
-        return logits.div_(temperature) if temperature != 1.0 else logits
-
-    @staticmethod
-    def _logprobs(hidden, weight, targets, temperature, ids=None, delta=None):
-        """(log p(y), logsumexp(z), exp(z − max z), max z): the logits buffer becomes the third, in place."""
-        logits = ChunkLogprobs._logits(hidden, weight, temperature, ids, delta)
-        picked = logits.gather(-1, targets[:, None])[:, 0]  # z_y
-        top = logits.amax(dim=-1)  # (N,)
-        weights = logits.sub_(top[:, None]).exp_()  # (N, V), no copy
-        lse = weights.sum(dim=-1).log_().add_(top)  # = torch.logsumexp
-        return picked - lse, lse, weights, top
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, ids=None, delta=None, keep=False):
-        logprobs, lse, weights, top = ChunkLogprobs._logprobs(
-            hidden, weight, targets, temperature, ids, delta
-        )
-        ctx.save_for_backward(
-            hidden, weight, targets, lse, ids, delta, *((weights, top) if keep else ())
-        )
-        ctx.temperature = temperature
-        return logprobs
-
-    @staticmethod
-    def backward(ctx, grad):
-        hidden, weight, targets, lse, ids, delta, *kept = ctx.saved_tensors
-        if kept:  # softmax = exp(z − max z) · exp(max z − lse)
-            weights, top = kept
-            grad_logits = weights.mul_(
-                (top - lse).exp_().mul_(-grad)[:, None]
-            )  # −g·softmax, in place
-        else:
-            logits = ChunkLogprobs._logits(hidden, weight, ctx.temperature, ids, delta)
-            grad_logits = (
-                logits.sub_(lse[:, None]).exp_().mul_(-grad[:, None])
-            )  # −g·softmax, in place
-        grad_logits.scatter_add_(-1, targets[:, None], grad[:, None])  # + g·onehot(y)
-        if ctx.temperature != 1.0:
-            grad_logits.div_(ctx.temperature)
-        grad_rows = grad_logits[:, ids] if ids is not None else None  # (N, k), float32
-        grad_logits = grad_logits.to(hidden.dtype)
-        grad_hidden = input_grad(grad_logits, weight) if ctx.needs_input_grad[0] else None  # (N, C)
-        if grad_hidden is not None and ids is not None:
-            grad_hidden = grad_hidden + (grad_rows @ delta).to(hidden.dtype)
-        grad_weight = grad_logits.T @ hidden if ctx.needs_input_grad[1] else None  # (V, C)
-        grad_delta = (
-            grad_rows.T @ hidden.float() if ids is not None and ctx.needs_input_grad[5] else None
-        )  # (k, C)
-        return grad_hidden, grad_weight, None, None, None, grad_delta, None
-
-
-def chunk_logprobs(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float = 1.0,
-    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
-    keep: bool = False,
-) -> torch.Tensor:
-    """ChunkLogprobs where a gradient is needed; without one the same numbers, nothing saved.
-    keep: the chunk is a pass's last (ChunkLogprobs keeps its softmax for backward)."""
-    ids, delta = rows if rows is not None else (None, None)
-    if torch.is_grad_enabled() and (
-        hidden.requires_grad or weight.requires_grad or (delta is not None and delta.requires_grad)
-    ):
-        return ChunkLogprobs.apply(hidden, weight, targets, temperature, ids, delta, keep)
-    return ChunkLogprobs._logprobs(hidden, weight, targets, temperature, ids, delta)[0]
-
-
-def sft_loss_chunked(
-    hidden: torch.Tensor,
-    lm_head_weight: torch.Tensor,
-    labels: torch.Tensor,
-    chunk_size: int = 512,
-    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """sft_loss computed from the final hidden states (B, T, C) and the lm_head weight (V, C), never
-    holding the (B, T, V) logits: only trained positions are projected, chunk_size rows at a time, and
-    each chunk's logits are recomputed in the backward pass instead of being kept (activation
-    checkpointing), except the last chunk's, whose backward runs first (ChunkLogprobs, keep). With V = 152k, a 4 x 1024-token batch would need 2.5 GB of float32 logits, and
-    the loss's peak is about three times that (logits, log-softmax, their gradient); here it is about
-    3 x chunk_size x V x 4 bytes (0.9 GB at 512; bench/sft_step.py measures it). Same value and
-    gradients as sft_loss. Only trained positions are projected, so prompts cost nothing here.
-    """
-    hidden, targets = hidden[:, :-1], labels[:, 1:]  # position t predicts token t+1
-    trained = targets != IGNORE_INDEX  # (B, T-1)
-    if not trained.any():
-        raise ValueError(
-            "no trained token in the batch (every label is IGNORE_INDEX); the mean is undefined"
-        )
-    hidden, targets = hidden[trained], targets[trained]  # (N, C), (N,)
-    total = sum(
-        chunk_logprobs(
-            hidden[start : start + chunk_size],
-            lm_head_weight,
-            targets[start : start + chunk_size],
-            rows=rows,
-            keep=start + chunk_size >= len(targets),
-        ).sum()
-        for start in range(0, len(targets), chunk_size)
-    )
-    return -total / len(targets)
 
 
 # ---- stage two: GRPO -------------------------------------------------------------------------------
@@ -171,35 +47,6 @@ def token_logprobs(
     log-probs of the distribution the tokens were drawn from. logits (B, T, V), targets (B, T) -> (B, T)."""
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
     return logprobs.gather(-1, targets[..., None])[..., 0]
-
-
-def token_logprobs_chunked(
-    hidden: torch.Tensor,
-    lm_head_weight: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: float = 1.0,
-    mask: torch.Tensor | None = None,
-    chunk_size: int = 512,
-    rows: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """token_logprobs from hidden states (B, T, C) and the lm_head weight (V, C), chunk_size positions
-    at a time, each chunk's logits recomputed in backward but the last's (as sft_loss_chunked): the
-    (B, T, V) float32 logits never exist. Positions where mask (B, T) is 0 are skipped and get 0. -> (B, T)."""
-    keep = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
-    positions, row_targets = hidden[keep], targets[keep]  # (N, C), (N,)
-    pieces = [
-        chunk_logprobs(
-            positions[start : start + chunk_size],
-            lm_head_weight,
-            row_targets[start : start + chunk_size],
-            temperature,
-            rows,
-            keep=start + chunk_size >= len(row_targets),
-        )
-        for start in range(0, len(row_targets), chunk_size)
-    ]
-    out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
-    return out.masked_scatter(keep, torch.cat(pieces)) if pieces else out
 
 
 def group_advantages(
@@ -232,16 +79,6 @@ def group_advantages(
     if scale == "std":
         centered = centered / (groups.std(dim=1, unbiased=False, keepdim=True) + eps)
     return centered.view(-1)
-
-
-def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k1 = log π(x) − log π_ref(x), x ~ π: unbiased for KL(π‖π_ref), high variance, negative half the time."""
-    return logp - ref_logp
-
-
-def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k2 = ½ (log π(x) − log π_ref(x))²: always ≥ 0, low variance, biased (exact only to second order)."""
-    return 0.5 * (logp - ref_logp) ** 2
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -311,9 +148,8 @@ def policy_loss(
     else:
         loss = (per_token * mask).sum() / mask.numel()
     with torch.no_grad():
-        low = (ratio < 1 - clip_low) & (
-            adv < 0
-        )  # the clip binds: the update would push further down
+        # the clip binds: the update would push further down
+        low = (ratio < 1 - clip_low) & (adv < 0)
         high = (ratio > 1 + clip_high) & (adv > 0)
         stats = {
             "clip_low_frac": ((low.float() * mask).sum() / n_tokens).item(),

@@ -7,6 +7,12 @@ K kv heads, D head dim, V vocab, F MLP width.
 
 Numerics follow transformers' Qwen2 line by line (RMSNorm in float32, RoPE angles in float32, the
 same rotate-half layout), so float32 logits agree to 1e-5.
+
+Every product is a plain nn.Linear. On a CPU without bfloat16 instructions (AVX2, no AVX-512-BF16 or
+AMX) torch emulates bfloat16 products row by row, and a bfloat16 model is then unusably slow to train
+here (the learning phase of a 0.5B GRPO step measured 51x slower than minirl's default); float32 is
+the plain choice there. The drop-in fast/cpu_matmul.py (what the commands use) computes the same
+products in float32 blocks, and multiplies a few float32 rows faster (docs/speedups.md).
 """
 
 import torch
@@ -15,7 +21,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import Qwen2Config
-from .cpu_matmul import use_few_row_products
 
 
 class RMSNorm(nn.Module):
@@ -86,12 +91,9 @@ class Attention(nn.Module):
     def __init__(self, config: Qwen2Config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
-        C, H, K, D = config.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        c = config
+        C, H, K, D = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = H, K, D
         self.q_proj = nn.Linear(C, H * D, bias=True)
         self.k_proj = nn.Linear(C, K * D, bias=True)
         self.v_proj = nn.Linear(C, K * D, bias=True)
@@ -100,13 +102,10 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, mask, kv_cache=None):
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = (
-            self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        )  # (B, K, T, D)
-        v = (
-            self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        )  # (B, K, T, D)
+        H, K, D = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.q_proj(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = self.k_proj(x).view(B, T, K, D).transpose(1, 2)  # (B, K, T, D)
+        v = self.v_proj(x).view(B, T, K, D).transpose(1, 2)  # (B, K, T, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.write(self.layer_idx, k, v)  # (B, K, S, D): every slot filled so far
@@ -168,9 +167,8 @@ def attention_mask_and_positions(attention_mask, kv_cache, T):
         key_mask, query_slot = real, torch.arange(T, device=real.device)  # (B, S=T), (T,)
     else:
         position_ids = kv_cache.next_pos[:, None] + position_ids
-        key_mask, query_slot = kv_cache.append_mask(
-            real
-        )  # (B, S), (T,): the slot each query is written to
+        # the mask over every key slot, and the slot each query is written to
+        key_mask, query_slot = kv_cache.append_mask(real)  # (B, S), (T,)
     key_slot = torch.arange(key_mask.shape[1], device=real.device)[None, :]  # (1, S)
     query_slot = query_slot[:, None]  # (T, 1)
     mask = key_mask[:, None, None, :] & (key_slot <= query_slot)  # (B, 1, T, S)
@@ -196,9 +194,8 @@ class Qwen2Model(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         mask, position_ids = attention_mask_and_positions(attention_mask, kv_cache, T)
-        cos, sin = rope_cos_sin(
-            position_ids, self.config.head_dim, self.config.rope_theta
-        )  # (B, T, D)
+        config = self.config
+        cos, sin = rope_cos_sin(position_ids, config.head_dim, config.rope_theta)  # (B, T, D)
         x = self.embed_tokens(input_ids)  # (B, T, C)
         for layer in self.layers:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
@@ -220,13 +217,9 @@ class Qwen2(nn.Module):
         self.model = Qwen2Model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
-        self.eos_token_ids = (
-            config.eos_token_ids
-        )  # generation_config.json may widen this (weights.py)
+        # generation_config.json may widen this (weights.py)
+        self.eos_token_ids = config.eos_token_ids
         self.init_weights()
-        use_few_row_products(
-            self
-        )  # a CPU decoding speed-up, same parameters and keys (cpu_matmul.py)
 
     def tie_weights(self):
         if self.config.tie_word_embeddings:

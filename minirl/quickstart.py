@@ -27,11 +27,11 @@ import time
 import torch
 
 from .grpo import GRPOConfig
-from .grpo import train as grpo_train
 from .model import random_model
-from .plots import quickstart_figure
+from .run.grpo import train as grpo_train
+from .run.plots import quickstart_figure
+from .run.sft import train as sft_train
 from .sft import SFTConfig
-from .sft import train as sft_train
 from .tasks import CalculatorTask
 from .tokenizer import render_chat_template
 from .toy import demonstrations, demonstrator, tiny_config, train_tokenizer
@@ -85,6 +85,7 @@ def run(
     seed: int = 0,
     fast: bool = False,
     figure: str | None = os.path.join("figures", "quickstart.png"),
+    plain: bool = False,
 ) -> dict:
     settings = FAST if fast else FULL
     start = time.perf_counter()
@@ -132,6 +133,7 @@ def run(
             eval_max_new_tokens=48,
             eval_task=task,
             save_every=10**9,
+            plain=plain,
         )
     )
     sft = held_out(sft_out)
@@ -157,6 +159,7 @@ def run(
             eval_every=settings["eval_every"],
             save_every=10**9,
             seed=seed,
+            plain=plain,
             log_rollouts_every=settings["log_rollouts_every"],
             log_rollout_groups=4,
         )

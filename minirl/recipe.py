@@ -31,13 +31,14 @@ import time
 
 from .envs.calculator import CalculatorEnv, expert_policy, play
 from .envs.tools import foreign_tool_call, parse_assistant
+from .fast import speedups
 from .grpo import GRPOConfig
-from .grpo import train as grpo_train
 from .lora import load_adapter, merge_and_unload
-from .memory import trim_heap
-from .plots import recipe_figure
+from .run.grpo import train as grpo_train
+from .run.memory import trim_heap
+from .run.plots import recipe_figure
+from .run.sft import train as sft_train
 from .sft import SFTConfig
-from .sft import train as sft_train
 from .tasks import CalculatorTask
 from .toy import demonstrator
 from .weights import load_pretrained
@@ -110,9 +111,11 @@ def policy_metrics(trajectories) -> dict:
     }
 
 
-def evaluate(model, tokenizer, task: CalculatorTask, max_new_tokens: int, seed: int) -> dict:
-    """The held-out set, greedy and sampled once per question at temperature 1 (fixed seed)."""
-    out = {}
+def evaluate(model, tokenizer, task: CalculatorTask, max_new_tokens: int, seed: int, fast) -> dict:
+    """The held-out set, greedy and sampled once per question at temperature 1 (fixed seed), with
+    the drop-ins `fast` turns on (fast.Speedups)."""
+    fast.apply(model)
+    decoder, out = fast.decoder(model), {}
     for name, temperature in (("greedy", 0.0), ("sampled", 1.0)):
         trajectories = task.rollout(
             model,
@@ -122,6 +125,7 @@ def evaluate(model, tokenizer, task: CalculatorTask, max_new_tokens: int, seed: 
             max_new_tokens,
             temperature=temperature,
             seed=seed,
+            decoder=decoder,
         )
         out[name] = policy_metrics(trajectories)
     return out
@@ -175,12 +179,14 @@ def run(
     tool_rate: float = 0.3,
     figure: str | None = None,
     memory_limit: float = 0.0,
+    plain: bool = False,
 ) -> dict:
     if demonstrator_kind not in ("imperfect", "expert"):
         raise ValueError(f"--demonstrator must be imperfect or expert, got {demonstrator_kind!r}")
     if not 0 <= tool_rate <= 1:
         raise ValueError(f"--tool-rate must be within 0..1, got {tool_rate}")
     s = FAST if fast else FULL
+    speed = speedups(plain)
     start, seconds = time.perf_counter(), {}
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
@@ -190,6 +196,7 @@ def run(
     summary = {
         "model": model,
         "fast": fast,
+        "plain": plain,
         "seed": seed,
         "eval_questions": len(task.eval_items()),
         "settings": s,
@@ -200,7 +207,7 @@ def run(
     )
     tick, peaks, highest = time.perf_counter(), {}, []  # highest: each stretch's high-water mark
     policy, tokenizer = load_pretrained(model)
-    summary["base"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed)
+    summary["base"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
     del policy
     seconds["base_eval"] = time.perf_counter() - tick
     print("   " + _line(summary["base"]))
@@ -248,13 +255,14 @@ def run(
             eval_max_new_tokens=s["eval_max_new_tokens"],
             save_every=10**9,
             memory_limit=memory_limit,
+            plain=plain,
             eval_data=_graduation_data(out_dir, task, policy_fn, s["sft_eval_prompts"], seed),
         )
     )
     seconds["sft"], peaks["sft"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
     tick = time.perf_counter()
     policy, tokenizer = load_policy(model, [os.path.join(sft_dir, "adapter")])
-    summary["sft"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed)
+    summary["sft"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
     del policy
     seconds["sft_eval"] = time.perf_counter() - tick
     print("   " + _line(summary["sft"]))
@@ -280,6 +288,7 @@ def run(
             save_every=10**9,
             log_rollouts_every=5,
             memory_limit=memory_limit,
+            plain=plain,
         )
     )
     seconds["grpo"], peaks["grpo"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
@@ -287,7 +296,7 @@ def run(
     policy, tokenizer = load_policy(
         model, [os.path.join(sft_dir, "adapter"), os.path.join(grpo_dir, "adapter")]
     )
-    summary["grpo"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed)
+    summary["grpo"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
     del policy
     seconds["grpo_eval"] = time.perf_counter() - tick
     print("   " + _line(summary["grpo"]))

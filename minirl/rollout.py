@@ -82,9 +82,9 @@ def sample_completions(
     seed: int | None = None,
     decoder=None,
 ) -> list[Trajectory]:
-    """Single-turn rollouts: G completions per item from one prefill each, prompt-major (the G of
-    item i are consecutive). decoder: a sampling.Decoder of `model` to decode with (one that keeps
-    its compiled step and cache between calls), else generate's default."""
+    """Single-turn rollouts: G completions per item, prompt-major (the G of item i are consecutive).
+    decoder: a fast.decoder.Decoder of `model` to decode with (one prefill per item; it may keep its
+    compiled step and cache between calls), else sampling.generate."""
     prompts = [prompt_ids(tokenizer, item) for item in items]
     outs = generate(
         model,

@@ -71,7 +71,8 @@ class Task(ABC):
         wrap_env=None,
     ) -> list:
         """group_size Trajectories per item, prompt-major (the G of item i are consecutive), sampled
-        with seed (None: unseeded) through `decoder` when given (sampling.Decoder). wrap_env(env) wraps
+        with seed (None: unseeded) through `decoder` when given (fast.decoder.Decoder; None:
+        sampling.generate). wrap_env(env) wraps
         each episode's environment (evaluation's perturbations); a single-turn task has none, so it
         is not called."""
         return sample_completions(
@@ -325,9 +326,8 @@ class JsonlTask(EnvTask):
         max_turns: int = 4,
     ):
         self.conventions, self.instruction = tuple(conventions), instruction
-        strict_answer(
-            "", self.conventions
-        )  # an unknown convention fails here, not in the first reward
+        # an unknown convention fails here, not in the first reward
+        strict_answer("", self.conventions)
         items = self.read(path)
         if eval_path:
             self._train, self._eval = items, self.read(eval_path)

@@ -77,9 +77,8 @@ def chat_pieces(
             if m.get("tool_calls"):
                 body = "\n" + _content(m, i) if m.get("content") else ""
                 for call in m["tool_calls"]:
-                    call = call.get(
-                        "function", call
-                    )  # OpenAI nests name/arguments under "function"
+                    # OpenAI nests name/arguments under "function"
+                    call = call.get("function", call)
                     body += (
                         '\n<tool_call>\n{"name": "'
                         + str(call.get("name"))
@@ -99,9 +98,8 @@ def chat_pieces(
         if role == "user" or role == "system" and i > 0:
             text = f"<|im_start|>{role}\n{_content(m, i)}<|im_end|>\n"
         elif role == "tool":
-            if (
-                i == 0 or messages[i - 1]["role"] != "tool"
-            ):  # consecutive results share one user turn
+            # consecutive results share one user turn
+            if i == 0 or messages[i - 1]["role"] != "tool":
                 text += "<|im_start|>user"
             text += "\n<tool_response>\n" + _content(m, i) + "\n</tool_response>"
             if i == len(messages) - 1 or messages[i + 1]["role"] != "tool":
@@ -192,9 +190,6 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        return self._tokenizer.id_to_token(token_id)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special tokens written in the text (e.g. "<|im_end|>") become their ids."""

@@ -19,11 +19,8 @@ from .model import random_model
 from .tokenizer import Tokenizer, render_chat_template
 from .weights import save_pretrained
 
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-]  # special: skipped by decode(skip_special_tokens)
+# special tokens: skipped by decode(skip_special_tokens)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS = ["<tool_call>", "</tool_call>"]  # added but not special, as in Qwen2.5
 # Qwen2's pre-tokenizer split (tokenizer.json): contractions, letter runs, single digits, punctuation, spaces
 QWEN_SPLIT = (

@@ -25,8 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_matmul
-
 NEAR_DUPLICATE_COSINE = 0.999  # rows this close in direction are the same vector up to quantization
 UNTRAINED_NEIGHBOURS = 8  # a row with at least this many near-duplicates is an unused placeholder
 
@@ -41,9 +39,8 @@ class TokenAdapter(nn.Module):
         super().__init__()
         self.token_ids = list(token_ids)
         start = weight.detach()[self.token_ids] if init is None else init
-        self.trainable_tokens_delta = nn.Parameter(
-            start.detach().float().clone().to(weight.device)
-        )  # (k, C)
+        start = start.detach().float().clone().to(weight.device)  # (k, C)
+        self.trainable_tokens_delta = nn.Parameter(start)
         self.enabled = True
         self.merged = False  # the new values have been written into the weight itself
 
@@ -101,14 +98,16 @@ class TokenHead(nn.Linear):
         return self._adapter[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = cpu_matmul.linear(x, self.weight, self.bias)  # (..., V)
+        return self.with_trained_rows(x, F.linear(x, self.weight, self.bias))
+
+    def with_trained_rows(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y = x Wᵀ (..., V), with h · (new − old)ᵀ added to the trained ids' logits."""
         adapter = self.token_adapter
         if not adapter.active:
             return y
         extra = (x.float() @ adapter.delta(self.weight).T).to(y.dtype)  # (..., k)
-        return y.index_add_(
-            -1, adapter.index(y.device), extra
-        )  # y is fresh: autograd allows in place
+        # y is the product's fresh output: autograd allows adding in place
+        return y.index_add_(-1, adapter.index(y.device), extra)
 
 
 def add_trainable_tokens(
@@ -175,7 +174,7 @@ def remove_trainable_tokens(model):
             model.config.hidden_size, model.config.vocab_size, bias=False, device="meta"
         )
         head.weight = model.lm_head.weight
-        model.lm_head = cpu_matmul.use_few_row_products(head)  # as model.py builds it
+        model.lm_head = head
     return model
 
 
@@ -199,10 +198,8 @@ def untrained_tokens(model, token_ids) -> dict[int, int]:
         return {}
     weight = model.model.embed_tokens.weight.float()  # (V, C)
     rows = weight[ids]  # (n, C)
-    cosine = (weight @ rows.T) / (weight.norm(dim=1)[:, None] * rows.norm(dim=1)[None]).clamp(
-        min=1e-12
-    )  # (V, n)
-    neighbours = (cosine >= NEAR_DUPLICATE_COSINE).sum(
-        dim=0
-    ) - 1  # (n,): not counting the row itself
+    norms = (weight.norm(dim=1)[:, None] * rows.norm(dim=1)[None]).clamp(min=1e-12)  # (V, n)
+    cosine = (weight @ rows.T) / norms  # (V, n)
+    # not counting the row itself
+    neighbours = (cosine >= NEAR_DUPLICATE_COSINE).sum(dim=0) - 1  # (n,)
     return {t: int(n) for t, n in zip(ids, neighbours.tolist()) if n >= UNTRAINED_NEIGHBOURS}

@@ -84,9 +84,8 @@ def read_shapes(files: list[str]) -> dict[str, tuple[tuple[int, ...], str]]:
                     shapes[name] = (tuple(f.get_slice(name).get_shape()), path)
         except CheckpointError:
             raise
-        except (
-            Exception
-        ) as e:  # safetensors raises its own error types for a truncated or garbled file
+        # safetensors raises its own error types for a truncated or garbled file
+        except Exception as e:
             raise CheckpointError(
                 f"{path}: cannot read it as safetensors ({e}); the file may be truncated "
                 "or corrupt, download it again"
@@ -97,9 +96,8 @@ def read_shapes(files: list[str]) -> dict[str, tuple[tuple[int, ...], str]]:
 def expected_shapes(model: Qwen2) -> dict[str, tuple[int, ...]]:
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if model.config.tie_word_embeddings:
-        shapes.pop(
-            "lm_head.weight"
-        )  # the same tensor as model.embed_tokens.weight; not stored on disk
+        # the same tensor as model.embed_tokens.weight; not stored on disk
+        shapes.pop("lm_head.weight")
     return shapes
 
 
@@ -154,9 +152,8 @@ def load_model(folder: str, dtype=torch.float32, device="cpu") -> Qwen2:
         for path in files:
             with safe_open(path, framework="pt") as f:
                 for name in f.keys():
-                    params[name].copy_(
-                        f.get_tensor(name)
-                    )  # one tensor in flight; copy_ casts bf16 -> dtype
+                    # one tensor in flight; copy_ casts bf16 -> dtype
+                    params[name].copy_(f.get_tensor(name))
                     check_weights(params[name], f"{path}: tensor {name}")
     model.eos_token_ids = eos_token_ids(folder, config)
     return model.eval()

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random checkpoints written by transformers (the oracle), the toy tokenizer,
 and the opt-in real checkpoint (MINIRL_REAL_MODEL=DIR pytest -m real)."""
 
+import copy
 import os
 import subprocess
 import sys
@@ -8,11 +9,38 @@ import sys
 import pytest
 import torch
 
+from minirl.tasks import Task
 from minirl.toy import arithmetic_corpus, train_tokenizer
 
 # Every tiny config the parity tests use: (tie_word_embeddings, num_key_value_heads).
 # 4 heads: kv 4 is plain multi-head attention, kv 2 two query heads per kv head, kv 1 all share one.
 TINY_VARIANTS = [(True, 2), (False, 2), (True, 1), (False, 4)]
+
+
+class FixedRollouts(Task):
+    """A task whose rollout returns copies of given trajectories, scored with given rewards: a GRPO
+    step (grpo.grpo_step) on a fixed batch, whatever the model would sample."""
+
+    name = "fixed"
+
+    def __init__(self, trajectories, rewards):
+        self.trajectories, self.rewards = trajectories, list(rewards)
+        self.reward_functions = {"given": (lambda t: t.info["given"], 1.0)}
+
+    def rollout(self, model, tokenizer, items, group_size, max_new_tokens, **options):
+        out = [copy.deepcopy(t) for t in self.trajectories]
+        for t, reward in zip(out, self.rewards):
+            t.info = {"given": reward}
+        return out
+
+    def sample(self, n, rng):
+        return [{}] * n
+
+    def eval_items(self):
+        return []
+
+    def accuracy(self, trajectory):
+        return {"strict": False, "lenient": False}
 
 
 def hf_tiny_model(

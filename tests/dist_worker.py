@@ -4,7 +4,7 @@
     torchrun --standalone --nproc_per_node 2 tests/dist_worker.py grpo BASE OUT
     torchrun --standalone --nproc_per_node 2 tests/dist_worker.py crash BASE OUT
 
-learn: one GRPO update (the learning half of a step) on fixed rollouts, each rank on its share;
+learn: one GRPO step (grpo_step) on fixed rollouts, each rank on its share;
 rank 0 saves the trainable parameters. grpo: full GRPO runs, an uninterrupted one and one stopped
 and resumed. crash: rank 1's reward function raises while rank 0 waits for it in a collective.
 """
@@ -14,13 +14,13 @@ import random
 import sys
 
 import torch
+from conftest import FixedRollouts
 
 from minirl import distributed, load_pretrained
-from minirl.grpo import GRPOConfig, learn, train
-from minirl.learner import learning_batch
+from minirl.grpo import GRPOConfig, grpo_step
 from minirl.lora import add_lora
-from minirl.losses import group_advantages
 from minirl.rollout import sample_completions
+from minirl.run.grpo import train
 from minirl.tasks import Task
 
 PROMPTS, G = 4, 4
@@ -42,8 +42,9 @@ def prompts(n, rng):
 
 
 def learn_once(base: str, aggregation: str, split: int) -> dict:
-    """Fixed rollouts (the same on every rank: same weights, same seed), this rank's share of them, one
-    learn() call with μ = 2 inner steps and minibatches of 3; returns the trainable parameters after."""
+    """Fixed rollouts (the same on every rank: same weights, same seed), this rank's share of them (whole
+    groups), one grpo_step with μ = 2 inner steps and minibatches of 3; returns the trainable
+    parameters after."""
     model, tokenizer = load_pretrained(base)
     torch.manual_seed(0)
     add_lora(model, r=4, alpha=8)
@@ -60,10 +61,7 @@ def learn_once(base: str, aggregation: str, split: int) -> dict:
         t.completion_ids, t.logprobs, t.action_mask = t.completion_ids[:n], t.logprobs[:n], [1] * n
         if n > 2:
             t.action_mask[1], t.logprobs[1] = 0, 0.0
-    rewards = torch.tensor(
-        [float(t.completion_ids[0] % 3 == 0) + 0.1 * len(t.completion_ids) for t in rollouts]
-    )
-    advantages = group_advantages(rewards, G)
+    rewards = [float(t.completion_ids[0] % 3 == 0) + 0.1 * len(t.completion_ids) for t in rollouts]
     if distributed.world_size() > 1:
         rows = range(0, split) if distributed.rank() == 0 else range(split, PROMPTS * G)
     else:
@@ -75,23 +73,19 @@ def learn_once(base: str, aggregation: str, split: int) -> dict:
     optimizer = torch.optim.SGD(params, lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     cfg = GRPOConfig(
-        model=base, beta=0.04, inner_steps=2, minibatch_size=3, aggregation=aggregation
+        model=base,
+        beta=0.04,
+        inner_steps=2,
+        minibatch_size=3,
+        aggregation=aggregation,
+        group_size=G,
     )
-    model.train()
-    mine = [rollouts[i] for i in rows]
-    longest = distributed.all_reduce_max(max((len(t.completion_ids) for t in mine), default=1))
-    stats, _ = learn(
-        cfg,
-        model,
-        None,
-        learning_batch(mine, tokenizer.pad_token_id, "cpu", longest),
-        advantages[list(rows)],
-        optimizer,
-        scheduler,
-    )
+    task = FixedRollouts([rollouts[i] for i in rows], [rewards[i] for i in rows])
+    items = [{}] * (len(rows) // G)
+    done = grpo_step(model, tokenizer, task, items, optimizer, scheduler, cfg, seed=0)
     return {
         "params": {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad},
-        "stats": stats,
+        "stats": done.stats,
         "moved": max((p - b).abs().max().item() for p, b in zip(params, before)),
     }
 

@@ -1,4 +1,5 @@
-"""bench/grpo_step.py --tiny --peer: minirl's learning phase and transformers + peft's, on the same
+"""bench/grpo_step.py --tiny --peer: minirl's learning phase (grpo.grpo_step on fixed rollouts, with
+the speed-ups the CLI runs, or the plain pipeline with --plain) and transformers + peft's, on the same
 rollouts from the same weights, compute the same log-probs, loss and gradient norm."""
 
 import os
@@ -12,22 +13,29 @@ sys.path.insert(
 
 
 @pytest.mark.parametrize(
-    "dtype, tolerance, norm_rel", [("float32", 1e-4, 1e-4), ("bfloat16", 2e-2, 1e-2)]
+    "dtype, tolerance, norm_rel, options",
+    [
+        ("float32", 1e-4, 1e-4, []),
+        ("bfloat16", 2e-2, 1e-2, []),
+        ("float32", 1e-4, 1e-4, ["--plain"]),
+    ],
 )
 def test_grpo_step_peer_tiny_agrees_with_transformers_peft(
-    dtype, tolerance, norm_rel, monkeypatch, capsys
+    dtype, tolerance, norm_rel, options, monkeypatch, capsys
 ):
     import grpo_step
 
     monkeypatch.setattr(
         sys,
         "argv",
-        ["grpo_step.py", "--tiny", "--peer", "--repeats", "1", "--group", "4", "--dtype", dtype],
+        ["grpo_step.py", "--tiny", "--peer", "--repeats", "1", "--group", "4", "--dtype", dtype]
+        + options,
     )
     grpo_step.main()
     out = capsys.readouterr().out
     assert "ratio transformers+peft / minirl:" in out, out
     assert f"{dtype} base" in out, out
+    assert ("plain pipeline" if options else "fast pipeline") in out, out
     gap = float(out.split("max |Δlogprob| minirl vs transformers+peft: ")[1].split()[0])
     assert gap < tolerance, out
     line = next(line for line in out.splitlines() if "|Δloss| first run" in line)

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minirl import cpu_matmul
-from minirl.losses import token_logprobs_chunked
+from minirl.fast import cpu_matmul
+from minirl.fast.chunked_logprobs import token_logprobs_chunked
 
 
 @pytest.fixture
@@ -63,13 +63,13 @@ def test_emulated_bfloat16_gradients_are_torchs_bfloat16_gradients(emulated, mon
 
 def chunked(hidden, weight, targets):
     hidden = hidden.detach().clone().requires_grad_()
-    logp = token_logprobs_chunked(hidden, weight, targets, 1.0)
+    logp = token_logprobs_chunked(hidden, weight, targets, 1.0, fast=True)
     logp.sum().backward()
     return logp, hidden.grad
 
 
 def test_chunked_logprobs_take_the_same_products_in_emulated_bfloat16(emulated, monkeypatch):
-    """The lm_head inside losses.ChunkLogprobs (forward and ∂hidden) goes through the same path, and
+    """The lm_head inside ChunkLogprobs (fast=True: as a model after use_fast_products) (forward and ∂hidden) goes through the same path, and
     gives what torch's bfloat16 products give (1 ulp of the logits, in log-prob terms)."""
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(2, 9, 64, generator=g).bfloat16()

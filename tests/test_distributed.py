@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 
 from minirl import distributed
 from minirl.cli import main
-from minirl.grpo import train as grpo_train
+from minirl.run.grpo import train as grpo_train
+from minirl.run.sft import train as sft_train
 from minirl.sft import SFTConfig
-from minirl.sft import train as sft_train
 from minirl.toy import build_checkpoint, calculator_conversation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

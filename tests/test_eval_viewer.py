@@ -7,7 +7,7 @@ import pytest
 from test_evaluation import episode
 
 from minirl.cli import main
-from minirl.eval_viewer import build_page
+from minirl.run.eval_viewer import build_page
 
 
 def write_folder(folder, episodes):

@@ -9,8 +9,8 @@ import torch
 
 from minirl import generate, random_model
 from minirl.config import preset
-from minirl.memory import estimate
-from minirl.sampling import Decoder
+from minirl.fast.decoder import Decoder
+from minirl.run.memory import estimate
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,12 +27,11 @@ def test_compiled_cuda_graph_decoding_equals_eager():
     model = random_model(config, dtype=torch.bfloat16, device="cuda", seed=0)
     prompts = [[5, 17, 42, 9, 100, 3, 77], [200, 3], [11, 12, 13, 14, 15]]
     eager = generate(model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[])
-    static = generate(
-        model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], static_cache=True
+    static = Decoder(model, static_cache=True).generate(
+        prompts, max_new_tokens=24, temperature=0, stop_token_ids=[]
     )
-    decoder = Decoder(
-        model, compile=True
-    )  # keeps its cache, and so its CUDA graph, between the two calls
+    # keeps its cache, and so its CUDA graph, between the two calls
+    decoder = Decoder(model, compile=True)
     compiled = generate(
         model, prompts, max_new_tokens=24, temperature=0, stop_token_ids=[], decoder=decoder
     )

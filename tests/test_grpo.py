@@ -9,13 +9,14 @@ import random
 
 import pytest
 import torch
+from conftest import FixedRollouts
 from safetensors.torch import load_file
 
 from minirl import load_pretrained
 from minirl.answers import lenient_answer, strict_answer
 from minirl.cli import main
-from minirl.grpo import GRPOConfig, learn, train
-from minirl.learner import learning_batch
+from minirl.fast.decoder import Decoder
+from minirl.grpo import GRPOConfig, grpo_step
 from minirl.lora import (
     PEFT_PREFIX,
     add_lora,
@@ -26,7 +27,7 @@ from minirl.lora import (
 )
 from minirl.losses import group_advantages
 from minirl.rollout import Trajectory, sample_completions
-from minirl.sampling import Decoder
+from minirl.run.grpo import train
 from minirl.tasks import ArithmeticTask, Task
 from minirl.toy import build_checkpoint
 
@@ -225,18 +226,17 @@ def test_empty_completions_do_not_update(base):
     before = [p.detach().clone() for p in params]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    empty = [Trajectory({}, [1, 2, 3], [], [], [], "stop") for _ in range(2)]
-    cfg = config(base, "unused", beta=0.04)
-    stats, _ = learn(
-        cfg,
-        model,
-        None,
-        learning_batch(empty, tokenizer.pad_token_id, "cpu"),
-        torch.tensor([1.0, -1.0]),
-        optimizer,
-        scheduler,
-    )
-    assert stats["loss"] == 0.0 and stats["grad_norm"] == 0.0
+    empty = [
+        Trajectory(
+            {}, [1, 2, 3], completion_ids=[], action_mask=[], logprobs=[], finish_reason="stop"
+        )
+        for _ in range(2)
+    ]
+    cfg = config(base, "unused", beta=0.04, group_size=2)
+    task = FixedRollouts(empty, rewards=[1.0, 0.0])
+    done = grpo_step(model, tokenizer, task, [{}], optimizer, scheduler, cfg, seed=0)
+    assert done.advantages.abs().tolist() == pytest.approx([1.0, 1.0], abs=1e-3)
+    assert done.stats["loss"] == 0.0 and done.stats["grad_norm"] == 0.0
     assert all(torch.equal(p, b) for p, b in zip(params, before))
 
 
@@ -339,10 +339,8 @@ def test_compile_reaches_the_sampler(base, tmp_path, monkeypatch):
 
     monkeypatch.setattr(minirl.rollout, "generate", spy)
     train(config(base, tmp_path / "compiled", steps=1, compile=True))
-    assert calls[
-        0
-    ].compile  # the step's rollouts (the final evaluation samples greedily, uncompiled)
-    assert calls[-1] is None
+    # the step's rollouts; the final evaluation samples greedily, uncompiled
+    assert calls[0].compile and not calls[-1].compile
 
 
 @pytest.mark.parametrize("merge_lora", ["on", "auto"])

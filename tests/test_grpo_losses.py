@@ -1,5 +1,6 @@
 """GRPO's objectives (minirl/losses.py, stage two) against hand numbers, plain Python loops over floats
-and exact sums: token log-probs (plain and chunked), group advantages, the KL estimators k1/k2/k3 and
+and exact sums: token log-probs (plain, and fast/chunked_logprobs.py's), group advantages, the KL estimator k3
+(against k1 and k2, written here) and
 the clipped policy loss, in value and in gradient. tests/test_losses.py holds the SFT half."""
 
 import itertools
@@ -8,15 +9,19 @@ import math
 import pytest
 import torch
 
-from minirl.losses import (
-    group_advantages,
-    kl_k1,
-    kl_k2,
-    kl_k3,
-    policy_loss,
-    token_logprobs,
-    token_logprobs_chunked,
-)
+from minirl.fast.chunked_logprobs import token_logprobs_chunked
+from minirl.losses import group_advantages, kl_k3, policy_loss, token_logprobs
+
+
+def kl_k1(logp, ref_logp):
+    """k1 = log π(x) − log π_ref(x): unbiased, high variance (Schulman 2020), the comparison for k3."""
+    return logp - ref_logp
+
+
+def kl_k2(logp, ref_logp):
+    """k2 = ½ (log π(x) − log π_ref(x))²: low variance, biased."""
+    return 0.5 * (logp - ref_logp) ** 2
+
 
 # ---- GRPO ----
 

@@ -8,10 +8,9 @@ import pytest
 import torch
 from conftest import hf_tiny_model
 from safetensors.torch import load_file
-from torch import nn
 
-from minirl import cpu_matmul, load_model, random_model
-from minirl.cpu_matmul import FewRowsLinear
+from minirl import load_model, random_model
+from minirl.fast import cpu_matmul
 from minirl.lora import (
     LoRALinear,
     add_lora,
@@ -19,14 +18,25 @@ from minirl.lora import (
     load_adapter,
     lora_layers,
     lora_state_dict,
-    merge_and_unload,
-    merge_lora,
     merged_adapters,
     merged_for_sampling,
     save_adapter,
-    unmerge_lora,
 )
 from minirl.toy import tiny_config
+
+
+def merge_all(model):
+    """W <- W + (α/r) B A in every adapted layer (LoRALinear.merge)."""
+    for layer in lora_layers(model).values():
+        layer.merge()
+    return model
+
+
+def unmerge_all(model):
+    for layer in lora_layers(model).values():
+        layer.unmerge()
+    return model
+
 
 V = 97
 
@@ -65,13 +75,17 @@ def test_fresh_adapter_is_exact_then_B_changes_the_output():
     assert (adapted - before).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize(
-    "rows", [1, 5, 300]
-)  # 2-128 rows take cpu_matmul's product; 1 and 300 do not
+# 2-128 rows take fast/cpu_matmul.py's product; 1 and 300 do not
+@pytest.mark.parametrize("rows", [1, 5, 300])
 @pytest.mark.parametrize("rslora", [False, True])
-def test_layer_output_is_the_lora_formula(rows, rslora):
+@pytest.mark.parametrize("fast", [False, True])
+def test_layer_output_is_the_lora_formula(rows, rslora, fast):
+    """LoRALinear and its drop-in FastLoRALinear (use_fast_products) against the formula."""
     model = add_lora(base_model(), r=4, alpha=8, rslora=rslora)
+    if fast:
+        cpu_matmul.use_fast_products(model)
     layer = randomize_lora_B(model).model.layers[1].self_attn.q_proj
+    assert isinstance(layer, LoRALinear) and (type(layer) is cpu_matmul.FastLoRALinear) == fast
     assert layer.scaling == (8 / math.sqrt(4) if rslora else 8 / 4)
     W, b, A, Bm = layer.weight, layer.bias, layer.lora_A.weight, layer.lora_B.weight
     x = torch.randn(rows, W.shape[1], dtype=torch.float64)
@@ -79,27 +93,6 @@ def test_layer_output_is_the_lora_formula(rows, rslora):
     with torch.no_grad():
         got = layer(x.float())
     torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=0)
-
-
-def test_base_product_and_unloaded_layers_keep_the_cpu_few_rows_product(monkeypatch):
-    """The speed-up the model's plain layers have (cpu_matmul.py) stays with LoRA: LoRALinear's W x + b
-    goes through cpu_matmul.linear, and merge_and_unload puts FewRowsLinear layers back."""
-    model = randomize_lora_B(add_lora(base_model(), r=4, alpha=8)).eval()
-    ids = ids_batch()
-    calls = []
-    original = cpu_matmul.linear
-    monkeypatch.setattr(
-        cpu_matmul, "linear", lambda x, w, b=None: calls.append(w) or original(x, w, b)
-    )
-    with torch.no_grad():
-        adapted = model(ids)
-    adapted_weights = {id(layer.weight) for layer in lora_layers(model).values()}
-    assert adapted_weights <= {id(w) for w in calls}  # every adapted layer's base product
-    merge_and_unload(model)
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    assert linears and all(type(m) is FewRowsLinear for m in linears)
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids), adapted, atol=1e-5, rtol=1e-5)
 
 
 def test_only_lora_params_train_and_B_zero_gives_A_no_gradient():
@@ -129,10 +122,10 @@ def test_merge_matches_unmerged_and_unmerge_restores_weights():
     original = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k}
     with torch.no_grad():
         unmerged = model(ids)
-        merged = merge_lora(merge_lora(model))(ids)  # merging twice must not add B A twice
+        merged = merge_all(merge_all(model))(ids)  # merging twice must not add B A twice
         assert all(layer.merged for layer in lora_layers(model).values())
         torch.testing.assert_close(merged, unmerged, atol=1e-5, rtol=0)
-        unmerge_lora(model)
+        unmerge_all(model)
         torch.testing.assert_close(model(ids), unmerged, atol=1e-5, rtol=0)
     q_weight = "model.layers.0.self_attn.q_proj.weight"
     for k, v in original.items():
@@ -178,8 +171,8 @@ def test_merged_adapters_fold_in_place_and_give_the_base_weights_back_bit_for_bi
         assert torch.equal(layer.weight, base[name][0]) and not layer.merged, name
         assert layer.weight.data_ptr() == base[name][1]
     # what merged_adapters avoids: merge then unmerge drifts bfloat16 weights by rounding
-    merge_lora(model)
-    unmerge_lora(model)
+    merge_all(model)
+    unmerge_all(model)
     assert any(not torch.equal(layer.weight, base[name][0]) for name, layer in layers.items())
 
 
@@ -195,7 +188,7 @@ def test_merged_adapters_in_float32_equal_the_adapted_model_and_survive_an_excep
     assert not any(layer.merged for layer in lora_layers(model).values())
     # adapters that are off stay out; a layer already merged is left to its owner
     layer = model.model.layers[0].self_attn.q_proj
-    merge_lora(model)
+    merge_all(model)
     with torch.no_grad(), disable_adapters(model):
         with merged_adapters(model):
             assert not any(layer.merged for layer in lora_layers(model).values())
@@ -213,7 +206,7 @@ def test_disable_adapters_gives_the_base_model(merged):
         randomize_lora_B(add_lora(model, r=4, alpha=8))
         adapted = model(ids)
         if merged:
-            merge_lora(model)
+            merge_all(model)
         with disable_adapters(model):
             off = model(ids)
         after = model(ids)
@@ -378,7 +371,7 @@ def test_load_adapter_errors(tmp_path):
     ):  # same shapes, another scaling: would load silently wrong
         load_adapter(add_lora(base_model(), r=4, alpha=4), str(tmp_path / "r4"))
     with pytest.raises(ValueError, match="unmerge"):
-        load_adapter(merge_lora(add_lora(base_model(), r=4, alpha=8)), str(tmp_path / "r4"))
+        load_adapter(merge_all(add_lora(base_model(), r=4, alpha=8)), str(tmp_path / "r4"))
 
 
 def test_bf16_base_keeps_fp32_adapters():

@@ -1,5 +1,6 @@
 """The training objectives (minirl/losses.py) against hand numbers, plain per-token loops and
-transformers' own loss. SFT first: sft_loss and its chunked, logits-free twin sft_loss_chunked."""
+transformers' own loss. SFT first: sft_loss and its chunked, logits-free drop-in
+(fast/chunked_logprobs.sft_loss_chunked)."""
 
 import math
 
@@ -9,7 +10,8 @@ import torch.nn.functional as F
 
 from minirl import load_model
 from minirl.chat import render
-from minirl.losses import IGNORE_INDEX, sft_loss, sft_loss_chunked
+from minirl.fast.chunked_logprobs import sft_loss_chunked
+from minirl.losses import IGNORE_INDEX, sft_loss
 
 
 def random_labels(B, T, V, seed=0, p_trained=0.6):

@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from minirl.config import Qwen2Config
-from minirl.data import encode, read_conversations, shared_prefix_length
+from minirl.data import encode, read_conversations
+from minirl.fast import FAST
+from minirl.fast.prefix_sft import shared_prefix_length
 from minirl.grpo import GRPOConfig
-from minirl.grpo import train as grpo_train
-from minirl.memory import (
+from minirl.run.grpo import train as grpo_train
+from minirl.run.memory import (
     GB,
     MemoryBudgetError,
     MemoryEstimate,
@@ -22,8 +24,8 @@ from minirl.memory import (
     fit_pass,
     sft_estimate,
 )
+from minirl.run.sft import train as sft_train
 from minirl.sft import SFTConfig
-from minirl.sft import train as sft_train
 from minirl.tokenizer import Tokenizer
 from minirl.toy import build_checkpoint
 
@@ -181,10 +183,11 @@ def test_sft_that_cannot_fit_stops_before_anything_is_written(toy, tmp_path):
 
 
 def grpo_estimator(toy, cfg):
-    """grpo's own estimate of a step of `cfg` on the toy model (as plan_memory computes it)."""
-    from minirl.grpo_memory import memory_estimator
-    from minirl.kv_cache import common_prefix_length
+    """grpo's own estimate of a step of `cfg` on the toy model (as plan_memory computes it, with the
+    drop-ins the command runs by default)."""
+    from minirl.fast.prefixes import common_prefix_length
     from minirl.rollout import prompt_ids
+    from minirl.run.grpo_memory import memory_estimator
     from minirl.tasks import make_task
     from minirl.tokenizer import Tokenizer
 
@@ -199,6 +202,7 @@ def grpo_estimator(toy, cfg):
         cfg.max_new_tokens,
         common_prefix_length(prompts, min(map(len, prompts)) - 1),
         ON_CPU,
+        FAST,
     )
 
 

@@ -12,9 +12,9 @@ import pytest
 from minirl import load_pretrained
 from minirl.chat import render
 from minirl.envs.calculator import CalculatorEnv, make_questions, play
+from minirl.run.viewer import write_page
 from minirl.tokenizer import chat_pieces, render_chat_template
 from minirl.toy import demonstrations, demonstrator, train_tokenizer
-from minirl.viewer import write_page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -102,3 +102,27 @@ def test_quickstart_fast_runs_end_to_end(fast_pipeline, tmp_path):
     os.symlink(qs, tmp_path / "root" / "runs" / "quickstart")
     main(runs_root=str(tmp_path / "root"), out_dir=str(tmp_path))
     assert (tmp_path / "quickstart.png").exists()
+
+
+@pytest.mark.slow
+def test_quickstart_fast_runs_on_the_plain_versions_only(tmp_path, monkeypatch, capsys):
+    """python -m minirl quickstart --fast --plain: the whole pipeline with none of minirl/fast/'s
+    drop-ins. Every model the stages build keeps its plain layers, and no Decoder is ever made."""
+    import minirl.fast.decoder
+    from minirl.cli import main as cli
+    from minirl.fast import cpu_matmul
+
+    made = []
+    monkeypatch.setattr(minirl.fast.decoder.Decoder, "__init__", lambda *a, **k: made.append(a))
+    fast_layers = []
+    original = cpu_matmul.use_fast_products
+    monkeypatch.setattr(
+        cpu_matmul, "use_fast_products", lambda m: fast_layers.append(m) or original(m)
+    )
+    out = tmp_path / "plain"
+    cli(["quickstart", "--fast", "--plain", "--out", str(out), "--no-figure"])
+    summary = json.load(open(out / "summary.json"))
+    assert 0 <= summary["grpo_accuracy"] <= 1 and summary["seconds"] > 0
+    assert made == [] and fast_layers == []
+    for stage in ("sft", "grpo"):
+        assert json.load(open(out / stage / "run.json"))["plain"] is True

@@ -20,11 +20,6 @@ README = read("README.md")
 PAGES = ["README.md"] + sorted(
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))
 )
-# Written on another branch ("what each speed-up buys, and the --plain switch"): the README links it
-# already, so until the branches merge it is the one link allowed to lead nowhere.
-NOT_YET_MERGED = {"docs/speedups.md"}
-# The two training steps the chapter table names, written on another branch at the same time.
-STEPS_NOT_YET_MERGED = {"grpo.grpo_step", "sft.sft_step"}
 
 
 def quickstart_commands() -> list[str]:
@@ -81,8 +76,6 @@ def test_chapter_table_names_functions_that_exist():
     for name in names:
         module, attribute = name.rsplit(".", 1)
         found = hasattr(importlib.import_module(f"minirl.{module}"), attribute)
-        if name in STEPS_NOT_YET_MERGED and not found:
-            continue
         assert found, f"README's chapter table names minirl.{name}, which does not exist"
 
 
@@ -102,8 +95,6 @@ def test_relative_links_lead_somewhere():
                 continue
             path, _, anchor = target.partition("#")
             resolved = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
-            if resolved in NOT_YET_MERGED and not os.path.exists(os.path.join(ROOT, resolved)):
-                continue
             if not os.path.exists(os.path.join(ROOT, resolved)):
                 broken.append(f"{page}: {target} (no file {resolved})")
             elif anchor and resolved.endswith(".md") and anchor not in heading_anchors(resolved):

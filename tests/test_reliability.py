@@ -12,19 +12,19 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minirl.checkpoint import MetricsLog, RunFolderError
 from minirl.cli import main
 from minirl.config import ConfigError, Qwen2Config
 from minirl.data import DataError, read_conversations
 from minirl.envs.tools import parse_assistant
 from minirl.finite import NonFiniteError, check_weights
-from minirl.flags import FlagError
 from minirl.grpo import GRPOConfig
-from minirl.grpo import train as grpo_train
 from minirl.lora import load_adapter
-from minirl.rollout_log import RolloutLog
+from minirl.run.checkpoint import MetricsLog, RunFolderError
+from minirl.run.flags import FlagError
+from minirl.run.grpo import train as grpo_train
+from minirl.run.rollout_log import RolloutLog
+from minirl.run.sft import train as sft_train
 from minirl.sft import SFTConfig
-from minirl.sft import train as sft_train
 from minirl.tasks import make_task
 from minirl.toy import build_checkpoint, calculator_conversation
 from minirl.weights import CheckpointError, load_pretrained

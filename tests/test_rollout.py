@@ -202,7 +202,7 @@ def test_an_unscored_trajectory_has_no_reward_until_the_task_scores_it():
     # "not scored" cannot be printed, learned from or summed as if it were "scored 0"
     with pytest.raises(TypeError):
         f"{t.reward:+.2f}"
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="not scored: task.score"):
         filter_groups([t], 1, dynamic_sampling=False)
     with pytest.raises(ValueError, match="not scored"):
         t.discounted_return()

@@ -1,5 +1,8 @@
 """Batched KV-cache sampling: the cache against a full forward pass, batches against single prompts,
-greedy decoding against transformers' generate, the sampling distribution against hand numbers."""
+greedy decoding against transformers' generate, the sampling distribution against hand numbers. The
+tests of what a sampler returns run on both: sampling.generate (plain) and its drop-in
+fast/decoder.Decoder; the Decoder's own parts (compaction, shared prefill, fixed shapes, the kept
+caches, compiling) after them."""
 
 import copy
 import math
@@ -7,10 +10,12 @@ import math
 import pytest
 import torch
 
-from minirl import generate, load_model, sampling, stream
-from minirl.kv_cache import KVCache, StaticKVCache
-from minirl.next_token import inverse_cdf_draw, sample_next
-from minirl.sampling import SYNC_EVERY, Decoder
+from minirl import generate, load_model, stream
+from minirl.fast import decoder as fast_decoder
+from minirl.fast.decoder import SYNC_EVERY, Decoder, StaticKVCache
+from minirl.fast.inverse_cdf import inverse_cdf_draw
+from minirl.kv_cache import KVCache
+from minirl.next_token import multinomial_draw, sample_next
 
 PROMPTS = [[5, 17, 42, 9, 100, 3, 77, 12, 8], [200, 3], [11, 12, 13, 14, 15]]
 
@@ -19,6 +24,21 @@ PROMPTS = [[5, 17, 42, 9, 100, 3, 77, 12, 8], [200, 3], [11, 12, 13, 14, 15]]
 def tiny(hf_checkpoint):
     hf, folder = hf_checkpoint(tied=False, kv_heads=2)
     return hf, load_model(folder)
+
+
+@pytest.fixture(params=["plain", "decoder"])
+def sampler(request):
+    """(generate, stream) of the plain sampler, or of a fresh fast Decoder for each call."""
+    if request.param == "plain":
+        return generate, stream
+
+    def gen(model, prompts, **options):
+        return generate(model, prompts, decoder=Decoder(model), **options)
+
+    def streamed(model, prompt, **options):
+        return stream(model, prompt, decoder=Decoder(model), **options)
+
+    return gen, streamed
 
 
 def full_forward_logprobs(model, prompt, completion, temperature=1.0):
@@ -41,8 +61,9 @@ def test_cached_decoding_equals_full_forward(tiny):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampled_logprobs_equal_a_full_forward(tiny, temperature):
+def test_sampled_logprobs_equal_a_full_forward(tiny, sampler, temperature):
     _, model = tiny
+    generate, stream = sampler
     outs = generate(
         model, PROMPTS, max_new_tokens=12, temperature=temperature, seed=0, stop_token_ids=[]
     )
@@ -52,8 +73,9 @@ def test_sampled_logprobs_equal_a_full_forward(tiny, temperature):
         torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
 
 
-def test_left_padded_batch_equals_each_prompt_alone(tiny):
+def test_left_padded_batch_equals_each_prompt_alone(tiny, sampler):
     _, model = tiny
+    generate, stream = sampler
     batch = generate(model, PROMPTS, max_new_tokens=10, temperature=0, stop_token_ids=[])
     for prompt, out in zip(PROMPTS, batch):
         alone = generate(model, [prompt], max_new_tokens=10, temperature=0, stop_token_ids=[])[0]
@@ -63,8 +85,9 @@ def test_left_padded_batch_equals_each_prompt_alone(tiny):
         )
 
 
-def test_greedy_equals_transformers_generate(tiny):
+def test_greedy_equals_transformers_generate(tiny, sampler):
     hf, model = tiny
+    generate, _ = sampler
     ours = generate(model, PROMPTS, max_new_tokens=16, temperature=0, stop_token_ids=[])
     assert len({tuple(o.tokens) for o in ours}) == len(PROMPTS), (
         "degenerate model: the test would be weak"
@@ -96,8 +119,9 @@ def test_greedy_equals_transformers_generate(tiny):
     assert [o.tokens for o in ours] == hf_batch
 
 
-def test_stop_tokens_and_finish_reasons(tiny):
+def test_stop_tokens_and_finish_reasons(tiny, sampler):
     _, model = tiny
+    generate, stream = sampler
     free = generate(model, PROMPTS, max_new_tokens=12, temperature=0, stop_token_ids=[])
     stop = free[0].tokens[3]  # a token row 0 samples at step 3 (perhaps earlier too)
     first = free[0].tokens.index(stop)
@@ -118,8 +142,9 @@ def test_stop_tokens_and_finish_reasons(tiny):
     ]
 
 
-def test_finished_rows_leave_the_batch_without_changing_the_rest(tiny):
+def test_finished_rows_leave_the_batch_without_changing_the_rest(tiny, sampler):
     _, model = tiny
+    generate, stream = sampler
     free = generate(model, PROMPTS, max_new_tokens=15, temperature=0, stop_token_ids=[])
     stops = [
         free[0].tokens[0],
@@ -135,8 +160,9 @@ def test_finished_rows_leave_the_batch_without_changing_the_rest(tiny):
     assert outs[0].finish_reason == "stop" and len(outs[0].tokens) == 1
 
 
-def test_seed_makes_sampling_reproducible(tiny):
+def test_seed_makes_sampling_reproducible(tiny, sampler):
     _, model = tiny
+    generate, stream = sampler
     a = generate(model, PROMPTS, max_new_tokens=20, seed=123, stop_token_ids=[])
     b = generate(model, PROMPTS, max_new_tokens=20, seed=123, stop_token_ids=[])
     c = generate(model, PROMPTS, max_new_tokens=20, seed=124, stop_token_ids=[])
@@ -155,7 +181,9 @@ def test_group_sampling_prefills_once_and_matches_the_full_forward(tiny, monkeyp
         return original_forward(self, input_ids, *args, **kwargs)
 
     monkeypatch.setattr(type(model), "forward", counting_forward)
-    outs = generate(model, PROMPTS[:2], max_new_tokens=8, seed=0, num_samples=G, stop_token_ids=[])
+    outs = Decoder(model).generate(
+        PROMPTS[:2], max_new_tokens=8, seed=0, num_samples=G, stop_token_ids=[]
+    )
     first_decode = calls.index((2 * G, 1))  # each prompt's cache is copied into its group's G rows
     prefill, decode = calls[:first_decode], calls[first_decode:]
     # each prompt prefilled once (in passes of similar lengths: here one each), never G times
@@ -170,10 +198,13 @@ def test_group_sampling_prefills_once_and_matches_the_full_forward(tiny, monkeyp
         model, PROMPTS[:2], max_new_tokens=8, temperature=0, num_samples=G, stop_token_ids=[]
     )
     assert all(greedy[i].tokens == greedy[i - i % G].tokens for i in range(2 * G))
+    plain = generate(model, PROMPTS[:2], max_new_tokens=8, temperature=0, stop_token_ids=[])
+    assert [o.tokens for o in greedy[::G]] == [o.tokens for o in plain]
 
 
-def test_stream_yields_the_same_tokens_as_generate(tiny):
+def test_stream_yields_the_same_tokens_as_generate(tiny, sampler):
     _, model = tiny
+    generate, stream = sampler
     expected = generate(model, [PROMPTS[0]], max_new_tokens=10, temperature=0, stop_token_ids=[])[
         0
     ].tokens
@@ -219,16 +250,18 @@ def test_top_k_and_temperature():
     assert lp.item() == pytest.approx(tempered[t].item(), abs=1e-6)
 
 
-def test_inverse_cdf_draw_follows_the_softmax_across_block_edges():
-    """Block edges at 256 and 512 of a 600-token vocabulary, masked tokens, a dominant one: the draws'
-    frequencies are the softmax's within 5 standard errors, a masked token is never drawn, and the
-    log-prob is log_softmax's."""
+@pytest.mark.parametrize("draw", [multinomial_draw, inverse_cdf_draw])
+def test_both_draws_follow_the_softmax_across_block_edges(draw):
+    """The plain draw and its drop-in (fast/inverse_cdf.py, whose block edges are at 256 and 512 of
+    this 600-token vocabulary), with masked tokens and a dominant one: the draws' frequencies are the
+    softmax's within 5 standard errors, a masked token is never drawn, and the log-prob is
+    log_softmax's."""
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(600, generator=g) * 2
     logits[[0, 255, 256, 300, 599]] = float("-inf")
     logits[511] = 6.0
-    n = 200_000
-    tokens, logprobs = inverse_cdf_draw(logits.repeat(n, 1), g)
+    n = 100_000
+    tokens, logprobs = draw(logits.repeat(n, 1), g)
     probs = torch.softmax(logits, -1)
     counts = torch.bincount(tokens, minlength=600).double()
     assert counts[probs == 0].sum() == 0
@@ -238,8 +271,9 @@ def test_inverse_cdf_draw_follows_the_softmax_across_block_edges():
 
 
 # ---- bad input ---------------------------------------------------------------------------------------
-def test_prompt_beyond_the_context_is_refused(tiny):
-    _, model = tiny  # max_position_embeddings = 256
+def test_prompt_beyond_the_context_is_refused(tiny, sampler):
+    _, model = tiny
+    generate, stream = sampler  # max_position_embeddings = 256
     with pytest.raises(
         ValueError, match=r"prompt 1 has 250 tokens.*max_new_tokens=10.*context of 256"
     ):
@@ -296,8 +330,10 @@ def test_static_cache_step_equals_full_forward(tiny):
 def test_static_cache_decoding_equals_the_dynamic_one(tiny, kwargs):
     _, model = tiny
     stop = {"stop_token_ids": [7, 9, 11, 13]} if kwargs.get("temperature") == 0 else {}
-    dynamic = generate(model, PROMPTS, max_new_tokens=20, **kwargs, **stop)
-    static = generate(model, PROMPTS, max_new_tokens=20, static_cache=True, **kwargs, **stop)
+    dynamic = Decoder(model).generate(PROMPTS, max_new_tokens=20, **kwargs, **stop)
+    static = Decoder(model, static_cache=True).generate(
+        PROMPTS, max_new_tokens=20, **kwargs, **stop
+    )
     if stop:
         assert {o.finish_reason for o in dynamic} == {
             "stop",
@@ -317,9 +353,9 @@ def test_one_loop_compacts_or_keeps_its_shapes_with_the_same_tokens(tiny, monkey
     free = generate(model, PROMPTS, max_new_tokens=15, temperature=0, stop_token_ids=[])
     stops = [free[0].tokens[0], free[1].tokens[1]]  # rows 0 and 1 stop early
     batch_sizes = []
-    step = sampling._decode_step
+    step = fast_decoder._decode_step
     monkeypatch.setattr(
-        sampling,
+        fast_decoder,
         "_decode_step",
         lambda m, tokens, cache: batch_sizes.append(len(tokens)) or step(m, tokens, cache),
     )
@@ -369,29 +405,14 @@ def test_decoder_keeps_one_static_cache_per_batch_size_until_released(tiny):
     )
 
 
-def test_a_decoder_serves_only_its_own_model_and_mode(tiny):
+def test_a_decoder_serves_only_its_own_model(tiny):
     _, model = tiny
     decoder = Decoder(model)
     twin = copy.deepcopy(model)
     with pytest.raises(ValueError, match="another model"):
         generate(twin, PROMPTS, decoder=decoder)
     with pytest.raises(ValueError, match="another model"):
-        stream(twin, PROMPTS[0], decoder=decoder)
-    with pytest.raises(ValueError, match="static_cache=True, compile=False disagree"):
-        generate(model, PROMPTS, static_cache=True, decoder=decoder)
-    with pytest.raises(ValueError, match="compile=True disagree"):
-        generate(model, PROMPTS, compile=True, decoder=Decoder(model, static_cache=True))
-    agreeing = generate(
-        model,
-        PROMPTS,
-        max_new_tokens=4,
-        temperature=0,
-        static_cache=True,
-        decoder=Decoder(model, static_cache=True),
-    )
-    assert [o.tokens for o in agreeing] == [
-        o.tokens for o in generate(model, PROMPTS, max_new_tokens=4, temperature=0)
-    ]
+        list(stream(twin, PROMPTS[0], decoder=decoder))
     assert Decoder(model, compile=True).static_cache  # compile implies the fixed shapes
     with pytest.raises(TypeError):  # the options are keyword-only
         generate(model, PROMPTS, 8)
@@ -402,7 +423,9 @@ def test_a_decoder_serves_only_its_own_model_and_mode(tiny):
 @pytest.fixture
 def eager_compile(monkeypatch):
     """compile=True's code path (kept caches and all) with the eager step: the logic without the compiler."""
-    monkeypatch.setattr(sampling, "_compiled_decode_step", lambda mode: sampling._decode_step)
+    monkeypatch.setattr(
+        fast_decoder, "_compiled_decode_step", lambda mode: fast_decoder._decode_step
+    )
 
 
 def kept(decoder):
@@ -429,10 +452,10 @@ def test_compiled_decoding_keeps_its_cache_between_calls(tiny, eager_compile):
     (cache,) = kept(decoder).values()
     address = cache.keys.data_ptr()
     others = [[9, 8, 7], [1], [4, 4, 4, 4]]
-    fresh = generate(model, others, max_new_tokens=6, temperature=0.7, seed=4, static_cache=True)
-    again = generate(
-        model, others, max_new_tokens=6, temperature=0.7, seed=4, compile=True, decoder=decoder
+    fresh = Decoder(model, static_cache=True).generate(
+        others, max_new_tokens=6, temperature=0.7, seed=4
     )
+    again = generate(model, others, max_new_tokens=6, temperature=0.7, seed=4, decoder=decoder)
     assert [o.tokens for o in again] == [o.tokens for o in fresh]
     torch.testing.assert_close(
         torch.tensor([o.logprobs for o in again]),
@@ -454,10 +477,10 @@ def test_compiled_decoding_keeps_its_cache_between_calls(tiny, eager_compile):
 def test_kept_caches_are_bounded_and_never_shared_by_two_loops(tiny, eager_compile):
     _, model = tiny
     decoder = Decoder(model, compile=True)
-    for rows in range(1, sampling.KEPT_CACHES + 3):
+    for rows in range(1, fast_decoder.KEPT_CACHES + 3):
         generate(model, [[5, 6]] * rows, max_new_tokens=2, seed=0, decoder=decoder)
     assert sorted(key[0] for key in kept(decoder)) == list(
-        range(3, sampling.KEPT_CACHES + 3)
+        range(3, fast_decoder.KEPT_CACHES + 3)
     )  # the newest
     # a stream still running holds its cache; a call of the same batch size meanwhile decodes on its own
     expected = list(
@@ -473,10 +496,8 @@ def test_kept_caches_are_bounded_and_never_shared_by_two_loops(tiny, eager_compi
     assert kept(decoder)[(1, model.dtype, model.device)] is held
     assert first + list(tokens) == expected
     assert held not in decoder._busy
-    assert (
-        other[0].tokens
-        == generate(model, [[3, 3, 3]], max_new_tokens=10, seed=2, stop_token_ids=[])[0].tokens
-    )
+    alone = Decoder(model).generate([[3, 3, 3]], max_new_tokens=10, seed=2, stop_token_ids=[])
+    assert other[0].tokens == alone[0].tokens
     decoder.release()
 
 

@@ -13,7 +13,8 @@ from minirl import load_pretrained
 from minirl.cli import main
 from minirl.data import DataError
 from minirl.lora import PEFT_PREFIX, add_lora, lora_state_dict
-from minirl.sft import SFTConfig, train
+from minirl.run.sft import train
+from minirl.sft import SFTConfig
 from minirl.toy import build_checkpoint, calculator_conversation
 
 

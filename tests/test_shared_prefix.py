@@ -1,11 +1,12 @@
-"""A prefix every row shares, run once (kv_cache.SharedPrefix, sampling's shared prefill): the same hidden
-states, log-probs, gradients and samples as running every row whole."""
+"""A prefix every row shares, run once (fast/prefixes.py, fast/prefix_learner.py, the Decoder's shared
+prefill): the same hidden states, log-probs, gradients and samples as running every row whole."""
 
 import pytest
 import torch
 
-from minirl.kv_cache import SharedPrefix, common_prefix_length
-from minirl.learner import completion_logprobs, learning_batch, shared_prefix
+from minirl.fast.decoder import Decoder
+from minirl.fast.prefix_learner import completion_logprobs, learning_batch, shared_prefix
+from minirl.fast.prefixes import GroupPrefixes, SharedPrefix, common_prefix_length
 from minirl.lora import add_lora
 from minirl.model import random_model
 from minirl.rollout import Trajectory
@@ -110,7 +111,7 @@ def test_grpo_learning_batch_keeps_the_prefix_once_and_scores_the_same():
         for i, s in enumerate(SUFFIXES[:3])
     ]
     batch = learning_batch(trajectories, pad_id=0, device="cpu")
-    assert batch["prefix"].tolist() == PREFIX and batch["prompt_len"] == 1
+    assert batch["prefix"].tolist() == PREFIX
     # each prompt's part after the prefix, but its last token, right-padded; a row starts with that token
     assert batch["group_ids"].tolist() == [[11, 12, 0, 0, 0], [0] * 5, [15, 16, 17, 18, 19]]
     assert batch["group_mask"].sum(1).tolist() == [2, 0, 5] and batch["row_group"].tolist() == [
@@ -185,9 +186,8 @@ def test_groups_of_samples_share_their_prompt_once_with_the_same_logprobs_and_gr
 
 
 def test_with_checkpointing_the_groups_pass_keeps_only_layer_inputs():
-    """The groups' pass (kv_cache.GroupPrefixes) is kept for all of a step's minibatches; with activation
+    """The groups' pass (GroupPrefixes) is kept for all of a step's minibatches; with activation
     checkpointing it keeps each layer's input, not every activation (memory.activation_bytes counts that)."""
-    from minirl.kv_cache import GroupPrefixes
 
     model = tiny_lora_model(seed=4).train()
     ids = torch.tensor([SUFFIXES[2], SUFFIXES[2][::-1]])
@@ -226,14 +226,17 @@ def test_a_prompt_that_is_all_prefix_keeps_its_last_token_in_the_rows():
 def test_sampling_after_a_shared_prefill_equals_each_prompt_alone():
     model = random_model(tiny_config(64, initializer_range=0.2), seed=1)
     prompts = [PREFIX + s for s in SUFFIXES]
-    together = generate(model, prompts, max_new_tokens=8, temperature=0, stop_token_ids=[])
+    decoder = Decoder(model)
+    together = generate(
+        model, prompts, max_new_tokens=8, temperature=0, stop_token_ids=[], decoder=decoder
+    )
     for prompt, out in zip(prompts, together):
         alone = generate(model, [prompt], max_new_tokens=8, temperature=0, stop_token_ids=[])[0]
         assert out.tokens == alone.tokens
         torch.testing.assert_close(
             torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=1e-5
         )
-    grouped = generate(
-        model, prompts[:2], max_new_tokens=8, temperature=0, stop_token_ids=[], num_samples=3
+    grouped = decoder.generate(
+        prompts[:2], max_new_tokens=8, temperature=0, stop_token_ids=[], num_samples=3
     )
     assert [o.tokens for o in grouped] == [together[0].tokens] * 3 + [together[1].tokens] * 3

@@ -9,8 +9,8 @@ import torch
 from conftest import hf_tiny_model
 
 from minirl import load_model, random_model
+from minirl.fast.chunked_logprobs import token_logprobs_chunked
 from minirl.lora import add_lora, disable_adapters, load_adapter, merge_and_unload, save_adapter
-from minirl.losses import token_logprobs_chunked
 from minirl.toy import tiny_config
 from minirl.trainable_tokens import (
     TokenEmbedding,
@@ -190,7 +190,8 @@ def test_bad_token_ids_are_refused():
 @pytest.mark.parametrize("choice", ["auto", "none"])
 def test_sft_trains_the_placeholder_rows_its_data_uses(tmp_path, capsys, choice):
     from minirl import load_pretrained
-    from minirl.sft import SFTConfig, train
+    from minirl.run.sft import train
+    from minirl.sft import SFTConfig
     from minirl.toy import build_checkpoint, calculator_conversation
     from minirl.weights import save_pretrained
 

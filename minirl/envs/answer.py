@@ -23,9 +23,8 @@ class AnswerEnv(Env):
     def reset(self, task: dict) -> tuple[list[dict], list[dict] | None]:
         self.task, self.calls = task, []
         names = [(spec.get("function", spec) or {}).get("name") for spec in task.get("tools") or []]
-        self.tools = {
-            name: TOOLS[name] for name in names
-        }  # JsonlTask checked that every name is known
+        # TOOLS[name] cannot fail: JsonlTask checked that every name is known
+        self.tools = {name: TOOLS[name] for name in names}
         return list(task["messages"]), task.get("tools")
 
     def step(self, call) -> str:

@@ -72,11 +72,6 @@ def make_questions(
     ]
 
 
-def final_number(text: str):
-    """The last number in the text (answers.lenient_answer): the calculator agent's final answer."""
-    return lenient_answer(text)
-
-
 class CalculatorEnv(Env):
     """One episode of the calculator agent (see envs/__init__.py for the protocol)."""
 
@@ -111,7 +106,8 @@ class CalculatorEnv(Env):
         so listing candidates does not help; calling the tool is never rewarded by itself."""
         answer = self.task["answer"]
         final = trajectory.text if trajectory.finish_reason == "answer" else ""
-        correct = final_number(final) == answer
+        # the last number of the final reply is the agent's answer
+        correct = lenient_answer(final) == answer
         known_at = next((i for i, r in enumerate(self.results) if r.strip() == str(answer)), None)
         redundant = 0 if known_at is None else len(self.calls) - known_at - 1
         info = {

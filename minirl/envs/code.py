@@ -36,9 +36,8 @@ from .tools import ToolCall
 
 DEFAULT_TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "code_tasks.json"
 TEMPLATE_KEYS = ("name", "kind", "file", "correct", "bug", "partial", "tests")
-MAX_FILE_CHARS = (
-    20_000  # read_file shows at most this much; edit_file refuses to grow a file past it
-)
+# read_file shows at most this much; edit_file refuses to grow a file past it
+MAX_FILE_CHARS = 20_000
 
 TOOL_SPECS = [
     {
@@ -146,11 +145,8 @@ def load_templates(path: str | os.PathLike | None = None) -> list[dict]:
     return templates
 
 
-REFERENCE_CALLS = [
-    "read_file",
-    "edit_file",
-    "run_test",
-]  # trajectory A, the chapter's good fix (evaluation.py)
+# the calls of trajectory A, the chapter's good fix (evaluation.py)
+REFERENCE_CALLS = ["read_file", "edit_file", "run_test"]
 
 
 def make_task(template: dict | str, seed: int = 0) -> dict:

@@ -234,9 +234,8 @@ def run(config: dict, report) -> None:
             run_one(path, name, module_code, code, token, verdict_fd, pristine_builtins)
         os.close(verdict_fd)
         _, status = os.waitpid(pid, 0)
-        os.set_blocking(
-            read_fd, False
-        )  # a grandchild may still hold the pipe open: read what is there
+        # a grandchild may still hold the pipe open: read what is there
+        os.set_blocking(read_fd, False)
         try:
             message = os.read(read_fd, MAX_VERDICT_BYTES)
         except BlockingIOError:

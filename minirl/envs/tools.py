@@ -104,12 +104,10 @@ def foreign_tool_call(text: str) -> bool:
 
 # ---- calculator: exact arithmetic on a whitelisted AST, bounded in time and size --------------------------
 MAX_EXPRESSION_CHARS = 200
-MAX_DEPTH = (
-    100  # operators nested inside one another; 200 characters allow ~200, so this is a second guard
-)
-MAX_DIGITS = (
-    400  # any number, final or intermediate: covers every double (1e308) and 2**1000, not 1e308**2
-)
+# operators nested inside one another; 200 characters allow ~200, so this is a second guard
+MAX_DEPTH = 100
+# digits of any number, final or intermediate: covers every double (1e308) and 2**1000, not 1e308**2
+MAX_DIGITS = 400
 LIMIT = 10**MAX_DIGITS
 SIGNIFICANT_DIGITS = 12  # for results with no short exact decimal form
 MAX_EXACT_DECIMALS = 20  # 1/4 -> 0.25 exactly; 2**-40 (40 decimals) is rounded instead
@@ -146,9 +144,8 @@ def _literal(node: ast.Constant, source: str) -> Fraction:
     text = (ast.get_source_segment(source, node) or repr(node.value)).replace("_", "")
     exponent = re.search(r"[eE]([-+]?\d+)$", text)
     if exponent and abs(int(exponent.group(1))) > MAX_DIGITS + MAX_EXPRESSION_CHARS:
-        raise CalculatorError(
-            f"a number in the calculation has more than {MAX_DIGITS} digits"
-        )  # 1e999999999
+        # e.g. 1e999999999: refused before Fraction(text) builds a billion-digit number
+        raise CalculatorError(f"a number in the calculation has more than {MAX_DIGITS} digits")
     return _checked(Fraction(text))
 
 
@@ -161,9 +158,8 @@ def _power(base: Fraction, exponent: Fraction) -> Fraction:
     # |base**e| has at least |e| * (bits - 1) * log10(2) digits in its numerator or denominator; refuse before
     # computing when that lower bound is over the limit (9**9**9**9, 10**100000, 2**-100000).
     bits = max(abs(base.numerator).bit_length(), base.denominator.bit_length())
-    if (
-        abs(exponent) * (bits - 1) * 30103 > MAX_DIGITS * 100000
-    ):  # log10(2) = 0.30103; ints cannot overflow
+    # log10(2) = 0.30103; ints cannot overflow
+    if abs(exponent) * (bits - 1) * 30103 > MAX_DIGITS * 100000:
         raise CalculatorError(f"the power has more than {MAX_DIGITS} digits")
     return _checked(base**exponent)  # bits <= 1 means 0 or ±1: cheap for any exponent
 
@@ -206,14 +202,12 @@ def format_number(value: Fraction) -> str:
         return "-" + format_number(-value)
     if value.denominator == 1:
         return str(value.numerator)
-    digits = len(str(value.numerator)) - len(
-        str(value.denominator)
-    )  # floor(log10) is this or one less
+    # floor(log10(value)) is digits or digits - 1
+    digits = len(str(value.numerator)) - len(str(value.denominator))
     exponent = digits if value >= Fraction(10) ** digits else digits - 1
     decimals = max(0, SIGNIFICANT_DIGITS - 1 - exponent)
-    if (
-        value * 10**MAX_EXACT_DECIMALS
-    ).denominator == 1:  # the denominator is 2**a * 5**b, a, b <= 20
+    # an exact decimal: the denominator is 2**a * 5**b, a, b <= 20
+    if (value * 10**MAX_EXACT_DECIMALS).denominator == 1:
         decimals = MAX_EXACT_DECIMALS  # exact; the trailing zeros are stripped below
     elif exponent < -SIGNIFICANT_DIGITS:
         mantissa = str(int(value * Fraction(10) ** decimals + Fraction(1, 2)))  # round half up

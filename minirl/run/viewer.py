@@ -234,11 +234,8 @@ def page_data(records: list[dict], max_rollouts: int) -> dict:
             if any(v is not None for v in values[P:]):
                 form = ".3f" if field.endswith("logprob") else ".2g" if key == "kl" else ".3g"
                 completion[key] = [_short(v, form) for v in values[P:]]
-        for key in (
-            "lp",
-            "old",
-            "ref",
-        ):  # equal to πθ's to the decimals shown (π_old is πθ when μ = 1)
+        # a column equal to πθ's to the decimals shown is sent as "p" (π_old is πθ when μ = 1)
+        for key in ("lp", "old", "ref"):
             if key in completion and completion[key] == completion.get("p"):
                 completion[key] = "p"
         for key in ("ratio", "kl"):  # one value for every action (the ratio is 1 when μ = 1)
@@ -389,9 +386,8 @@ def build_page(path: str, max_rollouts: int = 2000) -> str:
     }
     with open(TEMPLATE, encoding="utf-8") as f:
         template = f.read()
-    return re.sub(
-        r"\{\{(DATA|CURVES|COMPARISON)\}\}", lambda m: parts[m.group(1)], template
-    )  # one pass
+    # all three in one pass: text already put in is not searched again
+    return re.sub(r"\{\{(DATA|CURVES|COMPARISON)\}\}", lambda m: parts[m.group(1)], template)
 
 
 def write_page(path: str, out: str | None = None, max_rollouts: int = 2000) -> str:

@@ -79,9 +79,8 @@ def recipe_figure(run_dir: str, out_path: str):
     ax = axes[0]
     width = 0.8 / len(bars)
     for j, (key, label, color) in enumerate(bars):
-        values = [
-            metrics.get(key, 0.0) for _, metrics in policies
-        ]  # a scripted demonstrator never fails the format
+        # 0.0 where a key is missing: a scripted demonstrator never fails the format
+        values = [metrics.get(key, 0.0) for _, metrics in policies]
         ax.bar(
             [i + (j - (len(bars) - 1) / 2) * width for i in range(len(policies))],
             values,

@@ -9,6 +9,8 @@ A step has two phases and the peak is the larger one:
             minibatch (with activation checkpointing: every layer's input, plus one layer recomputed
             during backward) and of the prompt tokens run once for all minibatches (the shared prefix,
             each group's question) + the chunked log-prob computation (chunk_size × V logits, never B·T·V).
+            With --plain (prefixes=False, chunked=False): every row's whole prompt and completion,
+            and the logits of a minibatch's completions.
 The KV cache is gone before learning starts (sampling returns token ids only), except with compiled
 decoding (`compile=True`, grpo's --compile): a CUDA graph is recorded against the cache's addresses, so
 the cache (its length rounded up to 256 slots) is kept from step to step and counted in both phases.
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import Qwen2Config
+from ..config import Qwen2Config
 
 GB = 1e9
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -151,17 +153,16 @@ def activation_bytes(
     """What one forward pass of `rows` sequences keeps for backward: `tokens` of each row's own (with
     checkpointing every layer's input plus one layer recomputed during backward, else every layer's
     activations), the final norm and the hidden states it returns; a shared prefix of `prefix`
-    tokens run once (kv_cache.SharedPrefix, never checkpointed) and `groups` group parts of
-    `group_tokens` each, run once per group (kv_cache.GroupPrefixes, checkpointed with the rows), both
+    tokens run once (fast/prefixes.SharedPrefix, never checkpointed) and `groups` group parts of
+    `group_tokens` each, run once per group (fast/prefixes.GroupPrefixes, checkpointed with the rows), both
     kept for all of a learning pass's minibatches; and every row's own copy of the keys and values its
     attention reads from them (one layer's worth when checkpointed)."""
     L, C = config.num_hidden_layers, config.hidden_size
     KD = config.num_key_value_heads * config.head_dim
     per_token_layer = activation_bytes_per_token_layer(config, e, lora=lora, r=r)
 
-    def kept(
-        n,
-    ):  # what a pass of n tokens keeps: with checkpointing each layer's input and one layer
+    # what a pass of n tokens keeps: with checkpointing each layer's input and one layer
+    def kept(n):
         return L * n * e * C + n * per_token_layer if checkpointing else L * n * per_token_layer
 
     n = rows * tokens
@@ -216,9 +217,17 @@ def cpu_allocator_slack(
 
 
 def logprob_chunk_bytes(config: Qwen2Config, e: int, chunk_size: int) -> int:
-    """losses.ChunkLogprobs: one chunk's logits in float32, plus the model-dtype product they are cast
-    from (none in float32), alive at once in forward and again in backward."""
+    """fast/chunked_logprobs.ChunkLogprobs: one chunk's logits in float32, plus the model-dtype
+    product they are cast from (none in float32), alive at once in forward and again in backward."""
     return chunk_size * config.vocab_size * (4 + (e if e != 4 else 0))
+
+
+def logits_bytes(config: Qwen2Config, e: int, positions: int) -> int:
+    """The plain head (learner.lm_head_logprobs, sft.lm_head_sft_loss): the lm_head's logits of every
+    position, (positions, V), and at the peak of their backward four float32 buffers of that shape
+    (the saved log-softmax, its incoming gradient, the softmax and the result), plus the model-dtype
+    product (none in float32)."""
+    return positions * config.vocab_size * (16 + (e if e != 4 else 0))
 
 
 def _persistent_items(
@@ -260,13 +269,17 @@ def estimate(
     compile: bool = False,
     shared_prefix: int = 0,
     cpu: bool = False,
+    prefixes: bool = True,
+    chunked: bool = True,
 ) -> MemoryEstimate:
     """Itemized memory of one GRPO step (module docstring). Defaults are the chapter's 7B setting and
     GRPOConfig's; full=True trains every weight (AdamW state in the model dtype, as torch keeps it).
-    The learning pass is laid out as learner.learning_batch lays it out: the `shared_prefix` tokens
-    every prompt begins with run once, the rest of each prompt but its last token once per group (its
-    G rows share it; with one prompt, all of it is the shared prefix), and a row runs its prompt's last
-    token and its completion (1 + max_new_tokens).
+    prefixes: the learning pass is laid out as fast/prefix_learner.py lays it out: the
+    `shared_prefix` tokens every prompt begins with run once, the rest of each prompt but its last
+    token once per group (its G rows share it; with one prompt, all of it is the shared prefix), and
+    a row runs its prompt's last token and its completion (1 + max_new_tokens). Without: as
+    learner.py, every row its whole prompt and completion. chunked: log-probs by
+    fast/chunked_logprobs.py, else from the (rows, max_new_tokens, V) logits.
     cpu: the run's memory is a CPU's, whose allocator keeps freed blocks resident (cpu_allocator_slack)."""
     _check_sizes(
         full,
@@ -287,19 +300,17 @@ def estimate(
     items = _persistent_items(config, e, full, lora_r, beta)
     persistent = sum(v for k, v in items.items() if k != "gradients")  # alive for the whole run
     gradients = items["gradients"]
-    slots = (
-        min(-(-T // 256) * 256, config.max_position_embeddings) if compile else T
-    )  # as sampling.py allocates
+    # as sampling.py allocates
+    slots = min(-(-T // 256) * 256, config.max_position_embeddings) if compile else T
     kv = L * 2 * N * config.num_key_value_heads * config.head_dim * slots * e
     sampling_logits = N * V * 4 * 3
-    if (
-        prompts_per_step == 1
-    ):  # one prompt: all of it but its last token is the prefix every row shares
+    # one prompt: all of it but its last token is the prefix every row shares
+    if prompts_per_step == 1:
         shared_prefix = prompt_len - 1
-    Q, row = (
-        prompt_len - shared_prefix - 1,
-        1 + max_new_tokens,
-    )  # a group's part, a row's own tokens
+    # a group's part, a row's own tokens
+    Q, row = prompt_len - shared_prefix - 1, 1 + max_new_tokens
+    if not prefixes:
+        shared_prefix, Q, row = 0, 0, prompt_len + max_new_tokens
     layout = dict(
         lora=not full,
         r=lora_r,
@@ -311,12 +322,14 @@ def estimate(
         checkpointing=checkpointing,
     )
     activations = activation_bytes(config, e, **layout)
-    chunks = logprob_chunk_bytes(config, e, chunk_size)
+    if chunked:
+        chunks = logprob_chunk_bytes(config, e, chunk_size)
+    else:
+        chunks = logits_bytes(config, e, b * max_new_tokens)
     slack = cpu_allocator_slack(config, e, **layout) if cpu else 0
 
-    kept = (
-        " slots, kept" if compile else " tokens"
-    )  # compiled decoding keeps its cache between steps
+    # compiled decoding keeps its cache between steps
+    kept = " slots, kept" if compile else " tokens"
     items[f"KV cache ({N} sequences x {slots}{kept})"] = kv
     items["sampling logits (float32, 3 copies)"] = sampling_logits
     shape = (
@@ -327,7 +340,10 @@ def estimate(
     items[
         f"activations ({shape} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"
     ] = activations
-    items[f"log-prob chunks ({chunk_size} x {V} logits)"] = chunks
+    if chunked:
+        items[f"log-prob chunks ({chunk_size} x {V} logits)"] = chunks
+    else:
+        items[f"logits ({b} x {max_new_tokens} x {V}, and their gradient)"] = chunks
     if cpu:
         items["CPU allocator slack (freed blocks kept resident)"] = slack
 
@@ -356,11 +372,12 @@ def sft_estimate(
     eval_sequences: int = 128,
     eval_tokens: int = 1152,
     cpu: bool = False,
+    chunked: bool = True,
 ) -> MemoryEstimate:
     """Itemized memory of supervised fine-tuning: one forward/backward of `rows` conversations of
-    `tokens` (the longest in the data, `shared_prefix` of them common to all), and the graduation
-    test's sampling of `eval_sequences` completions of up to `eval_tokens` (prompt + new tokens);
-    cpu as in estimate()."""
+    `tokens` (the longest in the data, `shared_prefix` of them common to all and run once: 0 without
+    fast/prefix_sft.py), and the graduation test's sampling of `eval_sequences` completions of up to
+    `eval_tokens` (prompt + new tokens); cpu and chunked as in estimate()."""
     _check_sizes(
         full,
         lora_r=lora_r,
@@ -384,7 +401,10 @@ def sft_estimate(
         prefix=shared_prefix,
         checkpointing=checkpointing,
     )
-    chunks = logprob_chunk_bytes(config, e, chunk_size)
+    if chunked:
+        chunks = logprob_chunk_bytes(config, e, chunk_size)
+    else:
+        chunks = logits_bytes(config, e, rows * tokens)
     slack = (
         cpu_allocator_slack(
             config,
@@ -407,7 +427,10 @@ def sft_estimate(
     items[
         f"activations ({shape} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"
     ] = activations
-    items[f"loss chunks ({chunk_size} x {V} logits)"] = chunks
+    if chunked:
+        items[f"loss chunks ({chunk_size} x {V} logits)"] = chunks
+    else:
+        items[f"logits ({rows} x {tokens} x {V}, and their gradient)"] = chunks
     if cpu:
         items["CPU allocator slack (freed blocks kept resident)"] = slack
     items[f"graduation sampling: KV cache ({eval_sequences} x {eval_tokens} tokens)"] = kv
@@ -426,9 +449,8 @@ def sft_estimate(
 
 
 # ---- the guard: fit a run into the memory the device has ---------------------------------------------------
-HEADROOM = (
-    0.9  # plan within 90 % of what is available: the estimate leaves out small tensors and slack
-)
+# plan within 90 % of what is available: the estimate leaves out small tensors and slack
+HEADROOM = 0.9
 
 
 class MemoryBudgetError(ValueError):

@@ -1,8 +1,8 @@
 """A run's flags, checked before anything starts: a value a run cannot use stops it with one sentence
 naming the flag; a run that would start but could not learn says so in one warning line.
 
-    check_sft(cfg)      sft.train's first stage
-    check_grpo(cfg)     grpo.train's first stage
+    check_sft(cfg)      run/sft.train's first stage
+    check_grpo(cfg)     run/grpo.train's first stage
     check_sampling(temperature, top_p, top_k, max_new_tokens)   generate, rollout and eval's flags
 
 Values that depend on the model or the data (a held-out prompt plus --eval-max-new-tokens longer
@@ -11,7 +11,7 @@ than the context, say) are checked as soon as those are read, still before train
 
 import sys
 
-from . import distributed
+from .. import distributed
 
 
 class FlagError(ValueError):
@@ -53,6 +53,15 @@ def check_sampling(temperature, top_p, top_k=0, max_new_tokens=1) -> None:
     within(top_p, 0, 1, "--top-p", low_open=True)
     at_least(top_k, 0, "--top-k", "0 is off")
     at_least(max_new_tokens, 1, "--max-new-tokens")
+
+
+def check_speedups(plain, compile=False) -> None:
+    """--plain (the plain versions only) and --compile (a drop-in: fast/decoder.py) exclude each other."""
+    if plain and compile:
+        raise FlagError(
+            "--compile compiles fast/decoder.py's fixed-shape step, a drop-in that --plain turns "
+            "off: choose one"
+        )
 
 
 def _check_optimization(cfg) -> None:
@@ -103,6 +112,7 @@ def check_grpo(cfg) -> None:
     one_of(cfg.aggregation, ("token", "sequence", "constant"), "--aggregation")
     one_of(cfg.advantage_scale, ("std", "none"), "--advantage-scale")
     one_of(cfg.merge_lora, ("auto", "on", "off"), "--merge-lora")
+    check_speedups(cfg.plain, cfg.compile)
     at_least(cfg.steps, 0, "--steps")
     at_least(cfg.inner_steps, 1, "--inner-steps")
     at_least(cfg.minibatch_size, 1, "--minibatch-size")

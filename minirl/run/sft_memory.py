@@ -1,17 +1,19 @@
 """The memory guard for SFT: plan a run's passes before the model is allocated (memory.py's estimates).
 
-grpo_memory.py does the same for a GRPO step. `cfg` is the run's sft.SFTConfig (this module sits below
-sft.py and does not import it).
+grpo_memory.py does the same for a GRPO step. `cfg` is the run's sft.SFTConfig; `fast` (a
+fast.Speedups) says whether the shared prefix runs once (fast/prefix_sft.py) and whether the loss is
+chunked (fast/chunked_logprobs.py).
 """
 
 import torch
 
-from . import data, distributed
+from .. import distributed
+from ..fast.prefix_sft import shared_prefix_length
 from .memory import MemoryBudgetError, describe_choice, fit_pass, sft_estimate, what_fits
 
 
 def plan_memory(
-    cfg, config, tokenizer, examples, eval_convs, dtype, budget: int, cpu: bool = False, task=None
+    cfg, config, tokenizer, examples, eval_convs, dtype, budget: int, *, cpu: bool, task, fast
 ) -> tuple[int, bool, float]:
     """Before the model is allocated: the estimate for a pass over this rank's share of the micro-batch
     at the data's longest conversation (and the graduation test's sampling; with an eval task, its
@@ -20,7 +22,7 @@ def plan_memory(
     naming flags that fit."""
     rows = cfg.batch_size // distributed.world_size()
     longest = max(len(e["input_ids"]) for e in examples)
-    shared = min(data.shared_prefix_length(examples), longest - 1)
+    shared = min(shared_prefix_length(examples), longest - 1) if fast.prefixes else 0
     eval_prompt = max(
         (
             len(
@@ -62,6 +64,7 @@ def plan_memory(
             shared_prefix=min(shared, sizes["tokens"] - 1),
             checkpointing=checkpointing,
             cpu=cpu,
+            chunked=fast.chunked_logprobs,
             **sizes,
         )
 

@@ -30,12 +30,12 @@ from dataclasses import fields
 
 import torch
 
-from . import distributed
-from .files import reopen_log, write_json
-from .finite import check_trained
+from .. import distributed
+from ..files import reopen_log, write_json
+from ..finite import check_trained
+from ..lora import load_adapter, save_adapter
+from ..weights import load_model, save_pretrained
 from .flags import warn
-from .lora import load_adapter, save_adapter
-from .weights import load_model, save_pretrained
 
 RUN_FILE = "run.json"  # the run's command and settings, written when the run starts
 RUN_FILES = (
@@ -208,9 +208,8 @@ def latest_checkpoint(out: str) -> str | None:
 def restore_checkpoint(folder: str, model, optimizer, scheduler, full: bool) -> dict:
     """Load weights (or adapter), optimizer, scheduler and RNG state; return the saved state dict."""
     state = torch.load(os.path.join(folder, "trainer_state.pt"), weights_only=False)
-    saved_on = state.get(
-        "world_size", 1
-    )  # checkpoints from before distributed training: one process
+    # 1 by default: a checkpoint from before distributed training was saved by one process
+    saved_on = state.get("world_size", 1)
     if saved_on != distributed.world_size():
         raise ValueError(
             f"--resume: {folder} was saved by a run on {saved_on} rank(s), this run has "
@@ -246,9 +245,8 @@ class MetricsLog:
 
     def __init__(self, path: str, fields: list[str], resume_step: int | None, write: bool = True):
         self.file = None
-        if (
-            not write
-        ):  # a rank other than 0 under torchrun: its metrics were reduced into rank 0's row
+        # write=False: a rank > 0 under torchrun, whose metrics were reduced into rank 0's row
+        if not write:
             return
         rows = []
         if resume_step is not None and os.path.exists(path):

@@ -28,8 +28,8 @@ import os
 
 import torch
 
-from .files import reopen_log
-from .losses import kl_k3
+from ..files import reopen_log
+from ..losses import kl_k3
 
 
 def token_pieces(tokenizer, ids: list[int]) -> list[str]:
@@ -76,10 +76,8 @@ def rollout_records(
     per_token = per_token or {}
     ratio = kl = None
     if per_token.get("logprob") is not None:
-        logp, old = (
-            per_token["logprob"].float().cpu(),
-            per_token["old_logprob"].float().cpu(),
-        )  # (n, Lc)
+        logp = per_token["logprob"].float().cpu()  # (n, Lc)
+        old = per_token["old_logprob"].float().cpu()  # (n, Lc)
         ratio = torch.exp(logp - old)
         ref = per_token.get("ref_logprob")
         kl = None if ref is None else kl_k3(logp, ref.float().cpu())
@@ -144,9 +142,8 @@ class RolloutLog:
         self.file = reopen_log(path, kept)  # replaced whole, then appended to (files.py)
 
     def write(self, records: list[dict]):
-        for record in (
-            records
-        ):  # allow_nan=False: a NaN that slipped through would break the viewer's JSON.parse
+        for record in records:
+            # allow_nan=False: a NaN that slipped through would break the viewer's JSON.parse
             self.file.write(
                 json.dumps(record, ensure_ascii=False, allow_nan=False, default=str) + "\n"
             )

@@ -1,0 +1,202 @@
+"""The GRPO harness: `python -m minirl grpo` runs grpo_step (grpo.py) inside it.
+
+    python -m minirl grpo --model DIR [--adapter runs/sft/adapter] --task arithmetic --out runs/grpo
+
+train(cfg) checks the flags, builds the task, plans the step's memory before a weight is loaded
+(grpo_memory.py), claims the run folder, loads the policy (an SFT adapter merged in: it becomes
+π_ref), adds the adapter and the optimizer, and runs grpo_step `cfg.steps` times. Around each step:
+the memory guard fits the learning passes to the batch actually sampled; metrics go to
+runs/NAME/metrics.csv, a sample of rollouts to runs/NAME/rollouts.jsonl (for `python -m minirl view
+runs/NAME`), the held-out evaluations (every --eval-every steps and at the end, evaluation.py's
+episodes and summary) to runs/NAME/eval/step-NNNNNN/; checkpoints and exact resume work as in SFT.
+
+Under torchrun (distributed.py, docs/gpu.md "Scale-out") --prompts-per-step stays the global P: each
+of the N ranks samples and scores P/N of the step's prompts with its own seed, so a group never spans
+ranks and its advantages are computed where it lives, from its own rewards. grpo_step divides by the
+normalizer of the whole step's batch on all ranks and sums the gradients over ranks; the logged
+metrics are computed from every rank's trajectories; rank 0 writes the files.
+"""
+
+import copy
+import os
+import random
+import time
+from dataclasses import fields
+
+from tqdm import tqdm
+
+from .. import distributed, evaluation
+from ..config import Qwen2Config
+from ..fast import speedups
+from ..grpo import GRPOConfig, grpo_step, step_metrics
+from ..lora import load_adapter, merge_and_unload
+from ..tasks import make_task
+from ..tokenizer import Tokenizer
+from ..weights import load_pretrained
+from . import training
+from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
+from .flags import check_grpo
+from .grpo_memory import LearningGuard, plan_memory
+from .memory import budget_bytes
+from .rollout_log import RolloutLog, rollout_records
+
+TIMING = ["t_sample", "t_score", "t_learn", "tokens_per_s"]
+FIELDS = [
+    "step",
+    "reward_mean",
+    "reward_std",
+    "accuracy",
+    "accuracy_lenient",
+    "kl",
+    "clip_low_frac",
+    "clip_high_frac",
+    "ratio",
+    "loss",
+    "grad_norm",
+    "lr",
+    "completion_len",
+    "truncated_frac",
+    "zero_spread_frac",
+    "groups_dropped_nonfinite",
+    "groups_dropped_zero_spread",
+    "sampler_logprob_gap",
+    "eval_accuracy",
+    "eval_accuracy_lenient",
+] + TIMING
+
+
+def evaluate(model, tokenizer, task, cfg, step: int, decoder=None) -> dict:
+    """Greedy pass@1 on the task's held-out items, strict and lenient, from evaluation.py's episodes,
+    which are kept as an eval folder: out/eval/step-NNNNNN (episodes.jsonl, summary.json)."""
+    out = os.path.join(cfg.out, "eval", f"step-{step:06d}")
+    seed, max_new_tokens = cfg.seed, cfg.max_new_tokens
+    summary = evaluation.evaluate(
+        model, tokenizer, task, max_new_tokens, seed, out=out, decoder=decoder
+    )
+    return {
+        "eval_accuracy": summary["final_answer"]["pass@1"],
+        "eval_accuracy_lenient": summary["final_answer"]["lenient_pass@1"],
+    }
+
+
+def train(cfg: GRPOConfig) -> dict:
+    # Stage 1: the flags, the task and the memory plan, all checked before a weight is loaded
+    check_grpo(cfg)
+    device, dtype = training.start(cfg)
+    fast = speedups(cfg.plain)
+    distributed.check_divisible(cfg.prompts_per_step, "--prompts-per-step")
+    rank, share = distributed.rank(), cfg.prompts_per_step // distributed.world_size()
+    task = cfg.task
+    if isinstance(task, str):
+        options = dict(seed=cfg.seed, data=cfg.data, eval_data=cfg.eval_data, **cfg.task_options)
+        task = make_task(task, **options)
+    config, budget = Qwen2Config.from_json(cfg.model), budget_bytes(device, cfg.memory_limit)
+    cpu = device.type == "cpu"
+    tokenizer = Tokenizer.from_dir(cfg.model)
+    plan = plan_memory(cfg, config, tokenizer, task, dtype, budget, share, cpu=cpu, fast=fast)
+
+    # Stage 2: the run folder, the policy (an SFT adapter merged in: it becomes π_ref), what it
+    # trains, the optimizer, --resume
+    claim_run_folder(cfg, "grpo")
+    model, tokenizer = load_pretrained(cfg.model, dtype=dtype, device=device)
+    if cfg.adapter:
+        merge_and_unload(load_adapter(model, cfg.adapter))
+    params = training.trainable(model, cfg)
+    fast.apply(model)
+    # the memory guard: each step's learning passes fitted to the batch it sampled
+    guard = LearningGuard(model, cfg, config, dtype.itemsize, budget, plan, cpu=cpu, fast=fast)
+    ref_model = None
+    if cfg.full and cfg.beta:
+        ref_model = copy.deepcopy(model).requires_grad_(False).eval()
+    warmup = lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps))  # noqa: E731
+    optimizer, scheduler = training.make_optimizer(params, cfg, warmup)
+    step, state = training.resume(cfg, model, optimizer, scheduler)
+    parts = [f"reward_{name}" for name in task.reward_functions]
+    resumed = step if state else None
+    columns = FIELDS + parts + list(task.metric_names)
+    log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), columns, resumed, distributed.is_main())
+    # under torchrun rank 0 logs its own groups (the learner's per-token values live on their rank)
+    rollout_log = None
+    if cfg.log_rollouts_every and distributed.is_main():
+        rollout_log = RolloutLog(os.path.join(cfg.out, "rollouts.jsonl"), resumed)
+    # the sampler: with --compile it keeps its compiled step and fixed-shape cache for the whole run;
+    # the held-out evaluation (batches of other sizes, greedy) samples uncompiled
+    decoder, eval_decoder = fast.decoder(model, compile=cfg.compile), fast.decoder(model)
+    G, start, last_eval = cfg.group_size, time.perf_counter(), None
+    main = distributed.is_main()
+    bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True, disable=not main)
+    while step < cfg.steps:
+        # Stage 3: one step on this rank's prompts (its groups, whole)
+        t0 = time.perf_counter()
+        items = task.sample(cfg.prompts_per_step, random.Random(cfg.seed * 1_000_003 + step))
+        items = items[rank * share : (rank + 1) * share]
+        seed = distributed.rank_seed(cfg.seed * 1_000_003 + step)
+        guard.step = step + 1
+        done = grpo_step(
+            model,
+            tokenizer,
+            task,
+            items,
+            optimizer,
+            scheduler,
+            cfg,
+            seed=seed,
+            ref_model=ref_model,
+            decoder=decoder,
+            fast=fast,
+            fit_memory=guard.fit,
+        )
+        t1 = time.perf_counter()
+        step += 1
+
+        # Stage 4: log (the metrics describe every rank's groups), the held-out evaluation every
+        # --eval-every steps, checkpoints
+        trajectories = distributed.all_gather_objects(done.trajectories)
+        row = {"step": step, **step_metrics(task, trajectories, cfg), **done.stats}
+        completion_tokens = sum(len(t.completion_ids) for t in trajectories)
+        row.update(done.timing(), tokens_per_s=completion_tokens / (t1 - t0))
+        if rollout_log and (step == 1 or step % cfg.log_rollouts_every == 0 or step == cfg.steps):
+            records = rollout_records(
+                step,
+                done.trajectories,
+                done.advantages,
+                done.rows,
+                done.per_token,
+                tokenizer,
+                G,
+                cfg.log_rollout_groups,
+            )
+            rollout_log.write(records)
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps:
+            last_eval = evaluate(model, tokenizer, task, cfg, step, eval_decoder)
+            row.update(last_eval)
+        log.write({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0):.4f}")
+        bar.update(1)
+        stopping = cfg.stop_after and step >= cfg.stop_after
+        if step % cfg.save_every == 0 or stopping or step == cfg.steps:
+            saved = {
+                "config": {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "task"}
+            }
+            save_checkpoint(cfg.out, model, tokenizer, optimizer, scheduler, step, cfg.full, saved)
+        if stopping:
+            break
+    bar.close()
+    log.close()
+    if rollout_log:
+        rollout_log.close()
+
+    # Stage 5: the last evaluation (unless the last step just ran one), the adapter and summary.json
+    summary = {
+        "steps": step,
+        **(last_eval or evaluate(model, tokenizer, task, cfg, step, eval_decoder)),
+        "seconds": time.perf_counter() - start,
+        "memory_estimate_gb": guard.peak / 1e9,
+        "memory_budget_gb": budget / 1e9,
+    }
+    final_dir = training.finish(cfg, model, tokenizer, summary)
+    distributed.print_main(
+        f"grpo: {step} steps, eval accuracy {summary['eval_accuracy']:.3f} strict / "
+        f"{summary['eval_accuracy_lenient']:.3f} lenient; saved {final_dir}"
+    )
+    return summary

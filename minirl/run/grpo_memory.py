@@ -1,0 +1,217 @@
+"""The memory guard for a GRPO step: its estimate (minirl.memory) for this run, fitted to the budget.
+
+plan_memory runs before anything is allocated, on the task's longest held-out prompt; LearningGuard
+runs every step between sampling and learning (grpo_step's fit_memory), on the batch actually
+sampled. `cfg` is the run's grpo.GRPOConfig. Both shrink the sequences per pass, then turn on
+activation checkpointing (memory.fit_pass), or stop naming the flags that would fit. `fast` (a
+fast.Speedups) says how the learner lays out its batch: with prefixes (fast/prefix_learner.py) or
+whole rows (learner.py), with chunked log-probs or the logits.
+"""
+
+import torch
+
+from .. import distributed
+from ..fast.length_passes import passes
+from ..fast.prefixes import common_prefix_length
+from ..rollout import prompt_ids
+from .memory import MemoryBudgetError, describe_choice, estimate, fit_pass, what_fits
+
+
+def memory_estimator(
+    cfg, config, dtype_bytes, prompts_per_rank, prompt_len, completion_len, shared, cpu, fast
+):
+    """estimate_for(rows, checkpointing, **change) for memory.fit_pass: one step of this run, itemized."""
+
+    def estimate_for(rows, checkpointing, **change):
+        sizes = {
+            "prompts_per_step": prompts_per_rank,
+            "group_size": cfg.group_size,
+            "max_new_tokens": completion_len,
+            "lora_r": cfg.lora_r,
+            "dtype_bytes": dtype_bytes,
+            **change,
+        }
+        return estimate(
+            config,
+            full=cfg.full,
+            prompt_len=prompt_len,
+            minibatch_size=rows,
+            checkpointing=checkpointing,
+            beta=cfg.beta,
+            compile=cfg.compile,
+            shared_prefix=shared,
+            cpu=cpu,
+            prefixes=fast.prefixes,
+            chunked=fast.chunked_logprobs,
+            **sizes,
+        )
+
+    return estimate_for
+
+
+def plan_memory(
+    cfg, config, tokenizer, task, dtype, budget: int, prompts_per_rank: int, *, cpu: bool, fast
+) -> tuple[int, bool, float]:
+    """Before anything is allocated: the step's estimate for the task's longest held-out prompt and
+    one turn of --max-new-tokens, against the budget. Returns the (rows, checkpointing) the first
+    step starts with and the estimated peak; MemoryBudgetError, naming the flags that would fit,
+    when nothing does."""
+    prompts = [prompt_ids(tokenizer, item) for item in task.eval_items()[:64]]
+    prompt_len = max(map(len, prompts))
+    shared = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1)
+    estimate_for = memory_estimator(
+        cfg,
+        config,
+        dtype.itemsize,
+        prompts_per_rank,
+        prompt_len,
+        cfg.max_new_tokens,
+        shared,
+        cpu,
+        fast,
+    )
+    try:
+        rows, checkpointing, plan = fit_pass(
+            estimate_for, budget, cfg.minibatch_size, cfg.checkpointing
+        )
+    except MemoryBudgetError as e:
+        changes = {
+            f"--max-new-tokens {cfg.max_new_tokens // k}": {
+                "max_new_tokens": cfg.max_new_tokens // k
+            }
+            for k in (2, 4)
+            if cfg.max_new_tokens // k
+        }
+        changes.update(
+            {
+                f"--prompts-per-step {cfg.prompts_per_step // k}": {
+                    "prompts_per_step": prompts_per_rank // k
+                }
+                for k in (2, 4)
+                if prompts_per_rank // k
+            }
+        )
+        changes.update(
+            {
+                f"--group-size {cfg.group_size // k}": {"group_size": cfg.group_size // k}
+                for k in (2, 4)
+                if cfg.group_size // k >= 2
+            }
+        )
+        if dtype == torch.float32:
+            changes["--dtype bfloat16"] = {"dtype_bytes": 2}
+        fits = what_fits(estimate_for, budget, changes)
+        raise MemoryBudgetError(
+            f"grpo does not fit: {e}\nwould fit: {'; '.join(fits) if fits else 'none of '}"
+            f"{'' if fits else ', '.join(changes)}"
+        ) from None
+    if (rows, checkpointing) != (cfg.minibatch_size, cfg.checkpointing):
+        requested = (cfg.minibatch_size, cfg.checkpointing)
+        line = describe_choice(rows, checkpointing, requested, plan.peak, budget, "learning")
+        distributed.print_main(line)
+    return rows, checkpointing, plan.peak
+
+
+def fit_learning(
+    cfg, config, dtype_bytes: int, budget: int, trajectories, *, cpu: bool, fast
+) -> tuple[int, bool, float]:
+    """This step's rows per pass and checkpointing: the largest that keep the learning phase of the
+    batch actually sampled within the budget; and that estimate. The estimate follows the learner's
+    own layout: with prefixes (fast/prefix_learner.py) the shared prefix and each group's part of
+    its prompt, run once, and the largest of the passes the rows are cut into; without, whole rows
+    (learner.py), every minibatch as long as the longest row."""
+    if not trajectories:
+        return cfg.minibatch_size, cfg.checkpointing, 0.0
+    prompts = [t.prompt_ids for t in trajectories]
+    distinct = {tuple(p) for p in prompts}
+    n = len(distinct)
+    if fast.prefixes:
+        shared = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1)
+        # Q: the groups' parts, padded to the longest
+        group_part = max(len(p) - shared - 1 for p in distinct)
+        prompt_len = shared + group_part + 1
+        # a row: its prompt's last token and completion
+        lengths = [1 + len(t.completion_ids) for t in trajectories]
+    else:
+        shared, prompt_len = 0, max(map(len, prompts))
+        lengths = [1 + max(len(t.completion_ids) for t in trajectories)] * len(trajectories)
+
+    def estimate_for(rows, checkpointing):
+        # the largest of this cut's passes
+        cut = passes(lengths, rows) if fast.prefixes else [range(rows)]
+        sizes = {(len(p), max(lengths[i] for i in p)) for p in cut}
+        return max(
+            (
+                estimate(
+                    config,
+                    full=cfg.full,
+                    lora_r=cfg.lora_r,
+                    prompts_per_step=n,
+                    group_size=-(-len(trajectories) // n),
+                    prompt_len=prompt_len,
+                    max_new_tokens=longest - 1 or 1,
+                    minibatch_size=b,
+                    checkpointing=checkpointing,
+                    beta=cfg.beta,
+                    compile=cfg.compile,
+                    shared_prefix=shared,
+                    dtype_bytes=dtype_bytes,
+                    cpu=cpu,
+                    prefixes=fast.prefixes,
+                    chunked=fast.chunked_logprobs,
+                )
+                for b, longest in sizes
+            ),
+            key=lambda plan: plan.learning,
+        )
+
+    rows, checkpointing, plan = fit_pass(
+        estimate_for, budget, cfg.minibatch_size, cfg.checkpointing, phase="learning"
+    )
+    return rows, checkpointing, plan.learning
+
+
+class LearningGuard:
+    """The memory guard between a step's sampling and its learning: `fit(kept)` fits the learning
+    passes to the batch just sampled (fit_learning), turns activation checkpointing on or off on the
+    model, says so when that changes, and returns the sequences per pass; a batch that cannot fit
+    stops the run with the checkpoints kept. `peak` is the largest estimate so far; `step` names
+    the step in messages (the harness sets it)."""
+
+    def __init__(self, model, cfg, config, dtype_bytes, budget, plan, *, cpu: bool, fast):
+        self.model, self.cfg, self.config, self.dtype_bytes, self.budget = (
+            model,
+            cfg,
+            config,
+            dtype_bytes,
+            budget,
+        )
+        self.rows, self.checkpointing, self.peak = plan
+        self.cpu, self.fast, self.step = cpu, fast, 0
+        model.set_gradient_checkpointing(self.checkpointing)
+
+    def fit(self, kept) -> int:
+        cfg = self.cfg
+        # under torchrun a rank may have no rows while others learn
+        if not kept:
+            return self.rows
+        try:
+            rows, checkpointing, estimate_now = fit_learning(
+                cfg, self.config, self.dtype_bytes, self.budget, kept, cpu=self.cpu, fast=self.fast
+            )
+        except MemoryBudgetError as e:
+            raise MemoryBudgetError(
+                f"step {self.step}'s batch does not fit ({e}); the checkpoints in {cfg.out} "
+                "are kept: --resume with a smaller --max-new-tokens"
+            ) from None
+        self.peak = max(self.peak, estimate_now)
+        if (rows, checkpointing) != (self.rows, self.checkpointing):
+            longest = max(len(t.prompt_ids) + len(t.completion_ids) for t in kept)
+            distributed.print_main(
+                f"\nmemory: step {self.step} learns {rows} sequences per pass, "
+                f"checkpointing {'on' if checkpointing else 'off'} (its batch: {len(kept)} "
+                f"sequences, up to {longest} tokens), within {self.budget / 1e9:.1f} GB"
+            )
+            self.rows, self.checkpointing = rows, checkpointing
+        self.model.set_gradient_checkpointing(checkpointing)
+        return rows

@@ -1,0 +1,358 @@
+"""The SFT harness: `python -m minirl sft` runs sft_step (sft.py) inside it.
+
+    python -m minirl sft --model DIR --data train.jsonl --out runs/sft --epochs 3 --lr 2e-4
+
+train(cfg) reads and checks the data, plans the memory of a pass before the model is allocated
+(sft_memory.py), claims the run folder, loads the model and adds the adapter, then runs one
+sft_step per --grad-accum micro-batches, shuffled per epoch with a fixed seed, on a warmup + cosine
+learning rate. Every --save-every steps a checkpoint (adapter or weights, optimizer, scheduler, RNG,
+loss history) is written to a temporary folder and renamed into place; --resume continues from the
+newest one and, on CPU with the same seed, reproduces the uninterrupted loss curve exactly.
+Graduation (graduation.py) is measured every --eval-every steps and at the end; with --eval-task the
+task's held-out items are played then too, by the same code as `python -m minirl eval` and GRPO's
+held-out numbers (evaluation.py): eval_accuracy in metrics.csv, each evaluation kept as an eval folder
+in out/eval/step-NNNNNN.
+
+Under torchrun (distributed.py, docs/gpu.md "Scale-out") --batch-size stays the global micro-batch:
+each rank trains on its share of every micro-batch (conversations rank, rank + N, ...), sft_step
+divides by the trained tokens of the whole step on all ranks and sums the gradients over ranks, so N
+ranks take the same steps as one process with the same flags, only faster. Graduation samples are
+split between ranks too; rank 0 writes metrics, checkpoints and the adapter.
+"""
+
+import math
+import os
+import random
+import time
+from dataclasses import fields
+
+from tqdm import tqdm
+
+from .. import data, distributed, evaluation, graduation
+from ..config import Qwen2Config
+from ..fast import speedups
+from ..losses import IGNORE_INDEX
+from ..sft import SFTConfig, cosine_with_warmup, sft_step
+from ..tasks import DATA_TASKS, make_task
+from ..tokenizer import Tokenizer
+from ..trainable_tokens import add_trainable_tokens, spelled_rows, untrained_tokens
+from ..weights import load_pretrained
+from . import training
+from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
+from .flags import check_sft
+from .memory import budget_bytes
+from .sft_memory import plan_memory
+
+METRIC_FIELDS = [
+    "step",
+    "epoch",
+    "loss",
+    "lr",
+    "grad_norm",
+    "tokens",
+    "tokens_per_s",
+    "elapsed_s",
+    "format_accuracy",
+    "distinct_completions",
+    "distinct_2",
+    "loss_plateau",
+    "graduated",
+    "eval_accuracy",
+    "eval_accuracy_lenient",
+]
+
+
+def split_heldout(conversations: list[dict], seed: int) -> tuple[list[dict], list[dict], str]:
+    """(train, eval, where): a held-out slice (10 %, at most 32) when there are >= 10 conversations;
+    with fewer, graduation is measured on training prompts and the summary says so."""
+    if len(conversations) < 10:
+        return conversations, conversations, "train"
+    order = list(range(len(conversations)))
+    random.Random(seed).shuffle(order)
+    n_eval = min(32, len(conversations) // 10)
+    held = set(order[:n_eval])
+    return (
+        [c for i, c in enumerate(conversations) if i not in held],
+        [c for i, c in enumerate(conversations) if i in held],
+        "heldout",
+    )
+
+
+def eval_task(cfg: SFTConfig):
+    """--eval-task: a task object, or one made by name with --task-option (None without one). Tasks that
+    read a data file (jsonl, humaneval) are for `python -m minirl eval --data`."""
+    if cfg.eval_task is None or not isinstance(cfg.eval_task, str):
+        if cfg.task_options:
+            raise ValueError("--task-option is for --eval-task NAME")
+        return cfg.eval_task
+    if cfg.eval_task in DATA_TASKS:
+        raise ValueError(
+            f"--eval-task {cfg.eval_task} reads a data file; evaluate its checkpoints with "
+            "python -m minirl eval --data FILE"
+        )
+    return make_task(cfg.eval_task, seed=cfg.seed, **cfg.task_options)
+
+
+def train(cfg: SFTConfig) -> dict:
+    # Stage 1: the flags, the data, the evaluation task and the memory plan, all checked before a
+    # weight is loaded
+    check_sft(cfg)
+    device, dtype = training.start(cfg)
+    fast = speedups(cfg.plain)
+    distributed.check_divisible(cfg.batch_size, "--batch-size")
+    rank, world = distributed.rank(), distributed.world_size()
+    tokenizer = Tokenizer.from_dir(cfg.model)
+    task = eval_task(cfg)
+    conversations, skipped = data.read_conversations(cfg.data, cfg.skip_bad)
+    if cfg.eval_data:
+        eval_convs, eval_on = data.read_conversations(cfg.eval_data)[0], "eval_data"
+        train_convs = conversations
+    else:
+        train_convs, eval_convs, eval_on = split_heldout(conversations, cfg.seed)
+    examples, stats = data.encode(tokenizer, train_convs, cfg.max_len, cfg.overflow)
+    if not examples:
+        raise data.DataError(
+            f"{cfg.data}: every conversation was dropped (longer than --max-len {cfg.max_len}?)"
+        )
+    model_config = Qwen2Config.from_json(cfg.model)
+    context = model_config.max_position_embeddings
+    graduation.check_fits(tokenizer, eval_convs, cfg.eval_max_new_tokens, context)
+    budget = budget_bytes(device, cfg.memory_limit)
+    rows_per_pass, checkpointing, estimated_peak = plan_memory(
+        cfg,
+        model_config,
+        tokenizer,
+        examples,
+        eval_convs,
+        dtype,
+        budget,
+        cpu=device.type == "cpu",
+        task=task,
+        fast=fast,
+    )
+    distributed.print_main(
+        f"data: {stats.kept} conversations for training ({stats.truncated} truncated, "
+        f"{stats.dropped} dropped at --max-len {cfg.max_len}, {skipped} bad lines skipped); "
+        f"graduation measured on {len(eval_convs)} "
+        f"{'training' if eval_on == 'train' else 'held-out'} prompts"
+    )
+
+    # Stage 2: the run folder, the model, what it trains, the optimizer and schedule, and --resume
+    claim_run_folder(cfg, "sft")
+    model = load_pretrained(cfg.model, dtype=dtype, device=device)[0]
+    training.trainable(model, cfg)
+    rows = [] if cfg.full else tokens_to_train(cfg.train_tokens, model, tokenizer, examples)
+    if rows:
+        # placeholder rows start at their spelled-out text's mean embedding (trainable_tokens.py)
+        init = spelled_rows(model, tokenizer, rows) if cfg.train_tokens == "auto" else None
+        add_trainable_tokens(model, rows, init)
+    fast.apply(model)
+    model.set_gradient_checkpointing(checkpointing)
+    params = [p for p in model.parameters() if p.requires_grad]
+    steps_per_epoch = math.ceil(math.ceil(len(examples) / cfg.batch_size) / cfg.grad_accum)
+    total_steps = cfg.epochs * steps_per_epoch
+    schedule = cosine_with_warmup(round(cfg.warmup_ratio * total_steps), total_steps)
+    optimizer, scheduler = training.make_optimizer(params, cfg, schedule)
+    step, state = training.resume(cfg, model, optimizer, scheduler)
+    losses = state["losses"] if state else []
+    log = MetricsLog(
+        os.path.join(cfg.out, "metrics.csv"),
+        METRIC_FIELDS,
+        step if state else None,
+        write=distributed.is_main(),
+    )
+    save_every = cfg.save_every or steps_per_epoch
+    decoder = fast.decoder(model)
+
+    def run_eval():
+        metrics = evaluate(
+            model,
+            tokenizer,
+            eval_convs,
+            cfg.samples_per_prompt,
+            cfg.eval_max_new_tokens,
+            cfg.seed,
+            decoder=decoder,
+        )
+        if task is not None:
+            # the task's held-out items, played as `minirl eval` plays them
+            held_out = evaluation.evaluate(
+                model,
+                tokenizer,
+                task,
+                cfg.eval_max_new_tokens,
+                cfg.seed,
+                out=os.path.join(cfg.out, "eval", f"step-{step:06d}"),
+                decoder=decoder,
+            )
+            metrics.update(
+                eval_accuracy=held_out["final_answer"]["pass@1"],
+                eval_accuracy_lenient=held_out["final_answer"]["lenient_pass@1"],
+            )
+        return metrics, graduation.graduated(metrics, losses, cfg.min_format, cfg.min_distinct)
+
+    # Stage 3: the loop, one sft_step per --grad-accum micro-batches
+    start, last_eval = time.perf_counter(), None
+    bar = tqdm(
+        total=total_steps,
+        initial=step,
+        desc="sft",
+        dynamic_ncols=True,
+        disable=not distributed.is_main(),
+    )
+    model.train()
+    while step < total_steps:
+        epoch, index = divmod(step, steps_per_epoch)
+        lengths = stats.lengths if cfg.group_by_length else None
+        batches = data.epoch_batches(len(examples), cfg.batch_size, cfg.seed, epoch, lengths)
+        # this rank's share of the step's micro-batches
+        accumulated = batches[index * cfg.grad_accum : (index + 1) * cfg.grad_accum]
+        mine = [m for m in (b[rank::world] for b in accumulated) if m]
+        tick = time.perf_counter()
+        done = sft_step(
+            model,
+            examples,
+            mine,
+            optimizer,
+            scheduler,
+            cfg,
+            pad_id=tokenizer.pad_token_id,
+            step=step + 1,
+            rows_per_pass=rows_per_pass,
+            fast=fast,
+        )
+        step += 1
+        losses.append(done["loss"])
+
+        # Stage 4: metrics, graduation and the held-out task every --eval-every steps, checkpoints
+        row = {
+            "step": step,
+            "epoch": epoch,
+            "loss": f"{done['loss']:.6f}",
+            "lr": f"{done['lr']:.6e}",
+            "grad_norm": f"{done['grad_norm']:.6f}",
+            "tokens": done["tokens"],
+            "tokens_per_s": f"{done['tokens'] / (time.perf_counter() - tick):.1f}",
+            "elapsed_s": f"{time.perf_counter() - start:.1f}",
+        }
+        stopping = cfg.stop_after and step >= cfg.stop_after
+        if (cfg.eval_every and step % cfg.eval_every == 0) or step == total_steps:
+            metrics, grad = last_eval = run_eval()
+            shown = ("format_accuracy", "distinct_completions", "distinct_2")
+            shown += ("eval_accuracy", "eval_accuracy_lenient")
+            row.update({k: f"{metrics[k]:.4f}" for k in shown if k in metrics})
+            row.update(loss_plateau=int(grad["loss_plateau"]), graduated=int(grad["graduated"]))
+            model.train()
+            if cfg.until_graduated and grad["graduated"]:
+                distributed.print_main(
+                    f"graduated at step {step}: loss plateau, format "
+                    f"{metrics['format_accuracy']:.2f}, distinct {metrics['distinct_completions']:.2f}"
+                )
+                stopping = True
+        log.write(row)
+        bar.set_postfix(loss=row["loss"], lr=row["lr"], tok_s=row["tokens_per_s"])
+        bar.update(1)
+        if step % save_every == 0 or stopping or step == total_steps:
+            config = {
+                f.name: getattr(cfg, f.name)
+                for f in fields(cfg)
+                if f.name != "eval_task" or isinstance(cfg.eval_task, str)
+            }
+            saved = {"losses": losses, "config": config}
+            save_checkpoint(cfg.out, model, tokenizer, optimizer, scheduler, step, cfg.full, saved)
+        if stopping:
+            break
+    bar.close()
+    log.close()
+
+    # Stage 5: the last evaluation (unless the last step just ran one), the adapter and summary.json
+    metrics, grad = last_eval or run_eval()
+    summary = {
+        "steps": step,
+        "total_steps": total_steps,
+        "final_loss": losses[-1] if losses else None,
+        "format_accuracy": metrics["format_accuracy"],
+        "distinct_completions": metrics["distinct_completions"],
+        "distinct_2": metrics["distinct_2"],
+        **grad,
+        "graduation_measured_on": eval_on,
+        **{k: metrics[k] for k in ("eval_accuracy", "eval_accuracy_lenient") if k in metrics},
+        "examples": stats.kept,
+        "truncated": stats.truncated,
+        "dropped": stats.dropped,
+        "skipped_bad_lines": skipped,
+        "seconds": time.perf_counter() - start,
+        "memory_estimate_gb": estimated_peak / 1e9,
+        "memory_budget_gb": budget / 1e9,
+    }
+    final_dir = training.finish(cfg, model, tokenizer, summary)
+    distributed.print_main(
+        f"graduation: loss plateau {grad['loss_plateau']}, format accuracy "
+        f"{metrics['format_accuracy']:.2f} (>= {cfg.min_format}), distinct completions "
+        f"{metrics['distinct_completions']:.2f} (>= {cfg.min_distinct}) -> "
+        f"{'graduated' if grad['graduated'] else 'not yet'}; saved {final_dir}"
+    )
+    return summary
+
+
+def evaluate(
+    model, tokenizer, conversations, samples_per_prompt, max_new_tokens, seed, decoder=None
+) -> dict:
+    """graduation.evaluate; under torchrun each rank samples its share of the prompts and the metrics,
+    all means over prompts (format accuracy: k samples for each), are averaged over all of them."""
+    if distributed.world_size() == 1:
+        return graduation.evaluate(
+            model,
+            tokenizer,
+            conversations,
+            samples_per_prompt,
+            max_new_tokens,
+            seed=seed,
+            decoder=decoder,
+        )
+    mine = conversations[distributed.rank() :: distributed.world_size()]
+    keys = ("format_accuracy", "distinct_completions", "distinct_2")
+    metrics = (
+        graduation.evaluate(
+            model,
+            tokenizer,
+            mine,
+            samples_per_prompt,
+            max_new_tokens,
+            seed=distributed.rank_seed(seed),
+            decoder=decoder,
+        )
+        if mine
+        else dict.fromkeys(keys, 0.0)
+    )
+    sums = distributed.all_reduce_sums(
+        {**{k: metrics[k] * len(mine) for k in keys}, "prompts": len(mine)}
+    )
+    return {k: sums[k] / sums["prompts"] for k in keys}
+
+
+def tokens_to_train(choice: str, model, tokenizer, examples) -> list[int]:
+    """The embedding rows LoRA SFT also trains (trainable_tokens.py). "auto": the tokens the data trains
+    on whose rows are unused placeholders (a tag the model never wrote, e.g. <tool_call> in
+    Qwen2.5-Coder), said in one line; "none": those are only warned about; or comma-separated ids."""
+    if choice not in ("auto", "none"):
+        try:
+            return sorted({int(t) for t in choice.split(",")})
+        except ValueError:
+            raise ValueError(
+                f"--train-tokens must be auto, none or comma-separated token ids, got {choice!r}"
+            ) from None
+    trained = {t for e in examples for t in e["labels"] if t != IGNORE_INDEX}
+    found = untrained_tokens(model, trained)
+    if found:
+        names = ", ".join(f"{tokenizer.decode([t])!r} ({n} rows alike)" for t, n in found.items())
+        what = (
+            "training their rows with the adapter"
+            if choice == "auto"
+            else "--train-tokens none: left frozen"
+        )
+        distributed.print_main(
+            f"tokens: the data trains on {len(found)} token(s) whose embedding rows are unused "
+            f"placeholders, {names}; {what}"
+        )
+    return sorted(found) if choice == "auto" else []

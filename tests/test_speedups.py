@@ -1,0 +1,303 @@
+"""Every speed-up in minirl/fast/ against the plain version it replaces: the same numbers, up to the
+order of a sum. The products and the learner's layout drop by drop; then whole steps, one fixed batch
+through grpo_step and sft_step with all the drop-ins (FAST), none (PLAIN) and each one alone: the same
+loss, log-probs and update. Sampling draws differ by design (another random stream), so the samplers
+are compared greedy; the two draws' distributions are in tests/test_sampling.py."""
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+from conftest import FixedRollouts
+
+from minirl import generate
+from minirl.fast import FAST, PLAIN, Speedups, cpu_matmul, prefix_learner
+from minirl.fast.chunked_logprobs import chunked_sft_loss, chunked_token_logprobs
+from minirl.fast.decoder import Decoder
+from minirl.grpo import GRPOConfig, grpo_step
+from minirl.learner import fixed_logprobs, lm_head_logprobs
+from minirl.learner import learning_batch as plain_batch
+from minirl.learner import logprobs as plain_logprobs
+from minirl.lora import add_lora
+from minirl.losses import IGNORE_INDEX
+from minirl.model import random_model
+from minirl.rollout import Trajectory
+from minirl.sft import SFTConfig, lm_head_sft_loss, sft_step
+from minirl.toy import tiny_config
+from minirl.trainable_tokens import add_trainable_tokens
+
+V = 96
+# every prompt begins with this prefix, then its question; 18 tokens
+PREFIX = [5, 9, 2, 7, 7, 1, 3, 8, 4, 6, 2, 2, 9, 5, 1, 3, 7, 8]
+QUESTIONS = [[11, 12, 13], [14], [15, 16, 17, 18, 19, 20]]
+ONE_AT_A_TIME = [dataclasses.replace(PLAIN, **{f.name: True}) for f in dataclasses.fields(Speedups)]
+
+
+def lora_model(seed=0, tokens=True):
+    """A tiny model with LoRA (B random, so every adapter weight has a gradient) and, optionally,
+    two trained token rows (trainable_tokens.py), which the output layer reads too."""
+    torch.manual_seed(seed)
+    model = random_model(tiny_config(V, initializer_range=0.2), seed=seed)
+    add_lora(model, r=4, alpha=8)
+    if tokens:
+        add_trainable_tokens(model, [40, 41])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+            if "trainable_tokens_delta" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def trainable(model):
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def rollouts(G=3):
+    """G rollouts per question, completions of mixed lengths with observation tokens (mask 0)."""
+    out = []
+    for i, question in enumerate(QUESTIONS):
+        for j in range(G):
+            n = 1 + (3 * i + 2 * j) % 6
+            completion = [40 + (i + j + k) % 30 for k in range(n)]
+            mask = [0 if k == 2 else 1 for k in range(n)]
+            out.append(
+                Trajectory(
+                    prompt={},
+                    prompt_ids=PREFIX + question,
+                    completion_ids=completion,
+                    action_mask=mask,
+                    logprobs=[-1.0 * m for m in mask],
+                    finish_reason="stop",
+                )
+            )
+    return out
+
+
+def assert_close_grads(ours, theirs):
+    for name in theirs:
+        expected = theirs[name]
+        torch.testing.assert_close(
+            ours[name], expected, atol=3e-5 * expected.abs().max().item() + 1e-7, rtol=1e-4
+        )
+
+
+# ---- the products: fast/cpu_matmul.py ---------------------------------------------------------------
+def test_fast_products_swap_classes_only_and_compute_the_same():
+    plain = lora_model()
+    fast = cpu_matmul.use_fast_products(copy.deepcopy(plain))
+    assert type(fast.model.layers[0].mlp.gate_proj) is cpu_matmul.FastLoRALinear
+    assert type(fast.lm_head) is cpu_matmul.FastTokenHead and cpu_matmul.uses_fast_products(fast)
+    assert not cpu_matmul.uses_fast_products(plain)
+    assert list(fast.state_dict()) == list(plain.state_dict())
+    # the tied output layer still reads the embedding's own tensor
+    assert fast.lm_head.weight.data_ptr() == fast.model.embed_tokens.weight.data_ptr()
+    ids = torch.tensor([PREFIX + QUESTIONS[0], PREFIX[:7] + QUESTIONS[2] * 2 + [1, 2]])
+    grads = []
+    for model in (plain, fast):
+        model.zero_grad()
+        logits = model(ids)  # (B, T, V)
+        logits.logsumexp(-1).sum().backward()
+        grads.append((logits.detach(), {n: p.grad for n, p in trainable(model).items()}))
+        # one decode step's few rows: the transposed product's range
+        with torch.no_grad():
+            grads[-1] += (model(ids[:, :1]),)
+    # float32 sums in another order: logits of size ~10 within 1e-4
+    torch.testing.assert_close(grads[1][0], grads[0][0], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(grads[1][2], grads[0][2], atol=1e-4, rtol=1e-5)
+    assert_close_grads(grads[1][1], grads[0][1])
+    cpu_matmul.use_plain_products(fast)
+    assert not any(type(m) in cpu_matmul.PLAIN_TWIN for m in fast.modules())
+    assert type(fast.model.layers[0].mlp.gate_proj).__name__ == "LoRALinear"
+
+
+# ---- the log-probs: fast/chunked_logprobs.py ---------------------------------------------------------
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_heads_equal_the_plain_heads_with_trained_token_rows(temperature):
+    model = lora_model()
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 7, model.config.hidden_size, generator=g)
+    targets = torch.randint(0, V, (3, 7), generator=g)
+    targets[0, :3] = torch.tensor([40, 41, 40])
+    mask = (torch.rand(3, 7, generator=g) > 0.3).long()
+    labels = targets.masked_fill(mask == 0, IGNORE_INDEX)
+    results = []
+    for head, sft_head in (
+        (lm_head_logprobs, lm_head_sft_loss),
+        (chunked_token_logprobs, chunked_sft_loss),
+    ):
+        model.zero_grad()
+        h = hidden.clone().requires_grad_()
+        logp = head(model, h, targets, temperature, mask)
+        loss = sft_head(model, h, labels)
+        (logp.sum() + loss).backward()
+        results.append(
+            (
+                logp.detach(),
+                loss.detach(),
+                h.grad,
+                {n: p.grad for n, p in trainable(model).items() if p.grad is not None},
+            )
+        )
+    (plain_logp, plain_loss, plain_h, plain_g), (logp, loss, h, g) = results
+    torch.testing.assert_close(logp, plain_logp, atol=1e-5, rtol=1e-5)
+    assert (logp[mask == 0] == 0).all() and (plain_logp[mask == 0] == 0).all()
+    torch.testing.assert_close(loss, plain_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h, plain_h, atol=1e-5, rtol=1e-5)
+    assert "model.embed_tokens.token_adapter.trainable_tokens_delta" in plain_g
+    assert_close_grads(g, plain_g)
+
+
+# ---- the learner's layout: fast/prefix_learner.py ---------------------------------------------------
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_prefix_learner_gives_the_plain_learners_logprobs_and_gradients(checkpointing):
+    model = lora_model().train()
+    model.set_gradient_checkpointing(checkpointing)
+    batch_of = {"plain": plain_batch, "prefixes": prefix_learner.learning_batch}
+    logprobs_of = {"plain": plain_logprobs, "prefixes": prefix_learner.logprobs}
+    weights = torch.randn(9, 6, generator=torch.Generator().manual_seed(1))
+    results = {}
+    for layout in ("plain", "prefixes"):
+        batch = batch_of[layout](rollouts(), 0, "cpu")
+        with torch.no_grad():
+            frozen = fixed_logprobs(logprobs_of[layout], model, batch, 4, 0.8, lm_head_logprobs)
+        model.zero_grad()
+        seen = torch.zeros_like(frozen)
+        for rows, logp in logprobs_of[layout](model, batch, 4, 0.8, lm_head_logprobs):
+            (logp * weights[rows, : logp.shape[1]]).sum().backward()
+            seen[rows] = logp.detach()
+        grads = {n: p.grad.clone() for n, p in trainable(model).items()}
+        results[layout] = (frozen, seen, batch["action_mask"], grads)
+    frozen, seen, mask, grads = results["prefixes"]
+    torch.testing.assert_close(frozen, results["plain"][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(seen, frozen, atol=1e-5, rtol=1e-5)
+    assert torch.equal(mask, results["plain"][2]) and (frozen[mask == 0] == 0).all()
+    assert_close_grads(grads, results["plain"][3])
+
+
+# ---- whole steps on one fixed batch: FAST, PLAIN and each drop-in alone ----------------------------
+def one_grpo_step(fast, aggregation="token", inner_steps=2, beta=0.04):
+    model = lora_model()
+    fast.apply(model)
+    params = list(trainable(model).values())
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    cfg = GRPOConfig(
+        model="unused",
+        group_size=3,
+        beta=beta,
+        inner_steps=inner_steps,
+        minibatch_size=4,
+        aggregation=aggregation,
+        temperature=0.9,
+        dynamic_sampling=True,
+    )
+    rewards = [1.0, 0.0, 0.5, 0.2, 0.2, 0.2, 0.0, 1.0, 1.0]
+    task = FixedRollouts(rollouts(), rewards)
+    tokenizer = type("Tokenizer", (), {"pad_token_id": 0})
+    done = grpo_step(model, tokenizer, task, [{}] * 3, optimizer, scheduler, cfg, seed=0, fast=fast)
+    return done, {n: p.detach() for n, p in trainable(model).items()}
+
+
+@pytest.mark.parametrize("aggregation", ["token", "sequence", "constant"])
+def test_one_grpo_step_on_a_fixed_batch_is_the_same_with_and_without_the_drop_ins(aggregation):
+    plain, plain_params = one_grpo_step(PLAIN, aggregation)
+    assert plain.rows == [0, 1, 2, 6, 7, 8]  # the all-equal group has nothing to learn from
+    assert plain.stats["grad_norm"] > 0 and plain.stats["kl"] > 0
+    for fast in [FAST] + (ONE_AT_A_TIME if aggregation == "token" else []):
+        done, params = one_grpo_step(fast, aggregation)
+        for key, value in plain.stats.items():
+            assert math.isclose(done.stats[key], value, rel_tol=1e-4, abs_tol=1e-6), (fast, key)
+        for key in ("logprob", "old_logprob", "ref_logprob"):
+            torch.testing.assert_close(
+                done.per_token[key], plain.per_token[key], atol=1e-5, rtol=1e-5
+            )
+        for name, p in params.items():
+            torch.testing.assert_close(p, plain_params[name], atol=1e-6, rtol=1e-5)
+
+
+def one_sft_step(fast, rows_per_pass=2):
+    model = lora_model(tokens=False)
+    fast.apply(model)
+    params = list(trainable(model).values())
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    examples = []
+    for t in rollouts():
+        ids = t.prompt_ids + t.completion_ids
+        mask = [0] * len(t.prompt_ids) + t.action_mask
+        examples.append(
+            {"input_ids": ids, "labels": [i if m else IGNORE_INDEX for i, m in zip(ids, mask)]}
+        )
+    cfg = SFTConfig(model="unused", data="unused", max_grad_norm=1.0)
+    micro_batches = [[0, 4, 8, 2], [5, 1, 7]]
+    done = sft_step(
+        model,
+        examples,
+        micro_batches,
+        optimizer,
+        scheduler,
+        cfg,
+        pad_id=0,
+        step=1,
+        rows_per_pass=rows_per_pass,
+        fast=fast,
+    )
+    return done, {n: p.detach() for n, p in trainable(model).items()}
+
+
+def test_one_sft_step_is_the_same_with_and_without_the_drop_ins():
+    plain, plain_params = one_sft_step(PLAIN)
+    assert plain["loss"] > 0 and plain["grad_norm"] > 0
+    for fast in [FAST, *ONE_AT_A_TIME]:
+        done, params = one_sft_step(fast)
+        assert math.isclose(done["loss"], plain["loss"], rel_tol=1e-5)
+        assert math.isclose(done["grad_norm"], plain["grad_norm"], rel_tol=1e-4)
+        assert done["tokens"] == plain["tokens"]
+        for name, p in params.items():
+            torch.testing.assert_close(p, plain_params[name], atol=1e-6, rtol=1e-5)
+
+
+# ---- sampling: fast/decoder.py ----------------------------------------------------------------------
+@pytest.mark.parametrize("share_prefill", [False, True])
+@pytest.mark.parametrize("compact", [False, True])
+def test_the_decoder_samples_the_plain_greedy_tokens(share_prefill, compact):
+    model = lora_model(tokens=False).eval()
+    prompts = [PREFIX + q for q in QUESTIONS]
+    free = generate(model, prompts, max_new_tokens=12, temperature=0, stop_token_ids=[])
+    # rows stop at different steps, so compaction has rows to drop
+    stops = [free[0].tokens[1], free[1].tokens[4]]
+    plain = generate(
+        model, prompts, max_new_tokens=12, temperature=0, stop_token_ids=stops, num_samples=2
+    )
+    decoder = Decoder(model, share_prefill=share_prefill, compact=compact)
+    fast = generate(
+        model,
+        prompts,
+        max_new_tokens=12,
+        temperature=0,
+        stop_token_ids=stops,
+        num_samples=2,
+        decoder=decoder,
+    )
+    assert {o.finish_reason for o in plain} == {"stop", "length"}
+    for p, f in zip(plain, fast):
+        assert (f.tokens, f.finish_reason) == (p.tokens, p.finish_reason)
+        torch.testing.assert_close(
+            torch.tensor(f.logprobs), torch.tensor(p.logprobs), atol=1e-5, rtol=0
+        )
+
+
+def test_speedups_build_what_they_name():
+    model = lora_model(tokens=False)
+    assert PLAIN.decoder(model) is None and FAST.decoder(model).compacts
+    only_draw = dataclasses.replace(PLAIN, inverse_cdf=True).decoder(model)
+    assert not (only_draw.share_prefill or only_draw.compacts)
+    assert PLAIN.decoder(model, compile=True).compile
+    FAST.apply(model)
+    assert cpu_matmul.uses_fast_products(model)
+    PLAIN.apply(model)
+    assert not cpu_matmul.uses_fast_products(model)
