@@ -150,13 +150,13 @@ def sft_step(
     trained = sum(sum(label != IGNORE_INDEX for label in labels) for labels in mine)
     trained = distributed.all_reduce_sum(trained)  # torchrun: every rank's
     # Stage 2: forward and backward, a pass at a time
-    losses = prefix_sft.batch_losses if fast.prefixes else batch_losses
+    passes_of = prefix_sft.batch_losses if fast.prefixes else batch_losses
     head = chunked_sft_loss if fast.chunked_logprobs else lm_head_sft_loss
     cuda = model.device.type == "cuda"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
     rows = rows_per_pass or cfg.batch_size
     loss_value, tokens = 0.0, 0
-    for loss, n, seen in losses(model, examples, micro_batches, pad_id, rows, head, autocast):
+    for loss, n, seen in passes_of(model, examples, micro_batches, pad_id, rows, head, autocast):
         (loss * (n / trained)).backward()
         loss_value += loss.item() * n / trained
         tokens += seen

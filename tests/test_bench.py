@@ -28,6 +28,33 @@ def test_bench_sft_step_tiny_runs_and_matches_peft():
             assert worst < 1e-4, line
 
 
+@pytest.mark.slow
+def test_bench_speedups_tiny_prints_every_configuration():
+    """speedups.py on a tiny model: the plain pipeline, each drop-in alone and all of them, each a
+    real grpo_step, and the table with its ratio to plain."""
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "speedups.py"), "--tiny"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")][1:]
+    names = [row.split("|")[1].strip() for row in rows]
+    assert names == [
+        "plain",
+        "cpu_matmul",
+        "chunked_logprobs",
+        "prefixes",
+        "shared_prefill",
+        "compaction",
+        "inverse_cdf",
+        "static_cache",
+        "all",
+    ]
+    assert rows[0].split("|")[6].strip() == "1.00x"
+
+
 def test_bench_sample_realistic_tiny_stops_rows_at_eos_like_transformers():
     """sample.py --realistic on a toy checkpoint: chat-templated HumanEval prompts of mixed lengths,
     rows stopping at the checkpoint's eos, greedy tokens compared with transformers'."""

@@ -117,3 +117,20 @@ def test_real_recipe_fast_teaches_the_tool_call_tag(real_model_dir, tmp_path):
     assert (
         summary["sft"]["greedy"]["format_failures"] <= summary["base"]["greedy"]["format_failures"]
     )
+
+
+@pytest.mark.slow
+def test_fast_recipe_honours_plain(tmp_path, monkeypatch):
+    """recipe --fast --plain: every stage on the plain versions (no Decoder is ever built, the
+    model's layers stay plain), and the run folders record it."""
+    import minirl.fast.decoder
+    from minirl.fast import cpu_matmul
+
+    made = []
+    monkeypatch.setattr(minirl.fast.decoder.Decoder, "__init__", lambda *a, **k: made.append(a))
+    monkeypatch.setattr(cpu_matmul, "use_fast_products", lambda m: made.append(m) or m)
+    model = build_checkpoint(str(tmp_path / "toy"), initializer_range=0.2)
+    summary = run(model, out_dir=str(tmp_path / "recipe"), fast=True, plain=True)
+    assert summary["plain"] is True and summary["grpo_run"]["steps"] == 2 and made == []
+    for stage in ("sft", "grpo"):
+        assert json.loads((tmp_path / "recipe" / stage / "run.json").read_text())["plain"] is True
