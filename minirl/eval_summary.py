@@ -21,6 +21,7 @@ from .eval_stats import (
     redundant_calls,
     reference_match,
 )
+from .files import atomic_write
 
 
 def _mean(values) -> float:
@@ -249,6 +250,9 @@ RECORD_FIELDS = (
 )
 
 
+NUMBERS = ("reward", "turns", "prompt_tokens", "completion_tokens", "seconds", "malformed_calls")
+
+
 def read_episodes(folder: str) -> list[dict]:
     path = os.path.join(folder, "episodes.jsonl")
     if not os.path.exists(path):
@@ -260,6 +264,12 @@ def read_episodes(folder: str) -> list[dict]:
             raise ValueError(
                 f"{path}:{lineno}: not an episode record (missing {', '.join(missing)})"
             )
+        for k in NUMBERS:
+            value = record[k]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{path}:{lineno}: {k} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{path}:{lineno}: {k} is {value}, not a finite number")
         episodes.append(record)
     if not episodes:
         raise ValueError(f"{path}: no episodes")
@@ -267,11 +277,16 @@ def read_episodes(folder: str) -> list[dict]:
 
 
 def rescore(folder: str) -> dict:
-    """summary.json of an eval folder, recomputed from its episodes.jsonl alone (and written)."""
+    """summary.json of an eval folder, recomputed from its episodes.jsonl alone, and written whole."""
     summary = summarize(read_episodes(folder))
-    with open(os.path.join(folder, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True, allow_nan=False)
-        f.write("\n")
+    # serialized before the file is opened: valid JSON or nothing
+    text = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    atomic_write(os.path.join(folder, "summary.json"), write)
     return summary
 
 

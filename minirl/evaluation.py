@@ -33,15 +33,19 @@ in eval_summary.py; this file plays the episodes, writes them, and is the `eval`
 them successes.
 """
 
+import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import torch
 from tqdm import tqdm
 
 from . import distributed
+from .config import Qwen2Config
 from .envs import perturb
 from .envs.program import is_program_file
 from .envs.tools import parse_assistant
@@ -49,7 +53,9 @@ from .eval_stats import call_problems
 from .eval_summary import compare, read_episodes, rescore, summarize, table
 from .fast import PLAIN_HELP, speedups
 from .lora import load_adapter, merge_and_unload
+from .run.flags import at_least, check_sampling
 from .tasks import make_task, parse_options
+from .tokenizer import Tokenizer
 from .weights import load_pretrained
 
 
@@ -227,26 +233,150 @@ def evaluate(
             "seed": seed,
             "max_new_tokens": max_new_tokens,
             "batch_size": batch_size,
+            "items_sha256": items_digest(task.eval_items()),
         }
         return write_run(out, episodes, meta)
     return summarize(episodes)
 
 
+EVAL_FILES = ("episodes.jsonl", "summary.json", "run.json")
+
+
+def check_eval_out(out: str) -> None:
+    """Refuse an --out that writing an eval folder would damage: a file, a training run's folder (its
+    run.json and summary.json are what --resume reads), or a folder holding anything else."""
+    if not os.path.exists(out):
+        return
+    if not os.path.isdir(out):
+        raise ValueError(f"--out {out} is a file; an eval folder must be a folder (or a new path)")
+    command = _meta(out).get("command", "eval")
+    if command != "eval":
+        raise ValueError(
+            f"--out {out} is a {command} run's folder: an eval would replace its run.json and "
+            f"summary.json, and that run could no longer be resumed; choose another --out (for "
+            f"example {os.path.join(out, 'eval', 'NAME')})"
+        )
+    others = sorted(set(os.listdir(out)) - set(EVAL_FILES))
+    if others:
+        raise ValueError(
+            f"--out {out} holds {', '.join(others[:5])}{' ...' if len(others) > 5 else ''}, which "
+            f"are not an eval folder's ({', '.join(EVAL_FILES)}): choose another --out"
+        )
+
+
+def _meta(folder: str) -> dict:
+    path = os.path.join(folder, "run.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (ValueError, RecursionError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a run record ({type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: not a run record (a JSON object)")
+    return meta
+
+
 def write_run(out: str, episodes: list[dict], meta: dict) -> dict:
-    """episodes.jsonl, then summary.json computed from the file just written (as --rescore does)."""
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "episodes.jsonl"), "w") as f:
-        for e in episodes:
-            f.write(json.dumps(e, sort_keys=True) + "\n")
-    with open(os.path.join(out, "run.json"), "w") as f:
-        json.dump(meta, f, indent=2, sort_keys=True)
-    return rescore(out)
+    """The eval folder, written whole: episodes.jsonl, run.json, and summary.json computed from the
+    file just written (as --rescore does) go into a hidden folder beside `out`, which then takes
+    its place. A write that fails (a full disk, a kill) leaves the previous eval there as it was."""
+    check_eval_out(out)
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", dir=parent)
+    try:
+        os.chmod(tmp, 0o755)
+        with open(os.path.join(tmp, "episodes.jsonl"), "w") as f:
+            for e in episodes:
+                f.write(json.dumps(e, sort_keys=True) + "\n")
+        with open(os.path.join(tmp, "run.json"), "w") as f:
+            json.dump({"command": "eval", **meta}, f, indent=2, sort_keys=True)
+        summary = rescore(tmp)
+        if os.path.exists(out):
+            # the old folder steps aside, the new one takes its name, then the old one goes
+            os.replace(out, tmp + ".old")
+            os.replace(tmp, out)
+            shutil.rmtree(tmp + ".old")
+        else:
+            os.replace(tmp, out)
+    except OSError as e:
+        raise ValueError(
+            f"writing the eval to {out} failed ({e}); "
+            + ("the previous eval there is unchanged" if os.path.exists(out) else "nothing written")
+        ) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return summary
+
+
+def items_digest(items: list[dict]) -> str:
+    """What the held-out items ask and expect, as one hash: two evals compare only on the same items."""
+    asked = [[item["messages"], item.get("tools"), str(item.get("answer"))] for item in items]
+    return hashlib.sha256(json.dumps(asked, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def file_digest(path: str | None) -> str | None:
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+# run.json settings two evals must share to be paired, item by item
+COMPARED = ("task", "task_options", "task_seed", "data_sha256", "items_sha256")
+
+
+def check_comparable(folder_a: str, folder_b: str) -> None:
+    """Refuse to pair two eval folders whose items differ: another task, task options, task seed,
+    data file or item set (each named, with both values)."""
+    a, b = _meta(folder_a), _meta(folder_b)
+    different = [
+        f"{key} {a[key]!r} in A, {b[key]!r} in B"
+        for key in COMPARED
+        if key in a and key in b and a[key] != b[key]
+    ]
+    if different:
+        raise ValueError(
+            f"{folder_a} and {folder_b} played different items ({'; '.join(different)}): "
+            "compare evals of the same task, options, seed and data"
+        )
+
+
+def check_playable(tokenizer, items: list[dict], max_new_tokens: int, context: int) -> None:
+    """Refuse, naming the item (file:line where it came from a file), a held-out prompt that with
+    `max_new_tokens` would not fit the model's context: it could only be counted a failure. Bytes
+    are looked at first: a prompt is at most one token per byte and at least its bytes divided by
+    the longest token's, so an absurdly long one is refused without tokenizing it."""
+    budget = context - max_new_tokens
+    for i, item in enumerate(items):
+        text = tokenizer.apply_chat_template(
+            item["messages"], item.get("tools"), add_generation_prompt=True
+        )
+        size = len(text.encode())
+        if size <= budget:
+            continue
+        if size > budget * tokenizer.longest_token_bytes:
+            length = f"{size} bytes, more than {budget} tokens whatever they are"
+        else:
+            tokens = len(tokenizer.encode(text))
+            if tokens <= budget:
+                continue
+            length = f"{tokens} tokens"
+        raise ValueError(
+            f"{item.get('source') or f'held-out item {i}'}: the prompt ({length}) and "
+            f"--max-new-tokens {max_new_tokens} do not fit the model's context of {context} "
+            "tokens, so the item could only count as a failure; leave it out of the data or "
+            "lower --max-new-tokens"
+        )
 
 
 # ---- the command ---------------------------------------------------------------------------------------
 def command(args):
     """python -m minirl eval: play and summarize, or --rescore a folder, or --compare two."""
     if args.compare:
+        check_comparable(*args.compare)
         result = compare(*(read_episodes(folder) for folder in args.compare), seed=args.seed)
         print(json.dumps(result, indent=2))
         low, high = result["interval_95"]
@@ -270,13 +400,20 @@ def command(args):
         raise ValueError(
             "eval needs --model and --task or --data (or --rescore DIR, or --compare DIR_A DIR_B)"
         )
-    if args.n < 1 or args.limit < 0:
-        raise ValueError(f"need -n >= 1 and --limit >= 0, got -n {args.n} and --limit {args.limit}")
+    at_least(args.n, 1, "-n")
+    at_least(args.limit, 0, "--limit", "0: all")
+    at_least(args.batch_size, 1, "--batch-size")
+    # --temperature's default (None) is 0 or 1, by -n
+    check_sampling(args.temperature or 0.0, 1.0, 0, args.max_new_tokens)
+    check_eval_out(args.out)
     perturbations = perturb.check(args.perturb or [])
     options = parse_options(args.task_option)
     task = make_task(
         args.task, seed=args.task_seed, data=args.data, eval_data=args.eval_data, **options
     )
+    items = task.eval_items()[: args.limit or None]
+    context = Qwen2Config.from_json(args.model).max_position_embeddings
+    check_playable(Tokenizer.from_dir(args.model), items, args.max_new_tokens, context)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_pretrained(args.model, dtype=getattr(torch, args.dtype), device=device)
     # the adapters in order: SFT's, then GRPO's (trained on the merged SFT model)
@@ -313,6 +450,8 @@ def command(args):
         "temperature": temperature,
         "seed": args.seed,
         "task_seed": args.task_seed,
+        "data_sha256": file_digest(args.data),
+        "items_sha256": items_digest(items),
         "max_new_tokens": args.max_new_tokens,
         "perturbations": perturbations,
         "seconds": time.perf_counter() - start,

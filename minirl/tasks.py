@@ -346,7 +346,7 @@ class JsonlTask(EnvTask):
         items = []
         for lineno, record in read_jsonl(path):  # a line not UTF-8 or not JSON: path:line
             try:
-                items.append(self.item(record))
+                items.append({**self.item(record), "source": f"{path}:{lineno}"})
             except (ValueError, TypeError, KeyError) as e:
                 raise ValueError(f"{path}:{lineno}: {e}") from None
         if not items:

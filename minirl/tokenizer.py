@@ -12,6 +12,7 @@ messages and tools it returns the same string, byte for byte. A conversation ren
 (tool results go back to the model inside a *user* turn, one <tool_response> block per result).
 """
 
+import functools
 import json
 import os
 
@@ -190,6 +191,12 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)
+
+    @functools.cached_property
+    def longest_token_bytes(self) -> int:
+        """An upper bound on the bytes of text one token stands for (its spelling's UTF-8 length):
+        a text of B bytes is at least B / longest_token_bytes tokens, known without tokenizing it."""
+        return max(len(token.encode()) for token in self._tokenizer.get_vocab(True))
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; special tokens written in the text (e.g. "<|im_end|>") become their ids."""

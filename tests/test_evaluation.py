@@ -430,7 +430,7 @@ def test_eval_command_bad_input(toy_dir, tmp_path, capsys):
 
     for argv, message in (
         (["eval", "--model", toy_dir], "eval needs --model and --task"),
-        (["eval", "--model", toy_dir, "--task", "calculator", "-n", "0"], "need -n >= 1"),
+        (["eval", "--model", toy_dir, "--task", "calculator", "-n", "0"], "-n must be >= 1"),
         (["eval", "--rescore", str(tmp_path)], "episodes.jsonl: no such file"),
         (["eval", "--model", toy_dir, "--task", "nope"], "unknown task 'nope'"),
         (

@@ -91,7 +91,8 @@ def test_reading_problem_files(tmp_path):
     plain.write_text(json.dumps(ADD) + "\n\n")
     with gzip.open(packed, "wt") as f:
         f.write(json.dumps(ADD) + "\n")
-    assert read_problems(str(plain)) == read_problems(str(packed)) == [ADD]
+    assert read_problems(str(plain)) == [{**ADD, "source": f"{plain}:1"}]
+    assert read_problems(str(packed)) == [{**ADD, "source": f"{packed}:1"}]
     assert is_program_file(str(packed)) and not is_program_file(str(tmp_path / "missing.jsonl"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(ADD) + "\n{not json\n")

@@ -14,6 +14,7 @@ with wall-clock, memory, CPU-time and output limits, so a completion that loops,
 calls exit() fails within them). The reward is 1 when `check(entry_point)` passes.
 """
 
+import ast
 import gzip
 import json
 import re
@@ -30,7 +31,7 @@ CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)"
 
 def read_problems(path: str) -> list[dict]:
     """The problems of a HumanEval-format file (.jsonl or .jsonl.gz); a bad line stops with file:line."""
-    problems = []
+    problems, seen = [], {}
     for lineno, record in read_jsonl(path):
         missing = [
             k for k in FIELDS if not isinstance(record, dict) or not isinstance(record.get(k), str)
@@ -40,7 +41,21 @@ def read_problems(path: str) -> list[dict]:
                 f"{path}:{lineno}: a HumanEval problem needs string fields {', '.join(FIELDS)}; "
                 f"missing or not text: {', '.join(missing)}"
             )
-        problems.append(record)
+        where = f"{path}:{lineno}"
+        try:
+            checks = [
+                n for n in ast.parse(record["test"]).body if getattr(n, "name", None) == "check"
+            ]
+        except (SyntaxError, ValueError, RecursionError) as e:
+            raise ValueError(f"{where}: its test is not Python ({type(e).__name__}: {e})") from None
+        if not checks:
+            raise ValueError(f"{where}: its test defines no check(candidate), which scoring calls")
+        if record["task_id"] in seen:
+            raise ValueError(
+                f"{where}: task_id {record['task_id']!r} again (first at line {seen[record['task_id']]})"
+            )
+        seen[record["task_id"]] = lineno
+        problems.append({**record, "source": where})
     if not problems:
         raise ValueError(f"{path}: no problems")
     return problems
@@ -67,6 +82,7 @@ def problem_item(problem: dict) -> dict:
         "answer": None,
         "question": problem["task_id"],
         "problem": problem,
+        "source": problem.get("source"),
     }
 
 

@@ -7,7 +7,9 @@
 
 A run folder belongs to one run (claim_run_folder): a new run refuses a folder another run used
 unless told to replace it (--overwrite), and --resume refuses a folder whose run.json names another
-command, model, task or data. metrics.csv and rollouts.jsonl are only ever appended to or replaced
+command, model, task or data, or whose inputs changed at the same path. --overwrite removes only the
+files the old run.json names as that run's outputs, never one an input of the new run lies in, and
+never files no run.json claims. metrics.csv and rollouts.jsonl are only ever appended to or replaced
 whole (files.reopen_log).
 
 A checkpoint is written into a hidden temporary folder and renamed into place, so a crash never
@@ -22,6 +24,7 @@ continuing its own random stream. Every rank reads the checkpoint back, so on se
 """
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -38,19 +41,42 @@ from ..weights import load_model, save_pretrained
 from .flags import warn
 
 RUN_FILE = "run.json"  # the run's command and settings, written when the run starts
-RUN_FILES = (
-    "metrics.csv",
-    "checkpoints",
-    "summary.json",
-    "adapter",
-    "model",
-    "eval",
-    "rollouts.jsonl",
-)
 # A --resume whose setting differs in one of these would continue another run: refused.
 IDENTITY = ("command", "model", "task", "data", "adapter", "full", "lora_r", "lora_alpha")
 PATH_SETTINGS = ("model", "data", "eval_data", "adapter")
-NOT_COMPARED = ("resume", "overwrite", "stop_after", "out")
+NOT_COMPARED = ("resume", "overwrite", "stop_after", "out", "outputs", "contents")
+WHOLE_FILE = 64 << 20  # files up to this size are hashed whole; larger ones by size, head and tail
+
+
+def run_outputs(command: str, full: bool) -> list[str]:
+    """The names a run of `command` writes in its folder (run.json records them: --overwrite removes
+    these and nothing else)."""
+    names = ["metrics.csv", "checkpoints", "summary.json", "eval", "model" if full else "adapter"]
+    return names + (["rollouts.jsonl"] if command == "grpo" else [])
+
+
+def contents(path: str) -> str | None:
+    """A digest of a file's or folder's contents, so --resume notices an input replaced at the same
+    path: files up to WHOLE_FILE hashed whole, larger ones (weights) by size, first and last MiB."""
+    if not os.path.exists(path):
+        return None
+    digest = hashlib.sha256()
+    files = (
+        [path]
+        if os.path.isfile(path)
+        else sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names)
+    )
+    for file in files:
+        size = os.path.getsize(file)
+        digest.update(f"{os.path.relpath(file, path)}\0{size}\0".encode())
+        with open(file, "rb") as f:
+            if size <= WHOLE_FILE:
+                digest.update(f.read())
+            else:
+                digest.update(f.read(1 << 20))
+                f.seek(size - (1 << 20))
+                digest.update(f.read())
+    return digest.hexdigest()
 
 
 class RunFolderError(ValueError):
@@ -67,6 +93,12 @@ def run_settings(cfg, command: str) -> dict:
         elif not isinstance(value, (str, int, float, bool, dict, list, type(None))):
             value = getattr(value, "name", type(value).__name__)
         settings[f.name] = value
+    settings["outputs"] = run_outputs(command, bool(getattr(cfg, "full", False)))
+    settings["contents"] = {
+        name: contents(settings[name])
+        for name in PATH_SETTINGS
+        if isinstance(settings.get(name), str)
+    }
     return settings
 
 
@@ -83,12 +115,15 @@ def _read_settings(out: str) -> dict | None:
 
 def claim_run_folder(cfg, command: str) -> None:
     """Make cfg.out this run's folder, before anything is written to it, or refuse with a sentence.
+    Call it after every input is read and checked: it may remove the old run's files.
 
-    A new run needs a folder that holds no run (or cfg.overwrite: the old run's files are removed
-    first) and records its settings in run.json. --resume needs the run.json of a run of the same
-    command, model, task or data and adapter shape (IDENTITY: both values are named when one
-    differs); other changed settings are listed in a warning and the run continues with them.
-    Every rank checks; rank 0 writes."""
+    A new run needs a folder that holds no run (or cfg.overwrite: the old run's outputs, as its
+    run.json names them, are removed first, unless an input of this run lies in one) and none of the
+    names it writes unless a run.json claims them; it records its settings in run.json. --resume needs
+    the run.json of a run of the same command, model, task or data and adapter shape, with the same
+    contents at those paths (IDENTITY: both values are named when one differs); other changed
+    settings are listed in a warning and the run continues with them. Every rank checks; rank 0
+    writes."""
     out = cfg.out
     if os.path.exists(out) and not os.path.isdir(out):
         raise RunFolderError(
@@ -99,47 +134,89 @@ def claim_run_folder(cfg, command: str) -> None:
             "--resume continues the run in --out and --overwrite replaces it: pick one"
         )
     settings, saved = run_settings(cfg, command), _read_settings(out)
-    used = [name for name in RUN_FILES if os.path.exists(os.path.join(out, name))]
     if cfg.resume:
-        if saved is None:
-            if used:  # a folder from before minirl kept run.json: nothing to compare with
-                warn(
-                    f"--resume: {out} has no {RUN_FILE}; its settings cannot be compared with these"
-                )
-            return
-        different = [k for k in IDENTITY if saved.get(k) != settings.get(k)]
-        if different:
-            raise RunFolderError(
-                f"--resume: {out} holds another run: "
-                + "; ".join(
-                    f"{k} {saved.get(k)!r} there, {settings.get(k)!r} here" for k in different
-                )
-                + ". Resume it with its own settings, or start this run in another --out"
-            )
-        changed = [
-            f"{k} {saved.get(k)!r} -> {settings[k]!r}"
-            for k in settings
-            if k not in NOT_COMPARED and k in saved and saved[k] != settings[k]
-        ]
-        if changed:
-            warn(f"--resume: continuing {out} with changed settings: {'; '.join(changed)}")
+        _check_resume(out, saved, settings)
         return
-    if used and not cfg.overwrite:
+    # the old run's outputs (its run.json says which), and this run's names nothing claims
+    theirs = []
+    if saved is not None:
+        # a run.json from before it listed its outputs: the ones its command and settings wrote
+        named = saved.get("outputs") or run_outputs(saved.get("command"), saved.get("full"))
+        theirs = [name for name in named if os.path.lexists(os.path.join(out, name))]
+    strangers = [
+        name
+        for name in settings["outputs"]
+        if os.path.lexists(os.path.join(out, name)) and name not in theirs
+    ]
+    if strangers:
         raise RunFolderError(
-            f"{out} already holds a run ({', '.join(used)}): --resume continues it, --overwrite "
-            "replaces it, or choose another --out"
+            f"{out} holds {', '.join(strangers)}, which this run would write and no {RUN_FILE} there "
+            "marks as a run's: minirl does not remove them, not even with --overwrite; move them "
+            "away or choose another --out"
         )
+    if saved is not None and not cfg.overwrite:
+        raise RunFolderError(
+            f"{out} already holds a run: {saved.get('command', 'minirl')}'s, recorded in {RUN_FILE}"
+            + (f" (its files: {', '.join(theirs)})" if theirs else "")
+            + "; --resume continues it, --overwrite replaces it, or choose another --out"
+        )
+    inputs = [(f"--{k.replace('_', '-')}", getattr(cfg, k, None)) for k in PATH_SETTINGS]
+    for name in theirs:
+        path = os.path.realpath(os.path.join(out, name))
+        for flag, given in inputs:
+            if isinstance(given, str) and _within(os.path.realpath(given), path):
+                raise RunFolderError(
+                    f"--overwrite would remove {os.path.join(out, name)}, and {flag} {given} is "
+                    f"there: this run reads it. Copy it elsewhere first, or choose another --out"
+                )
     distributed.barrier()  # every rank has looked before rank 0 removes anything
     if distributed.is_main():
-        for name in used:
+        for name in theirs:
             path = os.path.join(out, name)
-            if os.path.isdir(path):
+            if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
             else:
                 os.remove(path)
         os.makedirs(out, exist_ok=True)
         write_json(os.path.join(out, RUN_FILE), settings)
     distributed.barrier()
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _check_resume(out: str, saved: dict | None, settings: dict) -> None:
+    if saved is None:
+        if os.path.isdir(out) and os.listdir(out):
+            # a folder from before minirl kept run.json: nothing to compare with
+            warn(f"--resume: {out} has no {RUN_FILE}; its settings cannot be compared with these")
+        return
+    different = [
+        f"{k} {saved.get(k)!r} there, {settings.get(k)!r} here"
+        for k in IDENTITY
+        if saved.get(k) != settings.get(k)
+    ]
+    # a path's contents are compared where the run recorded them (runs from before did not)
+    mine, theirs = settings["contents"], saved.get("contents") or {}
+    different += [
+        f"{k} {settings[k]} holds other contents than when the run started"
+        for k in IDENTITY
+        if k in theirs and k in mine and saved.get(k) == settings.get(k) and theirs[k] != mine[k]
+    ]
+    if different:
+        raise RunFolderError(
+            f"--resume: {out} holds another run: "
+            + "; ".join(different)
+            + ". Resume it with its own settings and inputs, or start this run in another --out"
+        )
+    changed = [
+        f"{k} {saved.get(k)!r} -> {settings[k]!r}"
+        for k in settings
+        if k not in NOT_COMPARED and k in saved and saved[k] != settings[k]
+    ]
+    if changed:
+        warn(f"--resume: continuing {out} with changed settings: {'; '.join(changed)}")
 
 
 def save_checkpoint(

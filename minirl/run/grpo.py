@@ -97,10 +97,11 @@ def train(cfg: GRPOConfig) -> dict:
 
     # Stage 2: the run folder, the policy (an SFT adapter merged in: it becomes π_ref), what it
     # trains, the optimizer, --resume
-    claim_run_folder(cfg, "grpo")
     model, tokenizer = load_pretrained(cfg.model, dtype=dtype, device=device)
     if cfg.adapter:
         merge_and_unload(load_adapter(model, cfg.adapter))
+    # every input read and checked: only now may the folder's old run be removed
+    claim_run_folder(cfg, "grpo")
     params = training.trainable(model, cfg)
     fast.apply(model)
     # the memory guard: each step's learning passes fitted to the batch it sampled

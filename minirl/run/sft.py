@@ -137,9 +137,10 @@ def train(cfg: SFTConfig) -> dict:
         f"{'training' if eval_on == 'train' else 'held-out'} prompts"
     )
 
-    # Stage 2: the run folder, the model, what it trains, the optimizer and schedule, and --resume
-    claim_run_folder(cfg, "sft")
+    # Stage 2: the model, the run folder, what it trains, the optimizer and schedule, and --resume
     model = load_pretrained(cfg.model, dtype=dtype, device=device)[0]
+    # every input read and checked: only now may the folder's old run be removed
+    claim_run_folder(cfg, "sft")
     training.trainable(model, cfg)
     rows = [] if cfg.full else tokens_to_train(cfg.train_tokens, model, tokenizer, examples)
     if rows:
