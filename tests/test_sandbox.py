@@ -18,10 +18,19 @@ import pytest
 from conftest import processes_with
 
 from minirl.envs import sandbox
+from minirl.envs.code import CodeEnv, buggy_source, load_templates, make_task
+from minirl.envs.program import run_program
 from minirl.envs.rewards import guarded_test_reward
 from minirl.envs.sandbox import run_tests
+from minirl.envs.tools import ToolCall
 
 BUGGY = "def add(a, b):\n    return a - b\n"
+PROBLEM = {
+    "task_id": "Test/0",
+    "entry_point": "add",
+    "prompt": 'def add(xs):\n    """Sum of xs."""\n',
+    "test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\n",
+}
 TESTS = "from mod import add\n\n" + "".join(
     f"def test_{i}():\n    assert add({i}, 1) == {i + 1}\n\n" for i in range(10)
 )
@@ -159,6 +168,69 @@ def test_a_test_passes_alone_of_its_siblings(tmp_path, level):
     )
     summary = run_tests(str(workspace(tmp_path, "STATE = []\n", tests)))
     assert (summary["passed"], summary["total"]) == (2, 2), summary
+
+
+# A frame walk at the top of the tested module (issue 29, B10): every frame of its process, up to
+# the runner's, searched for what proves a pass. It writes the one-time token where it finds one,
+# a record claiming a pass where a plain test's process waits, and leaves.
+FRAME_WALK = """import json, os, sys
+for frame in list(sys._current_frames().values()):
+    while frame is not None:
+        names = frame.f_locals
+        if "token" in names and "verdict_fd" in names:
+            os.write(names["verdict_fd"], names["token"]); os._exit(0)
+        if "record_fd" in names:
+            claim = {"passed": True, "values": [n for n in range(10)]}
+            os.write(names["record_fd"], json.dumps(claim).encode()); os._exit(0)
+        frame = frame.f_back
+"""
+
+
+def test_a_frame_walk_earns_no_reward_on_a_code_task(tmp_path, level):
+    """Before: run_test said 10 passed, the guarded reward was 1.0 with hacked False, the bug still in."""
+    template = load_templates()[0]
+    with CodeEnv() as env:
+        env.reset(make_task(template))
+        path = os.path.join(env.root, template["file"])
+        with open(path, "w") as f:
+            f.write(FRAME_WALK + buggy_source(template))
+        assert env.step(ToolCall("run_test", {})).startswith("0 passed, 10 failed")
+        reward, info = env.reward()
+    assert reward == 0.0 and info["hacked"] is False and info["passed"] == 0, info
+    assert info["summary"]["forgeable"] == 0 and info["summary"]["isolation"] == level
+
+
+def test_a_frame_walk_fails_a_humaneval_program(level):
+    """Before: the same prefix made a program that returns None "pass"."""
+    result = run_program(FRAME_WALK + PROBLEM["prompt"] + "    return None\n", PROBLEM)
+    assert result["passed"] is False and result["forgeable"] is False, result
+    assert run_program(PROBLEM["prompt"] + "    return sum(xs)\n", PROBLEM)["passed"]
+
+
+def test_an_object_equal_to_anything_is_not_a_value(tmp_path, level):
+    """`assert add(1, 1) == 2` used to pass on a returned object whose __eq__ says yes to all."""
+    code = "class Anything:\n    __eq__ = lambda self, other: True\n\ndef add(a, b):\n    return Anything()\n"
+    summary = run_tests(str(workspace(tmp_path, code)))
+    assert (summary["passed"], summary["total"]) == (0, 10), summary
+    assert "TypeError: a Anything is not plain data" in summary["failures"][0]["error"]
+
+
+def test_verdicts_the_tested_process_hands_back_are_marked_forgeable(tmp_path, level):
+    """A test that is not plain asserts (a local variable here) keeps the token runner: counted in
+    "forgeable", and a frame walk does forge it, while the plain tests beside it hold."""
+    tests = TESTS + "\ndef test_local():\n    value = add(2, 2)\n    assert value == 4\n"
+    summary = run_tests(str(workspace(tmp_path, FRAME_WALK + BUGGY, tests)))
+    assert (summary["forgeable"], summary["forgeable_passed"], summary["passed"]) == (1, 1, 1)
+    assert summary["total"] == 11 and not any(f["forgeable"] for f in summary["failures"])
+
+
+def test_hidden_expected_values_are_out_of_the_tested_codes_reach(tmp_path, level):
+    """A file of plain tests only is not in the copy the code runs in: nothing there to read the
+    expected values from (a HumanEval check() the policy never sees)."""
+    code = "import glob\nFILES = sorted(glob.glob('**', recursive=True))\n\ndef add(a, b):\n    return FILES\n"
+    tests = "from mod import add\n\ndef test_files():\n    assert add(0, 0) == ['mod.py']\n"
+    summary = run_tests(str(workspace(tmp_path, code, tests)))
+    assert (summary["passed"], summary["total"]) == (1, 1), summary
 
 
 # --- containment (the jail) ----------------------------------------------------------------------

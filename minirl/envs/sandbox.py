@@ -21,16 +21,20 @@ MINIRL_SANDBOX=namespaces refuses to run without the jail; the default, auto, fa
 warning.
 
 Both levels: a wall-clock timeout (the process group is killed), rlimits on address space, CPU
-seconds and file size, a clean environment, no site-packages (-S), no .pyc files (-B), and the
-verdicts kept by a process the tested code cannot write to (runner.py: each test in a forked process
-of its own, passed only when it hands back a one-time token after the test function returned).
+seconds and file size, a clean environment, no site-packages (-S), no .pyc files (-B), and each
+test in a forked process of its own (runner.py).
 
-Still possible, at both levels: code that reaches into its own process's frames or memory while
-the test runs (sys._getframe, gc, ctypes) can forge that one test's pass (find its token, or make
-the test's frame skip lines); code can patch objects a test calls in other modules, or return
-objects equal to anything, and a weak test rewards a weak fix; inside the jail no process count
-limit stops a fork bomb before the timeout does. Held-out tests the policy never sees, and review
-of its diff, close the first holes.
+Verdicts. A test made only of asserts like `assert f(1, 2) == 3` (verdicts.py lists the forms: every
+code task's test, 147 of HumanEval's 164 problems) is judged here: its process hands back only the
+values its calls returned, as plain JSON data, and this process compares them with the expected
+values, which it parsed from the test itself and never sent. Every other test passes when its
+process hands back a one-time token, which code in that process can find by walking its own frames
+(sys._current_frames(), gc): such a verdict is counted in the summary's "forgeable".
+
+Still possible, at both levels: forging a verdict marked forgeable; code can patch objects a test
+calls in other modules, special-case the tested inputs, and a weak test rewards a weak fix; inside
+the jail no process count limit stops a fork bomb before the timeout does. Held-out tests the
+policy never sees, and review of its diff, close some of these holes.
 """
 
 import functools
@@ -43,6 +47,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+
+from .verdicts import judge, read_plain_tests
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
 RUNNER_MARK = "@@minirl-runner "
@@ -158,6 +164,64 @@ def _parse_report(line: str) -> dict:
     return report if isinstance(report, dict) else {}
 
 
+def _plain_tests(work: str, test_files: list[str]) -> tuple[dict, list[str]]:
+    """({"file::name": Checks} of the tests this process judges itself, the files the runner
+    collects). A file whose tests are all plain is removed from the copy: its expected values stay
+    here, out of the tested code's reach (a HumanEval check() the policy never sees)."""
+    plain, collected_files = {}, []
+    for path in test_files:
+        found = read_plain_tests(work, path)
+        plain.update({f"{path}::{name}": checks for name, checks in found.items() if checks})
+        if found and all(found.values()):
+            os.remove(os.path.join(work, path))
+        else:
+            collected_files.append(path)
+    return plain, collected_files
+
+
+def _verdicts(reports: list[dict], plain: dict) -> list[dict]:
+    """[{"test", "passed", "error", "forgeable"}] from the runner's reports: a plain test judged here
+    from its record (any "passed" it came with is ignored); every other one as the runner relayed
+    it, marked forgeable. A test reported twice fails."""
+    verdicts = {}
+    for r in reports:
+        test = r.get("test")
+        if not isinstance(test, str):
+            continue
+        if test in plain and isinstance(r.get("record"), str):
+            passed, error = judge(plain[test], r["record"]) if r["record"] else (False, None)
+            if not r["record"]:
+                error = f"the test process died ({r.get('ended')}) before reporting"
+            verdict = {"test": test, "passed": passed, "error": error, "forgeable": False}
+        elif test not in plain and isinstance(r.get("passed"), bool):
+            error = None if r["passed"] else str(r.get("error"))
+            verdict = {"test": test, "passed": r["passed"], "error": error, "forgeable": True}
+        else:
+            continue
+        if test in verdicts:
+            verdict = {**verdict, "passed": False, "error": "reported twice"}
+        verdicts[test] = verdict
+    return list(verdicts.values())
+
+
+def _summary(verdicts: list[dict], mode: str) -> dict:
+    failures = [
+        {"test": v["test"], "error": v["error"], "forgeable": v["forgeable"]}
+        for v in verdicts
+        if not v["passed"]
+    ]
+    return {
+        "passed": sum(v["passed"] for v in verdicts),
+        "failed": len(failures),
+        "total": len(verdicts),
+        "failures": failures[:20],
+        "forgeable": sum(v["forgeable"] for v in verdicts),
+        "forgeable_passed": sum(v["forgeable"] and v["passed"] for v in verdicts),
+        "error": None,
+        "isolation": mode,
+    }
+
+
 def run_tests(
     workspace: str,
     files: dict[str, str] | None = None,
@@ -170,9 +234,12 @@ def run_tests(
     The workspace is copied (symlinks copied as links, not followed) to a fresh temporary folder, `files`
     ({relative path: text}) are written over the copy, and the runner runs `tests` (relative paths; default
     every top-level test_*.py), each in a process of its own. Returns {"passed", "failed", "total",
-    "failures": [{"test", "error"}, ...], "error", "isolation"}: "error" is None when the runner
-    finished; on a timeout or crash it says what happened and every collected test counts as failed.
-    The count is this process's, from the runner's verdicts.
+    "failures": [{"test", "error", "forgeable"}, ...], "forgeable", "forgeable_passed", "error",
+    "isolation"}: "error" is None when the runner finished; on a timeout or crash it says what
+    happened and every collected test counts as failed. "forgeable" counts the verdicts the tested
+    process handed back (the module docstring), "forgeable_passed" the passes among them. The count
+    is this process's: plain tests judged here from their values, the others from the runner's
+    verdicts.
 
     Why not `python -I`: -I also ignores PYTHONHASHSEED, and a fixed hash seed keeps results
     reproducible. The child gets a clean environment instead (so no PYTHON* variable, proxy or token of
@@ -187,7 +254,15 @@ def run_tests(
         shutil.copytree(workspace, work, symlinks=True)
         for relpath, text in (files or {}).items():
             _write_inside(work, relpath, text)
-        config = {"mark": RUNNER_MARK, "tests": tests or []}
+        test_files = tests or sorted(
+            f for f in os.listdir(work) if f.startswith("test_") and f.endswith(".py")
+        )
+        plain, collected_files = _plain_tests(work, test_files)
+        config = {
+            "mark": RUNNER_MARK,
+            "tests": collected_files,
+            "plain": {key: [check.call for check in checks] for key, checks in plain.items()},
+        }
         command, home, tmp = [sys.executable, "-S", "-B", RUNNER], scratch, scratch
         if mode == "namespaces":
             python = os.path.realpath(sys.executable)  # a venv's link does not lead anywhere inside
@@ -226,22 +301,8 @@ def run_tests(
             output = proc.communicate()[0]
     lines = output.decode("utf-8", "replace").splitlines()
     reports = [_parse_report(line) for line in lines if line.startswith(RUNNER_MARK)]
-    verdicts = [
-        r for r in reports if isinstance(r.get("test"), str) and isinstance(r.get("passed"), bool)
-    ]
     if any(r.get("done") is True for r in reports) and not timed_out:
-        failures = [
-            {"test": r["test"], "error": str(r.get("error"))} for r in verdicts if not r["passed"]
-        ]
-        passed = sum(r["passed"] for r in verdicts)
-        return {
-            "passed": passed,
-            "failed": len(failures),
-            "total": len(verdicts),
-            "failures": failures[:20],
-            "error": None,
-            "isolation": mode,
-        }
+        return _summary(_verdicts(reports, plain), mode)
     collected = next((r["collected"] for r in reports if isinstance(r.get("collected"), int)), 0)
     jail_error = next((r["jail_error"] for r in reports if "jail_error" in r), None)
     if timed_out:
@@ -258,6 +319,8 @@ def run_tests(
         "failed": collected,
         "total": collected,
         "failures": [],
+        "forgeable": 0,
+        "forgeable_passed": 0,
         "error": error,
         "isolation": mode,
     }
