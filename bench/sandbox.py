@@ -41,8 +41,8 @@ def workspaces(folder: str, tokens: bool = False) -> list[tuple[str, dict]]:
     files that fix it: (path, {} as handed over) and (path, {module: the correct source})."""
     calls = []
     for template in code.load_templates():
-        path = os.path.join(folder, template["name"] + ("-tokens" if tokens else ""))
-        os.mkdir(path)
+        path = os.path.join(folder, template["name"])
+        os.makedirs(path)
         for name, text in code.make_task(template)["files"].items():
             with open(os.path.join(path, name), "w", encoding="utf-8") as f:
                 f.write(TOKEN_LINE + text if tokens and name.startswith("test_") else text)
@@ -83,7 +83,10 @@ def main():
         sides = {"values": ("namespaces", False), "tokens": ("namespaces", True)}
     levels = tuple(sides)
     with tempfile.TemporaryDirectory(prefix="minirl-bench-sandbox-") as folder:
-        calls = {side: workspaces(folder, tokens) for side, (_, tokens) in sides.items()}
+        calls = {
+            side: workspaces(os.path.join(folder, side), tokens)
+            for side, (_, tokens) in sides.items()
+        }
         times = {side: [] for side in levels}
         verdicts = {side: None for side in levels}
         forgeable = {side: 0 for side in levels}

@@ -233,6 +233,56 @@ def test_hidden_expected_values_are_out_of_the_tested_codes_reach(tmp_path, leve
     assert (summary["passed"], summary["total"]) == (1, 1), summary
 
 
+# --- one run bounded as a whole (both levels) ----------------------------------------------------
+
+
+def test_forked_children_are_bounded_in_memory_together(tmp_path, level):
+    """Issue 29, B11, scaled down: 8 children of 400 MB each passed the 512 MB per-process limit and
+    raised the host's used memory by 7.5 GB. Here 6 children of 150 MB (each under its 256 MB limit)
+    against 400 MB together: the run is stopped within about a second, not at the 10 s timeout."""
+    tests = textwrap.dedent("""
+        import os, time
+
+        def test_fill():
+            for _ in range(6):
+                if os.fork() == 0:
+                    block = b"x" * (150 << 20)
+                    time.sleep(30)
+                    os._exit(0)
+            time.sleep(30)
+    """)
+    start = time.monotonic()
+    summary = run_tests(
+        str(workspace(tmp_path, tests=tests)), timeout=10.0, memory_mb=256, total_memory_mb=400
+    )
+    assert summary["error"].startswith("memory limit:") and "(limit 400 MB)" in summary["error"]
+    assert summary["run_limits"].startswith("400 MB and 64 processes together, watched every 50 ms")
+    assert summary["passed"] == 0 and time.monotonic() - start < 6, summary
+
+
+def test_a_fork_bomb_is_bounded(tmp_path, level):
+    """Nothing bounded the number of processes: 256 (2 ** 8 forks, each child forking on) against a
+    limit of 32; the run is stopped and none of them is left."""
+    tests = textwrap.dedent("""
+        import os, time
+
+        def test_bomb():
+            for _ in range(8):
+                os.fork()
+            time.sleep(30)
+    """)
+    folder = workspace(tmp_path, tests="")
+    (folder / "test_bomb_271828.py").write_text(tests)
+    start = time.monotonic()
+    summary = run_tests(str(folder), timeout=10.0, processes=32)
+    assert summary["error"].startswith("process limit:") and "(limit 32)" in summary["error"]
+    assert time.monotonic() - start < 6, summary
+    deadline = time.monotonic() + 5.0  # SIGKILL is delivered asynchronously
+    while processes_with("test_bomb_271828") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with("test_bomb_271828") == []
+
+
 # --- containment (the jail) ----------------------------------------------------------------------
 
 

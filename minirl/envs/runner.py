@@ -46,6 +46,7 @@ import fcntl
 import importlib
 import json
 import os
+import resource
 import shutil
 import socket
 import sys
@@ -135,6 +136,16 @@ def enter_jail(root: str, work: str, read_only: list[str]) -> None:
     _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir("/work")
     _check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+
+
+def limit_processes(count: int | None) -> None:
+    """RLIMIT_NPROC in the jail: counted in its own user namespace, so the user's processes
+    elsewhere do not count; root is exempt (sandbox.py's watchdog is not)."""
+    if not count:
+        return
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    count = count if hard == resource.RLIM_INFINITY else min(count, hard)
+    resource.setrlimit(resource.RLIMIT_NPROC, (count, count))
 
 
 def collect(files: list[str]) -> tuple[list[tuple], list[dict]]:
@@ -351,7 +362,8 @@ def main():
     try:
         if config.get("jail"):
             enter_jail(**config["jail"])
-    except OSError as e:
+            limit_processes(config.get("processes"))
+    except (OSError, ValueError) as e:
         report(jail_error=str(e))
         os._exit(1)
     if config.get("probe"):  # sandbox.isolation() asking whether the jail can be built here

@@ -20,7 +20,7 @@ limits       anywhere else (or MINIRL_SANDBOX=limits): the limits below only. Th
 MINIRL_SANDBOX=namespaces refuses to run without the jail; the default, auto, falls back with the
 warning.
 
-Both levels: a wall-clock timeout (the process group is killed), rlimits on address space, CPU
+Both levels: a wall-clock timeout (every process of the run is killed), rlimits on address space, CPU
 seconds and file size, a clean environment, no site-packages (-S), no .pyc files (-B), and each
 test in a forked process of its own (runner.py).
 
@@ -31,10 +31,14 @@ values, which it parsed from the test itself and never sent. Every other test pa
 process hands back a one-time token, which code in that process can find by walking its own frames
 (sys._current_frames(), gc): such a verdict is counted in the summary's "forgeable".
 
+One run as a whole: its processes together hold at most `total_memory_mb` and number at most
+`processes` (watchdog.py, from this process; RLIMIT_NPROC too in the jail, for users but root),
+or every one of them is killed.
+
 Still possible, at both levels: forging a verdict marked forgeable; code can patch objects a test
-calls in other modules, special-case the tested inputs, and a weak test rewards a weak fix; inside
-the jail no process count limit stops a fork bomb before the timeout does. Held-out tests the
-policy never sees, and review of its diff, close some of these holes.
+calls in other modules, special-case the tested inputs, and a weak test rewards a weak fix; a run
+can overshoot its memory limit by what it allocates in one watch interval (50 ms). Held-out tests
+the policy never sees, and review of its diff, close some of these holes.
 """
 
 import functools
@@ -47,8 +51,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 from .verdicts import judge, read_plain_tests
+from .watchdog import WATCH_INTERVAL, over_limits, stop_tree
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
 RUNNER_MARK = "@@minirl-runner "
@@ -155,6 +161,32 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+def _watch(proc: subprocess.Popen, timeout: float, memory_bytes: int, processes: int):
+    """(the runner's output, None) once it exits, or (its output, why it was stopped) when the
+    timeout passes or its processes go over the limits (watchdog.py); then every one is killed."""
+    deadline, stopped = time.monotonic() + timeout, None
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return proc.communicate(timeout=max(0.0, min(WATCH_INTERVAL, left)))[0], None
+            except subprocess.TimeoutExpired:
+                if left <= WATCH_INTERVAL:
+                    stopped = f"timeout: the tests did not finish within {timeout:g} s"
+                else:
+                    stopped = over_limits(proc.pid, memory_bytes, processes)
+                if stopped:
+                    break
+    finally:
+        # not yet waited for (a timeout, a limit, this process interrupted): its PID is still its
+        # own, so the processes under it can be found and killed
+        if proc.returncode is None:
+            stop_tree(proc.pid)
+        # also after a normal exit (Linux keeps the group id reserved while leftover children live)
+        _kill_group(proc.pid)
+    return proc.communicate()[0], stopped
+
+
 def _parse_report(line: str) -> dict:
     """One runner report, or {} if the line was cut short by a kill or is not a JSON object."""
     try:
@@ -204,6 +236,15 @@ def _verdicts(reports: list[dict], plain: dict) -> list[dict]:
     return list(verdicts.values())
 
 
+def _run_limits(mode: str, memory_bytes: int, processes: int) -> str:
+    """The summary's "run_limits": how the run's processes are bounded together on this machine."""
+    text = f"{memory_bytes >> 20} MB and {processes} processes together, watched every "
+    text += f"{WATCH_INTERVAL * 1000:g} ms (no cgroup)"
+    if mode == "namespaces" and os.geteuid() != 0:
+        text += "; RLIMIT_NPROC in the jail"
+    return text
+
+
 def _summary(verdicts: list[dict], mode: str) -> dict:
     failures = [
         {"test": v["test"], "error": v["error"], "forgeable": v["forgeable"]}
@@ -228,6 +269,8 @@ def run_tests(
     tests: list[str] | None = None,
     timeout: float = 10.0,
     memory_mb: int = 512,
+    total_memory_mb: int | None = None,
+    processes: int = 64,
 ) -> dict:
     """Run the `test_*` functions of a workspace in a sandboxed child process; never touches the workspace.
 
@@ -235,11 +278,17 @@ def run_tests(
     ({relative path: text}) are written over the copy, and the runner runs `tests` (relative paths; default
     every top-level test_*.py), each in a process of its own. Returns {"passed", "failed", "total",
     "failures": [{"test", "error", "forgeable"}, ...], "forgeable", "forgeable_passed", "error",
-    "isolation"}: "error" is None when the runner finished; on a timeout or crash it says what
+    "isolation", "run_limits"}: "error" is None when the runner finished; on a timeout or crash it says what
     happened and every collected test counts as failed. "forgeable" counts the verdicts the tested
     process handed back (the module docstring), "forgeable_passed" the passes among them. The count
     is this process's: plain tests judged here from their values, the others from the runner's
     verdicts.
+
+    Limits: each process's address space is at most `memory_mb`; all the run's processes together
+    hold at most `total_memory_mb` (default 2 * memory_mb) of memory, and at most `processes` run at
+    once, or the whole run is stopped ("error" says which): watchdog.py watches them from here, and
+    in the jail RLIMIT_NPROC also refuses the fork past `processes` (for a user other than root).
+    "run_limits" says which of these hold here.
 
     Why not `python -I`: -I also ignores PYTHONHASHSEED, and a fixed hash seed keeps results
     reproducible. The child gets a clean environment instead (so no PYTHON* variable, proxy or token of
@@ -262,6 +311,7 @@ def run_tests(
             "mark": RUNNER_MARK,
             "tests": collected_files,
             "plain": {key: [check.call for check in checks] for key, checks in plain.items()},
+            "processes": processes,
         }
         command, home, tmp = [sys.executable, "-S", "-B", RUNNER], scratch, scratch
         if mode == "namespaces":
@@ -289,24 +339,17 @@ def run_tests(
             start_new_session=True,  # its own process group, so killpg reaches children
             preexec_fn=_child_limits(memory_mb, math.ceil(timeout) + 1),
         )
-        timed_out = False
-        try:
-            output = proc.communicate(timeout=timeout)[0]
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        finally:  # also after a normal exit (Linux keeps the group id reserved while leftover
-            # children live) and when this process is interrupted
-            _kill_group(proc.pid)
-        if timed_out:
-            output = proc.communicate()[0]
+        total = (total_memory_mb or 2 * memory_mb) << 20
+        output, stopped = _watch(proc, timeout, total, processes)
+    limits = _run_limits(mode, total, processes)
     lines = output.decode("utf-8", "replace").splitlines()
     reports = [_parse_report(line) for line in lines if line.startswith(RUNNER_MARK)]
-    if any(r.get("done") is True for r in reports) and not timed_out:
-        return _summary(_verdicts(reports, plain), mode)
+    if any(r.get("done") is True for r in reports) and not stopped:
+        return {**_summary(_verdicts(reports, plain), mode), "run_limits": limits}
     collected = next((r["collected"] for r in reports if isinstance(r.get("collected"), int)), 0)
     jail_error = next((r["jail_error"] for r in reports if "jail_error" in r), None)
-    if timed_out:
-        error = f"timeout: the tests did not finish within {timeout:g} s"
+    if stopped:
+        error = stopped
     elif jail_error:
         error = f"the sandbox could not be built: {jail_error}"
     else:
@@ -323,4 +366,5 @@ def run_tests(
         "forgeable_passed": 0,
         "error": error,
         "isolation": mode,
+        "run_limits": limits,
     }
