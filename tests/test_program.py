@@ -152,6 +152,7 @@ def test_eval_reads_a_humaneval_file_without_task(tmp_path, capsys):
     )
     episodes = [json.loads(line) for line in open(tmp_path / "run" / "episodes.jsonl")]
     assert [e["question"] for e in episodes] == ["Test/0", "Test/1"]
+    assert [e["forgeable"] for e in episodes] == [False, False]  # judged by the trainer
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["final_answer"]["pass@1"] == 0.0  # a random tiny model writes no working program
 

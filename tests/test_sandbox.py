@@ -233,6 +233,19 @@ def test_hidden_expected_values_are_out_of_the_tested_codes_reach(tmp_path, leve
     assert (summary["passed"], summary["total"]) == (1, 1), summary
 
 
+def test_a_test_file_through_a_link_is_neither_judged_nor_removed(tmp_path):
+    """The trainer reads plain tests from the copy and removes their files from it; a path that
+    leads out of the copy (a linked folder) is left to the runner, and its target is untouched."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "test_mod.py").write_text(TESTS)
+    folder = workspace(tmp_path, "def add(a, b):\n    return a + b\n", tests="")
+    os.symlink(outside, folder / "linked")
+    summary = run_tests(str(folder), tests=["linked/test_mod.py"])
+    assert (outside / "test_mod.py").read_text() == TESTS
+    assert summary["forgeable"] == summary["total"], summary
+
+
 # --- one run bounded as a whole (both levels) ----------------------------------------------------
 
 

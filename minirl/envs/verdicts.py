@@ -179,10 +179,12 @@ def _test_checks(node: ast.stmt, callees: dict) -> list[Check] | None:
 
 
 def read_plain_tests(folder: str, path: str) -> dict[str, list[Check] | None]:
-    """plain_tests of `folder/path`; {} for a file that is missing, a link, too large or not UTF-8
-    (the token runner then collects it and says what is wrong)."""
+    """plain_tests of `folder/path`; {} for a file that is missing, a link, outside the folder, too
+    large or not UTF-8 (the token runner then collects it and says what is wrong)."""
+    folder = os.path.realpath(folder)
     full = os.path.join(folder, path)
-    if os.path.islink(full) or not os.path.isfile(full):
+    inside = os.path.commonpath([os.path.realpath(full), folder]) == folder
+    if not inside or os.path.islink(full) or not os.path.isfile(full):
         return {}
     if os.path.getsize(full) > MAX_TEST_FILE_BYTES:
         return {}
