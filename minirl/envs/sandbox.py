@@ -25,7 +25,7 @@ seconds and file size, a clean environment, no site-packages (-S), no .pyc files
 test in a forked process of its own (runner.py).
 
 Verdicts. A test made only of asserts like `assert f(1, 2) == 3` (verdicts.py lists the forms: every
-code task's test, 147 of HumanEval's 164 problems) is judged here: its process hands back only the
+code task's test, 155 of HumanEval's 164 problems) is judged here: its process hands back only the
 values its calls returned, as plain JSON data, and this process compares them with the expected
 values, which it parsed from the test itself and never sent. Every other test passes when its
 process hands back a one-time token, which code in that process can find by walking its own frames

@@ -11,8 +11,8 @@ So for a test made only of asserts of these forms, the sandbox is asked for valu
     assert abs(f(ARGS) - EXPECTED) < TOLERANCE    (or <=)
     assert True                                   (nothing to check)
 
-ARGS, EXPECTED and TOLERANCE are literals (`ast.literal_eval`) and `f` is a function the test file
-imports at its top (`from mod import f`, `import mod` then `mod.f`). The sandboxed process makes
+ARGS, EXPECTED and TOLERANCE are literals, arithmetic on number literals and `'a' + 'b'` included
+(`_value`), and `f` is a function the test file imports at its top (`from mod import f`, `import mod` then `mod.f`). The sandboxed process makes
 the calls and hands back each value as plain JSON data (`to_plain`'s format); this process rebuilds
 the values (`from_plain`: only None, bool, int, float, str, bytes, list, tuple, dict, set,
 frozenset) and compares them with EXPECTED, which it evaluated itself and never sent. Whatever the
@@ -38,7 +38,8 @@ PLAIN_SCALARS = (type(None), bool, int, float, str)
 @dataclass(frozen=True)
 class Check:
     """One assert: the call the sandbox makes ({"module", "function", "args", "kwargs"}, the last two
-    as literal source text), how its value is judged, and the assert's text for a failure."""
+    as the repr of their values, which the sandbox rebuilds with ast.literal_eval), how its value
+    is judged, and the assert's text for a failure."""
 
     call: dict
     op: str  # "==", "!=", "is", "is not", "truthy", "falsy", "close <", "close <="
@@ -47,12 +48,55 @@ class Check:
     text: str
 
 
+# arithmetic on literals the trainer works out itself (`3 * 19`, `'ab' + 'c'`, `2.0 / 3.0`)
+ARITHMETIC = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.Pow: lambda a, b: a**b,
+}
+NUMBERS = (int, float)
+
+
+def _value(node: ast.expr, depth: int = 0):
+    """The value of a literal, arithmetic on numbers (powers up to 64 of bases up to 10**6) and
+    string concatenation included; ValueError for anything else."""
+    if depth > MAX_DEPTH:
+        raise ValueError("nested too deeply")
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        items = [_value(item, depth + 1) for item in node.elts]
+        return {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](items)
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {_value(k, depth + 1): _value(v, depth + 1) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operand = _value(node.operand, depth + 1)
+        if type(operand) in NUMBERS:
+            return -operand if isinstance(node.op, ast.USub) else operand
+    if isinstance(node, ast.BinOp) and type(node.op) in ARITHMETIC:
+        left, right = _value(node.left, depth + 1), _value(node.right, depth + 1)
+        numbers = type(left) in NUMBERS and type(right) in NUMBERS
+        small_power = numbers and abs(left) <= 10**6 and type(right) is int and 0 <= right <= 64
+        strings = type(left) is str and type(right) is str and isinstance(node.op, ast.Add)
+        if (numbers and not isinstance(node.op, ast.Pow)) or small_power or strings:
+            result = ARITHMETIC[type(node.op)](left, right)
+            # a chain of products in a test file grows without end otherwise
+            if type(result) is not int or result.bit_length() <= 4096:
+                return result
+    raise ValueError("not a literal")
+
+
 def _literal(node: ast.expr):
-    """(True, value) for a literal whose value survives to_plain (so a correct value can equal it)."""
+    """(True, value) for a literal (`_value`) that survives to_plain (so a correct value can equal
+    it) and its own repr (so the sandbox can rebuild it as an argument)."""
     try:
-        value = ast.literal_eval(node)
+        value = _value(node)
         json.dumps(to_plain(value))
-    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        if ast.literal_eval(repr(value)) != value:
+            raise ValueError("not rebuilt from its repr")
+    except (ValueError, TypeError, SyntaxError, ArithmeticError, RecursionError, MemoryError):
         return False, None
     return True, value
 
@@ -77,15 +121,12 @@ def _call(node: ast.expr, callees: dict[str, tuple[str, str]]) -> dict | None:
         k.arg is None for k in node.keywords
     ):
         return None
-    if not all(_literal(a)[0] for a in node.args + [k.value for k in node.keywords]):
+    literals = [_literal(a) for a in node.args + [k.value for k in node.keywords]]
+    if not all(ok for ok, _ in literals):
         return None
-    args = ast.unparse(ast.Tuple(elts=node.args, ctx=ast.Load()))
-    kwargs = ast.unparse(
-        ast.Dict(
-            keys=[ast.Constant(k.arg) for k in node.keywords],
-            values=[k.value for k in node.keywords],
-        )
-    )
+    values = [value for _, value in literals]
+    args = repr(tuple(values[: len(node.args)]))
+    kwargs = repr(dict(zip([k.arg for k in node.keywords], values[len(node.args) :])))
     return {"module": module, "function": function, "args": args, "kwargs": kwargs}
 
 
