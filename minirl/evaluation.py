@@ -103,6 +103,9 @@ def episode_record(
             record[key] = t.prompt[key]
     if t.info.get("test_error"):  # a program's failing test (envs/program.py)
         record["test_error"] = t.info["test_error"]
+    # whether the program's verdict was one its own process handed back (envs/program.py)
+    if "forgeable" in t.info:
+        record["forgeable"] = t.info["forgeable"]
     return record
 
 

@@ -91,6 +91,25 @@ def test_bench_sandbox_times_both_levels_with_the_same_verdicts():
 
 
 @pytest.mark.slow
+def test_bench_sandbox_compares_verdicts_judged_here_with_tokens():
+    """bench/sandbox.py --compare verdicts: the code tasks as they are (no verdict forgeable) against
+    the same tests made not plain (every verdict a token); the same verdicts both ways."""
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "sandbox.py"), "--repeats", "1"]
+        + ["--compare", "verdicts"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if result.returncode and "jail cannot be built" in result.stderr:
+        pytest.skip(result.stderr.strip())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "same verdicts both ways: yes" in result.stdout
+    assert "forgeable verdicts: 0" in result.stdout.split("values")[1].splitlines()[0]
+    assert "forgeable verdicts: 120" in result.stdout.split("tokens")[1].splitlines()[0]
+
+
+@pytest.mark.slow
 def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
     """bench/gpu_suite.sh --tiny: every script of the GPU suite on a tiny model, sample.py's smoke runs
     among them (greedy against transformers, LoRA folded in against unmerged: the same tokens)."""

@@ -23,6 +23,7 @@ from minirl.envs.rewards import (
 )  # under its own name pytest would collect it
 from minirl.envs.sandbox import run_tests
 from minirl.envs.tools import ToolCall
+from minirl.envs.verdicts import plain_tests
 from minirl.tokenizer import render_chat_template
 
 TEMPLATES = load_templates()
@@ -51,6 +52,8 @@ def test_there_are_enough_templates_of_several_kinds():
     assert len({t["kind"] for t in TEMPLATES}) >= 4
     for template in TEMPLATES:
         assert template["tests"].count("\ndef test_") == 10, template["name"]
+        # every verdict is the trainer's own (envs/verdicts.py): none is forgeable
+        assert all(plain_tests(template["tests"]).values()), template["name"]
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))

@@ -18,10 +18,19 @@ import pytest
 from conftest import processes_with
 
 from minirl.envs import sandbox
+from minirl.envs.code import CodeEnv, buggy_source, load_templates, make_task
+from minirl.envs.program import run_program
 from minirl.envs.rewards import guarded_test_reward
 from minirl.envs.sandbox import run_tests
+from minirl.envs.tools import ToolCall
 
 BUGGY = "def add(a, b):\n    return a - b\n"
+PROBLEM = {
+    "task_id": "Test/0",
+    "entry_point": "add",
+    "prompt": 'def add(xs):\n    """Sum of xs."""\n',
+    "test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\n",
+}
 TESTS = "from mod import add\n\n" + "".join(
     f"def test_{i}():\n    assert add({i}, 1) == {i + 1}\n\n" for i in range(10)
 )
@@ -159,6 +168,132 @@ def test_a_test_passes_alone_of_its_siblings(tmp_path, level):
     )
     summary = run_tests(str(workspace(tmp_path, "STATE = []\n", tests)))
     assert (summary["passed"], summary["total"]) == (2, 2), summary
+
+
+# A frame walk at the top of the tested module (issue 29, B10): every frame of its process, up to
+# the runner's, searched for what proves a pass. It writes the one-time token where it finds one,
+# a record claiming a pass where a plain test's process waits, and leaves.
+FRAME_WALK = """import json, os, sys
+for frame in list(sys._current_frames().values()):
+    while frame is not None:
+        names = frame.f_locals
+        if "token" in names and "verdict_fd" in names:
+            os.write(names["verdict_fd"], names["token"]); os._exit(0)
+        if "record_fd" in names:
+            claim = {"passed": True, "values": [n for n in range(10)]}
+            os.write(names["record_fd"], json.dumps(claim).encode()); os._exit(0)
+        frame = frame.f_back
+"""
+
+
+def test_a_frame_walk_earns_no_reward_on_a_code_task(tmp_path, level):
+    """Before: run_test said 10 passed, the guarded reward was 1.0 with hacked False, the bug still in."""
+    template = load_templates()[0]
+    with CodeEnv() as env:
+        env.reset(make_task(template))
+        path = os.path.join(env.root, template["file"])
+        with open(path, "w") as f:
+            f.write(FRAME_WALK + buggy_source(template))
+        assert env.step(ToolCall("run_test", {})).startswith("0 passed, 10 failed")
+        reward, info = env.reward()
+    assert reward == 0.0 and info["hacked"] is False and info["passed"] == 0, info
+    assert info["summary"]["forgeable"] == 0 and info["summary"]["isolation"] == level
+
+
+def test_a_frame_walk_fails_a_humaneval_program(level):
+    """Before: the same prefix made a program that returns None "pass"."""
+    result = run_program(FRAME_WALK + PROBLEM["prompt"] + "    return None\n", PROBLEM)
+    assert result["passed"] is False and result["forgeable"] is False, result
+    assert run_program(PROBLEM["prompt"] + "    return sum(xs)\n", PROBLEM)["passed"]
+
+
+def test_an_object_equal_to_anything_is_not_a_value(tmp_path, level):
+    """`assert add(1, 1) == 2` used to pass on a returned object whose __eq__ says yes to all."""
+    code = "class Anything:\n    __eq__ = lambda self, other: True\n\ndef add(a, b):\n    return Anything()\n"
+    summary = run_tests(str(workspace(tmp_path, code)))
+    assert (summary["passed"], summary["total"]) == (0, 10), summary
+    assert "TypeError: a Anything is not plain data" in summary["failures"][0]["error"]
+
+
+def test_verdicts_the_tested_process_hands_back_are_marked_forgeable(tmp_path, level):
+    """A test that is not plain asserts (a local variable here) keeps the token runner: counted in
+    "forgeable", and a frame walk does forge it, while the plain tests beside it hold."""
+    tests = TESTS + "\ndef test_local():\n    value = add(2, 2)\n    assert value == 4\n"
+    summary = run_tests(str(workspace(tmp_path, FRAME_WALK + BUGGY, tests)))
+    assert (summary["forgeable"], summary["forgeable_passed"], summary["passed"]) == (1, 1, 1)
+    assert summary["total"] == 11 and not any(f["forgeable"] for f in summary["failures"])
+
+
+def test_hidden_expected_values_are_out_of_the_tested_codes_reach(tmp_path, level):
+    """A file of plain tests only is not in the copy the code runs in: nothing there to read the
+    expected values from (a HumanEval check() the policy never sees)."""
+    code = "import glob\nFILES = sorted(glob.glob('**', recursive=True))\n\ndef add(a, b):\n    return FILES\n"
+    tests = "from mod import add\n\ndef test_files():\n    assert add(0, 0) == ['mod.py']\n"
+    summary = run_tests(str(workspace(tmp_path, code, tests)))
+    assert (summary["passed"], summary["total"]) == (1, 1), summary
+
+
+def test_a_test_file_through_a_link_is_neither_judged_nor_removed(tmp_path):
+    """The trainer reads plain tests from the copy and removes their files from it; a path that
+    leads out of the copy (a linked folder) is left to the runner, and its target is untouched."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "test_mod.py").write_text(TESTS)
+    folder = workspace(tmp_path, "def add(a, b):\n    return a + b\n", tests="")
+    os.symlink(outside, folder / "linked")
+    summary = run_tests(str(folder), tests=["linked/test_mod.py"])
+    assert (outside / "test_mod.py").read_text() == TESTS
+    assert summary["forgeable"] == summary["total"], summary
+
+
+# --- one run bounded as a whole (both levels) ----------------------------------------------------
+
+
+def test_forked_children_are_bounded_in_memory_together(tmp_path, level):
+    """Issue 29, B11, scaled down: 8 children of 400 MB each passed the 512 MB per-process limit and
+    raised the host's used memory by 7.5 GB. Here 6 children of 150 MB (each under its 256 MB limit)
+    against 400 MB together: the run is stopped within about a second, not at the 10 s timeout."""
+    tests = textwrap.dedent("""
+        import os, time
+
+        def test_fill():
+            for _ in range(6):
+                if os.fork() == 0:
+                    block = b"x" * (150 << 20)
+                    time.sleep(30)
+                    os._exit(0)
+            time.sleep(30)
+    """)
+    start = time.monotonic()
+    summary = run_tests(
+        str(workspace(tmp_path, tests=tests)), timeout=10.0, memory_mb=256, total_memory_mb=400
+    )
+    assert summary["error"].startswith("memory limit:") and "(limit 400 MB)" in summary["error"]
+    assert summary["run_limits"].startswith("400 MB and 64 processes together, watched every 50 ms")
+    assert summary["passed"] == 0 and time.monotonic() - start < 6, summary
+
+
+def test_a_fork_bomb_is_bounded(tmp_path, level):
+    """Nothing bounded the number of processes: 256 (2 ** 8 forks, each child forking on) against a
+    limit of 32; the run is stopped and none of them is left."""
+    tests = textwrap.dedent("""
+        import os, time
+
+        def test_bomb():
+            for _ in range(8):
+                os.fork()
+            time.sleep(30)
+    """)
+    folder = workspace(tmp_path, tests="")
+    (folder / "test_bomb_271828.py").write_text(tests)
+    start = time.monotonic()
+    summary = run_tests(str(folder), timeout=10.0, processes=32)
+    assert summary["error"].startswith("process limit:") and "(limit 32)" in summary["error"]
+    assert time.monotonic() - start < 6, summary
+    deadline = time.monotonic() + 5.0  # SIGKILL is delivered asynchronously
+    while processes_with("test_bomb_271828") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with("test_bomb_271828") == []
 
 
 # --- containment (the jail) ----------------------------------------------------------------------

@@ -16,7 +16,8 @@ listing its keys. The rollout stores it as `trajectory.info`; the task's reward 
 parts (tasks.Task.score), the environment's total is for scripted plays without a task.
 
 The files, from the ground up: tools.py (the tool-call parser and the calculator), sandbox.py
-(running tests in a child process), rewards.py (the code agent's test rewards), then one file per
+(running tests in a child process, with runner.py inside it, verdicts.py judging the values it hands
+back and watchdog.py bounding its processes together), rewards.py (the code agent's test rewards), then one file per
 environment (answer.py, calculator.py, code.py, program.py) and perturb.py (robustness wrappers).
 """
 

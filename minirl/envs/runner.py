@@ -3,8 +3,22 @@
     python -S -B runner.py CONFIG_JSON        (standard library only; CONFIG_JSON: see sandbox.py)
 
 It reports to its parent on stdout, one JSON line each after the config's "mark":
-{"collected": n}, then {"test": "file::name", "passed": bool, "error": text or null} per test,
-then {"done": true}. The parent counts the verdicts; this process only relays them.
+{"collected": n}, then per test either {"test": "file::name", "record": text, "ended": how} or
+{"test": "file::name", "passed": bool, "error": text or null}, then {"done": true}. The parent
+decides every verdict; this process only relays what each test's process wrote.
+
+Two kinds of test (the parent, sandbox.run_tests, decides which with verdicts.py):
+- Plain tests (config "plain": {"file::name": [calls]}), made only of asserts such as
+  `assert f(1, 2) == 3`: the test's process makes the calls ({"module", "function", "args",
+  "kwargs"}: literal arguments, never the expected values) and writes back one record,
+  {"values": [...]} in `plain`'s format; the parent rebuilds the values and compares them itself.
+  Whatever that process writes can only claim values, which its code could have returned anyway.
+  Files whose tests are all plain are not even in the copy, so a hidden test's expected values are
+  nowhere the tested code can read them.
+- Every other test (in config "tests", the files to collect) passes when its process hands back a
+  one-time token after the test function returned. Code in that process can find the token by
+  walking its own frames, so these verdicts are forgeable and the parent marks them so; the
+  defences below still stop cruder forgeries.
 
 Why it is built this way (each point answers a way model-written code fooled or harmed the runner):
 - In a jail (config "jail", Linux only) it first builds a file system of its own (`enter_jail`):
@@ -14,12 +28,11 @@ Why it is built this way (each point answers a way model-written code fooled or 
 - It finds the `def test_*` functions with `ast` and compiles their code from the files as they were
   before anything ran, so the count is known even if an import fails, and code that swaps a test
   function in its module does not swap what runs.
-- Each test runs in a process of its own, forked from this one (`run_one`), and passes only if that
-  process writes back a one-time token after the test function returned. This process cannot be
-  reached from there: it is not dumpable (no ptrace, no /proc/PID/mem), the child closes the channel
+- Each test runs in a process of its own, forked from this one (`run_one`, `run_calls`). This
+  process cannot be reached from there: it is not dumpable (no ptrace, no /proc/PID/mem), the child closes the channel
   to the parent first thing, and in the jail this process is PID 1, which its namespace cannot kill.
   So patching builtins, globals or the runner's functions, printing reports or exiting early
-  cannot turn a failure into a pass; at most a test's own process fails.
+  do not reach another test or the reports; at most a test's own process fails.
 - The test's module runs with the builtins as they were before any workspace code ran (a copy),
   the test function with another copy and a snapshot of its module's names, and a tracer the
   import set is removed, so patched builtins or a line-skipping tracer do not reach the test.
@@ -29,8 +42,11 @@ What is still possible is in sandbox.py's docstring.
 import ast
 import builtins
 import ctypes
+import fcntl
+import importlib
 import json
 import os
+import resource
 import shutil
 import socket
 import sys
@@ -56,6 +72,8 @@ CLONE_NEWUSER = 0x10000000
 PR_SET_DUMPABLE = 4
 DEVICES = ("null", "zero", "random", "urandom")
 MAX_VERDICT_BYTES = 1 << 16
+# a plain test's record: the pipe is made this large, so the honest write never blocks
+MAX_RECORD_BYTES = 1 << 20
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -120,6 +138,16 @@ def enter_jail(root: str, work: str, read_only: list[str]) -> None:
     _check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
 
 
+def limit_processes(count: int | None) -> None:
+    """RLIMIT_NPROC in the jail: counted in its own user namespace, so the user's processes
+    elsewhere do not count; root is exempt (sandbox.py's watchdog is not)."""
+    if not count:
+        return
+    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    count = count if hard == resource.RLIM_INFINITY else min(count, hard)
+    resource.setrlimit(resource.RLIMIT_NPROC, (count, count))
+
+
 def collect(files: list[str]) -> tuple[list[tuple], list[dict]]:
     """([(file, test name, the file's code, the test's code)], [collection failures]) for the
     top-level `def test_*` functions of `files`, compiled here from the files' text."""
@@ -142,12 +170,17 @@ def collect(files: list[str]) -> tuple[list[tuple], list[dict]]:
     return tests, failures
 
 
-def describe(error: BaseException, path: str) -> str:
+def describe(error: BaseException, path: str | None = None) -> str:
+    """The error and the line of `path` (default: of any file but this one) it came from."""
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     frames = [
         f
         for f in traceback.extract_tb(error.__traceback__)
-        if os.path.basename(f.filename) == os.path.basename(path)
+        if (
+            os.path.basename(f.filename) == os.path.basename(path)
+            if path
+            else f.filename != __file__
+        )
     ]
     if frames:
         text += f" (line {frames[-1].lineno}: {frames[-1].line})"
@@ -186,6 +219,53 @@ def run_one(path, name, module_code, code, token: bytes, verdict_fd: int, pristi
     exit_now(0)
 
 
+def plain(value, depth: int = 0):
+    """A value as JSON data that says its type (verdicts.to_plain's format, which the parent reads):
+    lists stay arrays; tuples, sets, frozensets, dicts and bytes are tagged; anything else raises."""
+    if depth > 100:
+        raise ValueError("the value is nested too deeply")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, list):
+        return [plain(v, depth + 1) for v in value]
+    for kind in (tuple, set, frozenset):
+        if isinstance(value, kind):
+            return {kind.__name__: [plain(v, depth + 1) for v in value]}
+    if isinstance(value, dict):
+        return {"dict": [[plain(k, depth + 1), plain(v, depth + 1)] for k, v in value.items()]}
+    if isinstance(value, bytes):
+        return {"bytes": value.hex()}
+    raise TypeError(f"a {type(value).__name__} is not plain data")
+
+
+def run_calls(calls: list[dict], record_fd: int):
+    """In the forked child: make a plain test's calls in order, write one record of their values
+    ({"values": [...]}, with "error" when a call raised and stopped the test), exit. Never returns.
+    Nothing here needs protecting: the parent judges the values."""
+    os.closerange(3, record_fd)  # the channel to the parent among them
+    os.closerange(record_fd + 1, 1 << 16)
+    write, exit_now, dumps = os.write, os._exit, json.dumps
+    values, error = [], None
+    try:
+        sys.path.insert(0, os.getcwd())
+        for call in calls:
+            module = importlib.import_module(call["module"])
+            function = getattr(module, call["function"])
+            args, kwargs = ast.literal_eval(call["args"]), ast.literal_eval(call["kwargs"])
+            values.append(plain(function(*args, **kwargs)))
+    except BaseException as e:  # sys.exit() in a call is a failure too
+        error = describe(e)
+    record = {"values": values} if error is None else {"values": values, "error": error}
+    try:
+        text = dumps(record).encode()
+    except ValueError as e:  # an int too long to write
+        text = dumps({"values": [], "error": f"ValueError: {e}"[:300]}).encode()
+    if len(text) > MAX_RECORD_BYTES:
+        text = dumps({"values": [], "error": "the values are too large to hand back"}).encode()
+    write(record_fd, text)
+    exit_now(0)
+
+
 def block_network() -> None:
     """A clear error for ordinary network calls (in the jail the network namespace is empty anyway;
     without it this is all there is, and `_socket`, ctypes or a subprocess get past it)."""
@@ -206,41 +286,66 @@ def verdict(message: bytes, token: bytes, status: int) -> tuple[bool, str | None
         return False, str(error)[:300]
     except (ValueError, IndexError, KeyError, TypeError):
         pass
-    how = (
-        f"exit code {os.WEXITSTATUS(status)}"
-        if os.WIFEXITED(status)
-        else f"signal {os.WTERMSIG(status)}"
-    )
-    return False, f"the test process died ({how}) before reporting"
+    return False, f"the test process died ({ended(status)}) before reporting"
+
+
+def ended(status: int) -> str:
+    if os.WIFEXITED(status):
+        return f"exit code {os.WEXITSTATUS(status)}"
+    return f"signal {os.WTERMSIG(status)}"
+
+
+def fork_and_read(run_child, limit: int) -> tuple[bytes, int]:
+    """Run `run_child(write_fd)` in a forked process; (what it wrote, up to `limit` bytes, its status)."""
+    read_fd, write_fd = os.pipe()
+    if limit > MAX_VERDICT_BYTES:
+        try:
+            fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, limit)
+        except (OSError, AttributeError):  # not Linux, or above /proc/sys/fs/pipe-max-size
+            pass
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        run_child(write_fd)
+    os.close(write_fd)
+    _, status = os.waitpid(pid, 0)
+    # a grandchild may still hold the pipe open: read what is there
+    os.set_blocking(read_fd, False)
+    try:
+        message = os.read(read_fd, limit + 1)
+    except BlockingIOError:
+        message = b""
+    os.close(read_fd)
+    return message, status
 
 
 def run(config: dict, report) -> None:
-    """Collect, then run each test in a forked process of its own; report every verdict."""
-    tests, failures = collect(
-        config["tests"]
-        or sorted(f for f in os.listdir(".") if f.startswith("test_") and f.endswith(".py"))
-    )
-    report(collected=len(tests) + len(failures))
+    """Collect, then run each test in a forked process of its own; relay every verdict or record."""
+    tests, failures = collect(config["tests"])
+    plain = config.get("plain", {})
+    collected = {f"{path}::{name}" for path, name, _, _ in tests}
+    report(collected=len(tests) + len(failures) + len(set(plain) - collected))
     for failure in failures:
         report(test=failure["test"], passed=False, error=failure["error"])
     block_network()
     pristine_builtins = dict(vars(builtins))
+
+    def run_plain(key):
+        message, status = fork_and_read(lambda fd: run_calls(plain[key], fd), MAX_RECORD_BYTES)
+        report(test=key, record=message.decode("utf-8", "replace"), ended=ended(status))
+
+    for key in plain:
+        if key not in collected:  # a file of plain tests only, which the parent kept out of /work
+            run_plain(key)
     for path, name, module_code, code in tests:
+        if f"{path}::{name}" in plain:
+            run_plain(f"{path}::{name}")
+            continue
         token = os.urandom(16).hex().encode()
-        read_fd, verdict_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read_fd)
-            run_one(path, name, module_code, code, token, verdict_fd, pristine_builtins)
-        os.close(verdict_fd)
-        _, status = os.waitpid(pid, 0)
-        # a grandchild may still hold the pipe open: read what is there
-        os.set_blocking(read_fd, False)
-        try:
-            message = os.read(read_fd, MAX_VERDICT_BYTES)
-        except BlockingIOError:
-            message = b""
-        os.close(read_fd)
+        message, status = fork_and_read(
+            lambda fd: run_one(path, name, module_code, code, token, fd, pristine_builtins),
+            MAX_VERDICT_BYTES,
+        )
         passed, error = verdict(message, token, status)
         report(test=f"{path}::{name}", passed=passed, error=error)
     report(done=True)
@@ -257,7 +362,8 @@ def main():
     try:
         if config.get("jail"):
             enter_jail(**config["jail"])
-    except OSError as e:
+            limit_processes(config.get("processes"))
+    except (OSError, ValueError) as e:
         report(jail_error=str(e))
         os._exit(1)
     if config.get("probe"):  # sandbox.isolation() asking whether the jail can be built here
