@@ -98,14 +98,16 @@ class Task(ABC):
         in the rollout) gets every part 0 and its `scoring_error`: counted by the metrics (GRPO's
         scoring_errors column, the eval summary), never a crash of the step."""
         for traj in trajectories:
-            traj.reward_parts = dict.fromkeys(self.reward_functions, 0.0)
-            if traj.scoring_error is None:
-                try:
-                    traj.reward_parts = {
-                        name: float(fn(traj)) for name, (fn, _) in self.reward_functions.items()
-                    }
-                except Exception as e:
-                    traj.scoring_error = describe_error(e, f"{self.name}'s reward functions")
+            parts = {}
+            for name, (fn, _) in self.reward_functions.items():
+                if traj.scoring_error is None:
+                    try:
+                        parts[name] = float(fn(traj))
+                    except Exception as e:
+                        traj.scoring_error = describe_error(e, f"reward function {name!r}")
+            if traj.scoring_error is not None:
+                parts = dict.fromkeys(self.reward_functions, 0.0)
+            traj.reward_parts = parts
             traj.reward = sum(
                 weight * traj.reward_parts[name]
                 for name, (_, weight) in self.reward_functions.items()

@@ -235,7 +235,9 @@ def test_a_reward_that_raises_is_a_counted_scoring_error_not_a_crash(base, tmp_p
     assert summary["final_answer"]["scoring_errors"] == len(failed)
     for e in failed:
         assert e["reward"] == 0.0 and not e["success"]
-        assert e["scoring_error"].startswith("ValueError in first-token's reward functions")
+        assert e["scoring_error"] == (
+            "ValueError in reward function 'first': this reply cannot be scored"
+        )
 
 
 def test_an_environment_whose_reward_raises_scores_0_and_is_counted(tmp_path):
