@@ -362,6 +362,8 @@ def cmd_rollout(args):
             f"==== episode {i}: reward {t.reward:+.2f}, {t.finish_reason}, {t.turns} turn(s), "
             f"{sum(t.action_mask)} action / {len(t.action_mask) - sum(t.action_mask)} observation tokens"
         )
+        if t.scoring_error:
+            print(f"     not scored (reward 0): {t.scoring_error}")
         print(show_mask(tokenizer, ids, mask, color=not args.no_color))
 
 

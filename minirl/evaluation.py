@@ -64,8 +64,8 @@ def episode_record(
     trajectory, item_id: int, sample: int, seed: int, accuracy: dict, seconds: float
 ) -> dict:
     """One episode as JSON: what happened (messages, each tool call with its validity and whether it
-    failed), its reward and parts, its verdicts (task.accuracy: success is the strict one) and its
-    cost. The summary is computed from these records only."""
+    failed), its reward and parts, its verdicts (task.verdict: success is the strict one), what
+    raised while scoring it, if anything, and its cost. The summary is computed from these records only."""
     t, tools = trajectory, trajectory.prompt.get("tools")
     malformed = sum(
         len(parse_assistant(m["content"]).errors) for m in t.messages if m["role"] == "assistant"
@@ -106,6 +106,8 @@ def episode_record(
     # whether the program's verdict was one its own process handed back (envs/program.py)
     if "forgeable" in t.info:
         record["forgeable"] = t.info["forgeable"]
+    if t.scoring_error:  # its reward raised: scored 0, a failure (tasks.Task.score)
+        record["scoring_error"] = t.scoring_error
     return record
 
 
@@ -180,7 +182,7 @@ def play(
                 seconds = (time.perf_counter() - start) / len(trajectories)
                 task.score(trajectories)
                 for i, t, touch in zip(batch, trajectories, touched):
-                    record = episode_record(t, i, s, seed + s, task.accuracy(t), seconds)
+                    record = episode_record(t, i, s, seed + s, task.verdict(t), seconds)
                     if kind:
                         record.update(
                             perturbation=kind, perturbed=int(t.info.get("perturbed", touch))

@@ -237,10 +237,12 @@ STATS = ("loss", "clip_low_frac", "clip_high_frac", "kl", "ratio", "sampler_logp
 
 def step_metrics(task, trajectories, cfg) -> dict:
     """The logged facts of one step's rollouts (all ranks'): rewards, accuracy, lengths, dropped groups,
-    each reward part's mean and the task's own metrics."""
+    episodes that could not be scored (scored 0, tasks.Task.score), each reward part's mean and
+    the task's own metrics (of the scored episodes)."""
     n, G = len(trajectories), cfg.group_size
     rewards, finite, spread, _ = filter_groups(trajectories, G, cfg.dynamic_sampling)
-    verdicts = [task.accuracy(t) for t in trajectories]
+    verdicts = [task.verdict(t) for t in trajectories]
+    scored = [t for t in trajectories if t.scoring_error is None]
     dropped_flat = int((finite & ~spread).sum()) if cfg.dynamic_sampling else 0
     return {
         "reward_mean": rewards[torch.isfinite(rewards)].mean().item(),
@@ -252,9 +254,10 @@ def step_metrics(task, trajectories, cfg) -> dict:
         "zero_spread_frac": 1 - spread.float().mean().item(),
         "groups_dropped_nonfinite": int((~finite).sum()),
         "groups_dropped_zero_spread": dropped_flat,
+        "scoring_errors": n - len(scored),
         **{
             f"reward_{k}": sum(t.reward_parts[k] for t in trajectories) / n
             for k in task.reward_functions
         },
-        **task.metrics(trajectories),
+        **(task.metrics(scored) if scored else dict.fromkeys(task.metric_names, float("nan"))),
     }

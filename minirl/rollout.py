@@ -20,7 +20,9 @@ class Trajectory:
     the episode runs; the environment's reward() the `info` record when it ends (envs/__init__.py);
     Task.score (tasks.py) `reward_parts` and `reward`. Until Task.score runs, `reward` is None, not
     0.0: an episode nobody scored must not read as one that scored 0, so printing it as a number,
-    learning from it or asking for its returns fails instead."""
+    learning from it or asking for its returns fails instead. `scoring_error` says why an episode
+    could not be scored (its environment's reward() raised: end_episode below; or a reward
+    function did: Task.score); such an episode scores 0 and the metrics count it."""
 
     # the task item: messages, tools, answer, ...
     prompt: dict
@@ -49,6 +51,8 @@ class Trajectory:
     reward_parts: dict = field(default_factory=dict)
     # Σ weight · part; None until Task.score writes it
     reward: float | None = None
+    # what raised while scoring the episode, None when nothing did
+    scoring_error: str | None = None
 
     def rewards_per_turn(self) -> list[float]:
         """r_t for each turn: 0 until the last, which carries the episode's reward (outcome reward)."""
@@ -219,8 +223,26 @@ def run_episodes(
         t = e["traj"]
         t.finish_reason = t.finish_reason or "max_turns"
         t.text = t.messages[-1]["content"] if t.messages[-1]["role"] == "assistant" else ""
-        # the environment's total is its parts' sum; the task weighs the parts (Task.score)
-        _, t.info = e["env"].reward(t)
-        e["env"].close()
+        end_episode(e["env"], t)
         trajectories.append(t)
     return trajectories
+
+
+def end_episode(env, trajectory) -> None:
+    """The environment's record of a finished episode (`info`), then its release. The environment's
+    total is its parts' sum; the task weighs the parts (Task.score). A reward() that raises (one
+    odd reply must not crash a GRPO step or an eval) leaves `info` empty and the error in
+    `scoring_error`, which Task.score scores 0 and the metrics count."""
+    try:
+        _, trajectory.info = env.reward(trajectory)
+    except Exception as e:
+        trajectory.scoring_error = describe_error(e, f"{type(env).__name__}.reward")
+    finally:
+        env.close()
+
+
+def describe_error(error: Exception, where: str) -> str:
+    """An exception as one short line for a record: its type, where it was raised, its message."""
+    message = " ".join(str(error).split())
+    message = message if len(message) <= 200 else message[:200] + "…"
+    return f"{type(error).__name__} in {where}: {message}"

@@ -22,7 +22,7 @@ from .envs.code import CodeEnv, load_templates
 from .envs.code import make_task as make_code_task
 from .envs.program import ProgramEnv, problem_item, read_problems
 from .envs.tools import TOOLS
-from .rollout import run_episodes, sample_completions
+from .rollout import describe_error, run_episodes, sample_completions
 
 
 class Task(ABC):
@@ -93,15 +93,31 @@ class Task(ABC):
 
     def score(self, trajectories) -> None:
         """The one place a reward is written: each trajectory's reward_parts (every reward function's
-        value) and reward = Σ weight·part (a rollout leaves reward None until this runs)."""
+        value) and reward = Σ weight·part (a rollout leaves reward None until this runs). An episode
+        that cannot be scored (a reward function raises here, or its environment's reward() raised
+        in the rollout) gets every part 0 and its `scoring_error`: counted by the metrics (GRPO's
+        scoring_errors column, the eval summary), never a crash of the step."""
         for traj in trajectories:
-            traj.reward_parts = {
-                name: float(fn(traj)) for name, (fn, _) in self.reward_functions.items()
-            }
+            parts = {}
+            for name, (fn, _) in self.reward_functions.items():
+                if traj.scoring_error is None:
+                    try:
+                        parts[name] = float(fn(traj))
+                    except Exception as e:
+                        traj.scoring_error = describe_error(e, f"reward function {name!r}")
+            if traj.scoring_error is not None:
+                parts = dict.fromkeys(self.reward_functions, 0.0)
+            traj.reward_parts = parts
             traj.reward = sum(
                 weight * traj.reward_parts[name]
                 for name, (_, weight) in self.reward_functions.items()
             )
+
+    def verdict(self, trajectory) -> dict:
+        """accuracy(trajectory), and for an episode that could not be scored a failure, both ways."""
+        if trajectory.scoring_error is not None:
+            return {"strict": False, "lenient": False}
+        return self.accuracy(trajectory)
 
 
 class EnvTask(Task):

@@ -2,11 +2,19 @@
 every layout, every bad line named by file:line, rewards and accuracies from real episodes on the toy model."""
 
 import json
+import multiprocessing
 from fractions import Fraction
 
 import pytest
 
-from minirl.answers import lenient_answer, reference_answer, strict_answer, value
+from minirl.answers import (
+    MAX_EXPONENT,
+    MAX_NUMBER_CHARS,
+    lenient_answer,
+    reference_answer,
+    strict_answer,
+    value,
+)
 from minirl.envs.answer import AnswerEnv
 from minirl.envs.tools import CALCULATOR_SPEC, ToolCall
 from minirl.rollout import Trajectory
@@ -208,3 +216,107 @@ def test_the_environment_rewards_the_strict_answer_and_reports_the_lenient_one(t
         episode(task.eval_items()[0], "37 * 84 is 3108")
     )  # right, but not in the format
     assert reward == 0.0 and info["lenient"] == 1.0 and not info["answered"]
+
+
+# ---- issue 29: every reader bounded (B12, B7, B13 and the quadratic readers) -------------------------
+def finishes_within(seconds, function, *args) -> bool:
+    """function(*args) in a forked child: True when it returned, without raising, within `seconds`
+    (a child still running then is killed). A reader that stalls fails the test instead of hanging
+    it: 10**99999999 is one C call, which no signal interrupts."""
+    child = multiprocessing.get_context("fork").Process(target=function, args=args)
+    child.start()
+    child.join(seconds)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        return False
+    return child.exitcode == 0
+
+
+HUGE_EXPONENTS = [r"\boxed{1e99999999}", r"\boxed{1e9999999}", "#### 1e99999999"]
+
+
+@pytest.mark.parametrize("text", HUGE_EXPONENTS)
+def test_a_huge_exponent_in_a_reply_is_no_answer_and_returns_at_once(text):
+    """B12: Fraction("1e99999999") computed 10**99999999 (> 30 s; 1e9999999: 7.4 s)."""
+    assert finishes_within(1.0, strict_answer, text)
+    assert finishes_within(1.0, lenient_answer, text)
+    # "#### 1e99999999" marks the 1 (the convention takes no exponent): it was and is read as 1
+    assert strict_answer(text) in (None, 1)
+
+
+def test_a_huge_exponent_scores_wrong_in_the_environment(tmp_path):
+    task = JsonlTask(write(tmp_path, "i.jsonl", [{"prompt": "Big?", "answer": 5}]))
+    env = AnswerEnv()
+    env.reset(task.eval_items()[0])
+    assert finishes_within(1.0, env.reward, episode(task.eval_items()[0], r"\boxed{1e99999999}"))
+    reward, info = env.reward(episode(task.eval_items()[0], r"\boxed{1e99999999}"))
+    assert reward == 0.0 and not info["answered"] and not info["correct"]
+
+
+def test_a_fraction_of_5000_digits_scores_wrong_instead_of_crashing(tmp_path):
+    """B13: int() of 5000 digits raised ValueError (Python's int-digit limit) out of the reward."""
+    task = JsonlTask(write(tmp_path, "i.jsonl", [{"prompt": "Half?", "answer": 2}]))
+    env = AnswerEnv()
+    env.reset(task.eval_items()[0])
+    text = r"\boxed{\frac{" + "4" * 5000 + "}{2}}"
+    reward, info = env.reward(episode(task.eval_items()[0], text))
+    assert reward == 0.0 and not info["answered"]
+    # the same number written plainly, and one of 5000 digits anywhere: no number, no error
+    assert strict_answer(r"\boxed{" + "4" * 5000 + "}") is None
+    assert lenient_answer("4" * 5000) is None
+
+
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        ('"1e99999999"', "exponent beyond ±1000"),
+        ('"Six steps.\\n#### 1e99999999"', "exponent beyond ±1000"),
+        ('"' + "7" * 5000 + '"', "5000 characters"),
+        ("1" + "0" * 1000, "more than 1000 digits"),
+        ("1e99999999", "not a finite number"),
+    ],
+)
+def test_a_task_answer_beyond_the_bounds_is_refused_by_file_and_line(tmp_path, answer, message):
+    """B7: the same numbers as a JSONL "answer" hung task loading (or loaded as text no reply equals)."""
+    line = '{"prompt": "Big?", "answer": ' + answer + "}"
+    path = write(tmp_path, "big.jsonl", [{"prompt": "What is 1 + 1?", "answer": 2}, line])
+
+    def refused():
+        with pytest.raises(ValueError, match=f"big.jsonl:2: .*{message}"):
+            JsonlTask(path)
+
+    assert finishes_within(2.0, refused)
+    refused()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The answer" + " " * 50_000 + "is 5",
+        "Answer:" + " " * 50_000 + "x",
+        "\\boxed{" * 4_000,
+        "\\boxed{" * 4_000 + "7}",
+        "\\text{" * 20_000,
+    ],
+)
+def test_every_reader_is_linear_in_the_reply(text):
+    """WEAK: two \\s* in a row took 19 s on 50,000 spaces; scanning ahead from each unclosed
+    \\boxed{ took 17 s on 4,000 of them."""
+    assert finishes_within(1.0, strict_answer, text)
+    assert finishes_within(1.0, lenient_answer, text)
+    assert finishes_within(1.0, value, text)
+
+
+def test_numbers_up_to_the_bounds_still_read():
+    assert strict_answer("\\boxed{" + "9" * MAX_NUMBER_CHARS + "}") == int("9" * MAX_NUMBER_CHARS)
+    assert strict_answer(f"\\boxed{{1e{MAX_EXPONENT}}}") == 10**MAX_EXPONENT
+    assert strict_answer(f"\\boxed{{2.5e-{MAX_EXPONENT}}}") == Fraction(
+        25, 10 ** (MAX_EXPONENT + 1)
+    )
+    assert strict_answer(f"\\boxed{{1e{MAX_EXPONENT + 1}}}") is None
+    assert strict_answer("\\boxed{" + "9" * (MAX_NUMBER_CHARS + 1) + "}") is None
+    assert strict_answer("**Answer:** 42") == strict_answer("Answer: **42") == 42
+    # the outer box holds one number, 3; the unclosed box after it is none
+    assert strict_answer("\\boxed{\\boxed{3}} and \\boxed{4") == 3
+    assert reference_answer(10**MAX_NUMBER_CHARS - 1) == 10**MAX_NUMBER_CHARS - 1

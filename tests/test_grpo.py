@@ -213,6 +213,72 @@ def test_a_nan_reward_drops_its_group_and_counts_it(base, tmp_path):
     assert all(math.isfinite(float(r["loss"])) for r in rows(tmp_path / "nan") if r["loss"])
 
 
+def test_a_reward_that_raises_is_a_counted_scoring_error_not_a_crash(base, tmp_path):
+    """Issue 29: a reward function that raised crashed the step (and an eval). Now the episode is
+    scored 0 with its error, metrics.csv counts it (scoring_errors), and so do the held-out eval's
+    episodes and summary."""
+
+    def fails_on_some(t):
+        if t.completion_ids[0] % 3 == 0:
+            raise ValueError("this reply cannot be scored")
+        return float(t.completion_ids[0] % 2)
+
+    task = FirstTokenTask(fails_on_some)
+    train(config(base, tmp_path / "raise", task=task, steps=2, group_size=4, max_new_tokens=4))
+    logged = rows(tmp_path / "raise")
+    assert len(logged) == 2 and all(math.isfinite(float(r["reward_mean"])) for r in logged)
+    assert sum(int(r["scoring_errors"]) for r in logged) > 0, "the test needs a raising reward"
+    folder = tmp_path / "raise" / "eval" / "step-000002"
+    episodes = [json.loads(line) for line in open(folder / "episodes.jsonl")]
+    failed = [e for e in episodes if "scoring_error" in e]
+    summary = json.load(open(folder / "summary.json"))
+    assert summary["final_answer"]["scoring_errors"] == len(failed)
+    for e in failed:
+        assert e["reward"] == 0.0 and not e["success"]
+        assert e["scoring_error"] == (
+            "ValueError in reward function 'first': this reply cannot be scored"
+        )
+
+
+def test_an_environment_whose_reward_raises_scores_0_and_is_counted(tmp_path):
+    """The other place rewards run: an environment's reward() at the end of an episode
+    (rollout.end_episode). Its episode keeps an empty record; the task's metrics see only scored
+    episodes, so a JsonlTask's metrics, which read the record, do not raise either."""
+    from minirl.envs.answer import AnswerEnv
+    from minirl.grpo import step_metrics
+    from minirl.rollout import end_episode
+    from minirl.tasks import JsonlTask
+
+    class Broken(AnswerEnv):
+        closed = False
+
+        def reward(self, trajectory):
+            if trajectory.text == "boom":
+                raise RuntimeError("a grader bug")
+            return super().reward(trajectory)
+
+        def close(self):
+            self.closed = True
+
+    path = tmp_path / "items.jsonl"
+    path.write_text(json.dumps({"prompt": "What is 1 + 1?", "answer": 2}) + "\n")
+    task = JsonlTask(str(path))
+    item = task.eval_items()[0]
+    episodes = []
+    for text in ("#### 2", "boom"):
+        env, t = Broken(), Trajectory(item, [1], [2], [1], [0.0], "answer", text=text)
+        env.reset(item)
+        end_episode(env, t)
+        assert env.closed
+        episodes.append(t)
+    task.score(episodes)
+    assert [t.reward for t in episodes] == [1.0, 0.0] and episodes[1].info == {}
+    assert episodes[1].scoring_error == "RuntimeError in Broken.reward: a grader bug"
+    metrics = step_metrics(task, episodes, GRPOConfig(model="-", group_size=2))
+    assert metrics["scoring_errors"] == 1 and metrics["accuracy"] == 0.5
+    assert metrics["answered"] == 1.0  # of the one scored episode
+
+
 def test_every_completion_truncated(base, tmp_path):
     train(config(base, tmp_path / "trunc", steps=2, max_new_tokens=1))
     for r in rows(tmp_path / "trunc"):

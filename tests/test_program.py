@@ -81,6 +81,20 @@ def test_the_program_is_taken_from_the_reply():
 
 
 @pytest.mark.parametrize(
+    "reply",
+    ["```" + " " * 50_000 + "x", "\n" * 50_000 + "x", "```python\n" + "\n " * 25_000 + "x"],
+)
+def test_the_program_is_read_in_linear_time(reply):
+    """Issue 29 (the reward's readers are linear): a code block opened by spaces took ~12 s to
+    read for 50,000 of them, a reply of 50,000 blank lines ~10 s; each is ~400 Qwen tokens."""
+    start = time.perf_counter()
+    extract_program(reply, ADD)
+    assert time.perf_counter() - start < 1.0
+    indented = "```py  \n\n\n    def add(xs):\n        return sum(xs)\n```"
+    assert extract_program(indented, ADD).endswith("    def add(xs):\n        return sum(xs)\n")
+
+
+@pytest.mark.parametrize(
     "body, why",
     [
         ("    while True:\n        pass\n", "timeout"),

@@ -162,6 +162,28 @@ def test_a_resumed_metrics_log_is_replaced_whole_before_its_first_row(tmp_path):
     assert not [name for name in os.listdir(tmp_path) if ".tmp" in name]
 
 
+def test_a_run_logged_before_a_column_existed_resumes_with_that_column_empty(tmp_path):
+    """scoring_errors (issue 29) joined metrics.csv's columns: a run started before it resumes,
+    its kept rows with the new column empty, its new rows with it filled."""
+    from minirl.run.grpo import FIELDS
+
+    path = str(tmp_path / "metrics.csv")
+    log = MetricsLog(path, [f for f in FIELDS if f != "scoring_errors"], None)
+    for step in (1, 2):
+        log.write({"step": step, "reward_mean": 0.5})
+    log.close()
+    resumed = MetricsLog(path, FIELDS, 2)
+    resumed.write({"step": 3, "reward_mean": 0.75, "scoring_errors": 1})
+    resumed.close()
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["reward_mean"], r["scoring_errors"]) for r in rows] == [
+        ("1", "0.5", ""),
+        ("2", "0.5", ""),
+        ("3", "0.75", "1"),
+    ]
+
+
 # --- non-finite values --------------------------------------------------------------------------
 
 

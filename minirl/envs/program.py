@@ -27,7 +27,9 @@ from .verdicts import plain_check_module
 
 INSTRUCTION = "Please provide a self-contained Python script that solves the following problem in a markdown code block:"
 FIELDS = ("task_id", "prompt", "entry_point", "test")
-CODE_BLOCK = re.compile(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
+# the language tag with the spaces after it, optional: "```[ \t]*(?:python)?[ \t]*\n" read the same,
+# but tried every split of a run of spaces between its two [ \t]* (50,000 spaces: ~12 s)
+CODE_BLOCK = re.compile(r"```[ \t]*(?:(?:python|py|Python)[ \t]*)?\n(.*?)(?:```|\Z)", re.S)
 
 
 def read_problems(path: str) -> list[dict]:
@@ -90,7 +92,9 @@ def problem_item(problem: dict) -> dict:
 def extract_program(reply: str, problem: dict) -> str:
     """The program to test (module docstring): prompt imports + the code the reply gives."""
     entry = problem["entry_point"]
-    defines = re.compile(rf"^\s*def\s+{re.escape(entry)}\s*\(", re.M)
+    # indentation is whitespace but newlines: a ^\s* scanned on over every later line from each line
+    # start, quadratic in a reply of blank lines
+    defines = re.compile(rf"^[^\S\n]*def\s+{re.escape(entry)}\s*\(", re.M)
     blocks = [b for b in CODE_BLOCK.findall(reply) if defines.search(b)]
     if blocks:
         code = blocks[-1]

@@ -59,6 +59,7 @@ FIELDS = [
     "zero_spread_frac",
     "groups_dropped_nonfinite",
     "groups_dropped_zero_spread",
+    "scoring_errors",
     "sampler_logprob_gap",
     "eval_accuracy",
     "eval_accuracy_lenient",

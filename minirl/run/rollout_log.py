@@ -16,6 +16,7 @@ actions and observations), with null where a value was not computed:
     reward, reward_parts, advantage, kept   kept = false: the group was dropped (non-finite reward,
                              or no spread under --dynamic-sampling) and taught nothing
     finish_reason, turns, tool_calls, answer
+    scoring_error            what raised while scoring the completion (then scored 0), else null
 
 The learner's values are those of the last inner step (μ > 1: before its optimizer step), the ones its
 loss saw. The file stays bounded: log_rollout_groups · G lines per logged step. On resume, lines written
@@ -117,6 +118,7 @@ def rollout_records(
                 "turns": t.turns,
                 "tool_calls": t.tool_calls,
                 "answer": t.prompt.get("answer"),
+                "scoring_error": t.scoring_error,
             }
         )
     return records
