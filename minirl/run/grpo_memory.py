@@ -14,7 +14,20 @@ from .. import distributed
 from ..fast.length_passes import passes
 from ..fast.prefixes import common_prefix_length
 from ..rollout import prompt_ids
-from .memory import MemoryBudgetError, describe_choice, estimate, fit_pass, what_fits
+from .memory import (
+    MemoryBudgetError,
+    describe_choice,
+    estimate,
+    fit_pass,
+    trim_heap,
+    what_fits,
+)
+
+
+def logged_rollouts(cfg, prompts: int, group_size: int) -> int:
+    """Records the rollout log may write after a step (run/rollout_log.py): every completion of
+    its first --log-rollout-groups groups."""
+    return min(cfg.log_rollout_groups, prompts) * group_size if cfg.log_rollouts_every else 0
 
 
 def memory_estimator(
@@ -43,6 +56,8 @@ def memory_estimator(
             cpu=cpu,
             prefixes=fast.prefixes,
             chunked=fast.chunked_logprobs,
+            shared_prefill=fast.shared_prefill,
+            logged_rollouts=logged_rollouts(cfg, sizes["prompts_per_step"], sizes["group_size"]),
             **sizes,
         )
 
@@ -159,6 +174,8 @@ def fit_learning(
                     cpu=cpu,
                     prefixes=fast.prefixes,
                     chunked=fast.chunked_logprobs,
+                    shared_prefill=fast.shared_prefill,
+                    logged_rollouts=logged_rollouts(cfg, n, -(-len(trajectories) // n)),
                 )
                 for b, longest in sizes
             ),
@@ -192,6 +209,10 @@ class LearningGuard:
 
     def fit(self, kept) -> int:
         cfg = self.cfg
+        # on a CPU, the heap pages sampling's transients freed go back to the kernel before
+        # learning allocates its own (the estimate counts them in one phase, not in both)
+        if self.cpu:
+            trim_heap()
         # under torchrun a rank may have no rows while others learn
         if not kept:
             return self.rows
