@@ -9,11 +9,20 @@ added in between to within 15 %, and not be absurdly above it (at most 2x).
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+import torch
 
+from minirl.config import Qwen2Config
+from minirl.fast import FAST
+from minirl.grpo import GRPOConfig
+from minirl.run.grpo_memory import plan_memory
+from minirl.run.memory import GB, MemoryBudgetError
+from minirl.tasks import make_task
+from minirl.tokenizer import Tokenizer
 from minirl.toy import build_checkpoint
 
 # runs in the child: `python -c CHILD out/ grpo-flags...`
@@ -90,3 +99,21 @@ def test_the_guard_covers_the_peak_rss_of_a_cpu_grpo_step(
     )
     assert estimate >= 0.85 * measured
     assert estimate <= 2 * measured
+
+
+def test_a_group_whose_sampling_does_not_fit_is_refused_naming_the_group_size(toy):
+    """B14: 20,000 samples of one prompt (73 + 16 tokens) on the toy model hold a 3.6 GB KV cache,
+    and with the copy into the group's rows, the runtime and the rollouts, more than 4 GB while
+    sampling; the guard used to plan 3.7 GB and let the run start within 4 GB."""
+    cfg = GRPOConfig(model=toy, group_size=20_000, prompts_per_step=1, max_new_tokens=16)
+    config, tokenizer = Qwen2Config.from_json(toy), Tokenizer.from_dir(toy)
+    task = make_task("arithmetic")
+    with pytest.raises(MemoryBudgetError) as refused:
+        plan_memory(cfg, config, tokenizer, task, torch.float32, 4 * GB, 1, cpu=True, fast=FAST)
+    message = str(refused.value)
+    assert "(sampling needs the most)" in message and "KV cache (20000 sequences" in message
+    largest = int(re.search(r"--group-size (\d+) \(the largest that fits\)", message)[1])
+    assert 2 <= largest < 20_000
+    # and that group size does fit
+    cfg.group_size = largest
+    plan_memory(cfg, config, tokenizer, task, torch.float32, 4 * GB, 1, cpu=True, fast=FAST)

@@ -64,6 +64,19 @@ def memory_estimator(
     return estimate_for
 
 
+def largest_group(estimate_for, budget: int, group_size: int) -> int:
+    """The largest --group-size (>= 2, below group_size) whose step fits with 1 sequence per pass
+    and checkpointing, or 0 when even 2 do not: the estimate grows with G, so bisect."""
+    low, high = 1, group_size
+    while high - low > 1:
+        middle = (low + high) // 2
+        if estimate_for(1, True, group_size=middle).peak <= budget:
+            low = middle
+        else:
+            high = middle
+    return low if low >= 2 else 0
+
+
 def plan_memory(
     cfg, config, tokenizer, task, dtype, budget: int, prompts_per_rank: int, *, cpu: bool, fast
 ) -> tuple[int, bool, float]:
@@ -116,9 +129,14 @@ def plan_memory(
         if dtype == torch.float32:
             changes["--dtype bfloat16"] = {"dtype_bytes": 2}
         fits = what_fits(estimate_for, budget, changes)
+        largest = largest_group(estimate_for, budget, cfg.group_size)
+        if largest and f"--group-size {largest}" not in changes:
+            fits.append(f"--group-size {largest} (the largest that fits)")
+        smallest = estimate_for(1, True)
+        phase = "sampling" if smallest.sampling >= smallest.learning else "learning"
         raise MemoryBudgetError(
-            f"grpo does not fit: {e}\nwould fit: {'; '.join(fits) if fits else 'none of '}"
-            f"{'' if fits else ', '.join(changes)}"
+            f"grpo does not fit ({phase} needs the most): {e}\nwould fit: "
+            f"{'; '.join(fits) if fits else 'none of '}{'' if fits else ', '.join(changes)}"
         ) from None
     if (rows, checkpointing) != (cfg.minibatch_size, cfg.checkpointing):
         requested = (cfg.minibatch_size, cfg.checkpointing)
