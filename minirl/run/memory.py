@@ -15,8 +15,12 @@ The KV cache is gone before learning starts (sampling returns token ids only), e
 decoding (`compile=True`, grpo's --compile): a CUDA graph is recorded against the cache's addresses, so
 the cache (its length rounded up to 256 slots) is kept from step to step and counted in both phases.
 The reference policy is the same weights with the adapters off (LoRA) or a frozen copy (full fine-tuning, β > 0).
+Both phases also count their transients: the sampler's prefill or the copy of the prefilled prompts
+into their groups' rows (sampling), the whole step's batch tensors (learning).
 On a CPU (cpu=True: what sft and grpo pass there, `memory --cpu`) the learning phase has one more item,
-the slack of glibc's heap over the live tensors (CPU_SLACK, measured).
+the slack of glibc's heap over the live tensors (CPU_SLACK, measured), and the host's share is in the
+same memory: the runtime, the step's episodes as Python objects and the rollout log's records (measured
+constants, tests/test_memory_rss.py checks the sum against a run's peak RSS).
 
 Counted in bytes. e is the model's bytes per value (2 for bfloat16); LoRA adapters train in float32.
 The activation count follows model.py's layer line by line (what autograd keeps for backward, per
