@@ -14,7 +14,11 @@ from minirl.config import preset
 from minirl.lora import add_lora
 from minirl.model import random_model, rope_cos_sin
 from minirl.run.memory import (
+    CPU_RUNTIME_BYTES,
     CPU_SLACK,
+    EPISODE_BYTES,
+    EPISODE_TOKEN_BYTES,
+    ROLLOUT_RECORD_TOKEN_BYTES,
     activation_bytes,
     activation_bytes_per_token_layer,
     estimate,
@@ -138,9 +142,19 @@ def test_estimate_against_a_hand_calculation():
         + 4 * 9 * 2 * 32 * 2
     )  # the groups' pass, the rows' copies
     chunks = 8 * 1000 * (4 + 2)  # float32 logits and the bfloat16 product they come from
-    assert list(plan.items.values()) == [weights, lora, lora, adam, kv, logits, activations, chunks]
-    assert plan.sampling == weights + lora + adam + kv + logits == 471_488
-    assert plan.learning == weights + lora + adam + lora + activations + chunks == 707_384
+    # the prefill of the 3 distinct prompts, per token: 2 bytes x (4F + 6C) = 1792, and the mask and
+    # scores over 16 slots, (5 + 4H) x 16 = 336
+    prefill = 3 * 10 * (1792 + 336)
+    # the gather into the group's rows: one layer's keys (or values) of the cache
+    gather = kv // (2 * 2)
+    # the learning batch: 6 rows of 7 tokens (ids, attention: int64), 6 completion columns (the
+    # action mask: int64; four float32 log-prob tensors)
+    batch = 6 * (16 * 7 + 24 * 6)
+    assert list(plan.items.values()) == [
+        *(weights, lora, lora, adam, kv, prefill, gather, logits, activations, chunks, batch)
+    ]
+    assert plan.sampling == weights + lora + adam + kv + prefill + logits == 535_328
+    assert plan.learning == weights + lora + adam + lora + activations + chunks + batch == 708_920
     assert plan.peak == plan.learning and "fits a 40 GB GPU: yes" in plan.table()
     # compiled decoding keeps the cache (16 tokens round up to 256 slots), while learning too
     compiled = estimate(
@@ -157,7 +171,9 @@ def test_estimate_against_a_hand_calculation():
     )
     kept = 2 * 2 * 6 * 2 * 16 * 256 * 2
     assert compiled.items["KV cache (6 sequences x 256 slots, kept)"] == kept
-    assert (compiled.sampling, compiled.learning) == (471_488 - kv + kept, 707_384 + kept)
+    # its gather (one layer of the kept cache) is now larger than the prefill
+    compiled_sampling = 535_328 - kv - prefill + kept + kept // 4
+    assert (compiled.sampling, compiled.learning) == (compiled_sampling, 708_920 + kept)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -180,8 +196,20 @@ def test_a_cpu_run_counts_the_allocators_slack_while_learning(checkpointing):
         small(), 4, lora=True, r=4, rows=4, tokens=7, groups=3, group_tokens=9, checkpointing=False
     )
     slack = cpu.items.pop("CPU allocator slack (freed blocks kept resident)")
-    assert slack == int(CPU_SLACK[checkpointing] * full_pass) > 0 and cpu.items == gpu.items
-    assert (cpu.sampling, cpu.learning) == (gpu.sampling, gpu.learning + slack)
+    assert slack == int(CPU_SLACK[checkpointing] * full_pass) > 0
+    # the host's share on a CPU: the runtime, the 6 episodes of up to 6 tokens, no rollout log
+    runtime = cpu.items.pop("CPU runtime (libraries loaded and started, measured)")
+    episodes = cpu.items.pop("episodes (6 rollouts as Python objects)")
+    assert runtime == CPU_RUNTIME_BYTES
+    assert episodes == 6 * (EPISODE_BYTES + 6 * EPISODE_TOKEN_BYTES)
+    assert cpu.items.pop("rollout log (0 records)") == 0 and cpu.items == gpu.items
+    host = runtime + episodes
+    assert (cpu.sampling, cpu.learning) == (gpu.sampling + host, gpu.learning + slack + host)
+    logged = estimate(small(), cpu=True, logged_rollouts=4, **sizes)
+    # 4 records of 10 + 6 tokens, while learning only
+    records = 4 * 16 * ROLLOUT_RECORD_TOKEN_BYTES
+    assert logged.items["rollout log (4 records)"] == records
+    assert (logged.sampling, logged.learning) == (cpu.sampling, cpu.learning + records)
     sft_gpu = sft_estimate(small(), rows=2, tokens=40, shared_prefix=8, checkpointing=checkpointing)
     sft_cpu = sft_estimate(
         small(), rows=2, tokens=40, shared_prefix=8, checkpointing=checkpointing, cpu=True

@@ -86,8 +86,10 @@ class StaticKVCache(KVCache):
                 f"cannot load {len(rows)} rows x {S} slots into a static cache of "
                 f"{self.batch_size} rows x {self.max_len} slots"
             )
-        self.keys[:, :, :, :S] = cache.keys[:, rows, :, :S]
-        self.values[:, :, :, :S] = cache.values[:, rows, :, :S]
+        # one layer at a time: the gathered copy is one layer's, not the whole cache's
+        for layer in range(self.keys.shape[0]):
+            self.keys[layer, :, :, :S] = cache.keys[layer, rows, :, :S]
+            self.values[layer, :, :, :S] = cache.values[layer, rows, :, :S]
         self.key_mask.zero_()
         self.key_mask[:, :S] = cache.key_mask[rows, :S]
         self.next_pos.copy_(cache.next_pos[rows])
@@ -128,20 +130,29 @@ def place(cache: KVCache, part: KVCache, rows: torch.Tensor, offset: int):
 
 def select_rows(cache: KVCache, rows: torch.Tensor):
     """Keep (or repeat) a KVCache's rows by index, in place: drop finished sequences, or copy a
-    prefilled prompt into the G rows of its group. Only the filled slots are copied; the others are
-    left unset (torch.empty: nothing reads a slot before it is written). A StaticKVCache keeps its
-    rows (its shapes are fixed): load() refills it."""
+    prefilled prompt into the G rows of its group. Only the filled slots are copied, one layer at a
+    time; the others are left unset (torch.empty: nothing reads a slot before it is written).
+    Dropping rows (`rows` ascending, fewer than the cache holds) moves the kept ones to the front of
+    the same buffers, so the cache never exists twice: the peak is the cache and one layer's copy
+    of the kept rows (counted in run/memory.py), where a new cache would add up to 2.3 times its
+    own size. A StaticKVCache keeps its rows (its shapes are fixed): load() refills it."""
     if isinstance(cache, StaticKVCache):
         raise RuntimeError(
             "a StaticKVCache keeps its rows (its shapes are fixed); load() refills it"
         )
-    S = cache.length
-    shape = (cache.keys.shape[0], len(rows), *cache.keys.shape[2:])
-    keys = torch.empty(shape, dtype=cache.keys.dtype, device=cache.keys.device)
-    values = torch.empty_like(keys)
-    keys[:, :, :, :S] = cache.keys[:, rows, :, :S]
-    values[:, :, :, :S] = cache.values[:, rows, :, :S]
-    cache.keys, cache.values = keys, values
+    S, n = cache.length, len(rows)
+    dropping = n <= cache.batch_size and bool((rows[1:] > rows[:-1]).all())
+    if dropping:
+        keys, values = cache.keys, cache.values
+    else:
+        shape = (cache.keys.shape[0], n, *cache.keys.shape[2:])
+        keys = torch.empty(shape, dtype=cache.keys.dtype, device=cache.keys.device)
+        values = torch.empty_like(keys)
+    # row i <- row rows[i]: the right side is gathered (one layer's copy) before it is written
+    for layer in range(keys.shape[0]):
+        keys[layer, :n, :, :S] = cache.keys[layer, rows, :, :S]
+        values[layer, :n, :, :S] = cache.values[layer, rows, :, :S]
+    cache.keys, cache.values = keys[:, :n], values[:, :n]
     cache.key_mask = cache.key_mask[rows]
     cache.next_pos = cache.next_pos[rows]
 

@@ -14,7 +14,20 @@ from .. import distributed
 from ..fast.length_passes import passes
 from ..fast.prefixes import common_prefix_length
 from ..rollout import prompt_ids
-from .memory import MemoryBudgetError, describe_choice, estimate, fit_pass, what_fits
+from .memory import (
+    MemoryBudgetError,
+    describe_choice,
+    estimate,
+    fit_pass,
+    trim_heap,
+    what_fits,
+)
+
+
+def logged_rollouts(cfg, prompts: int, group_size: int) -> int:
+    """Records the rollout log may write after a step (run/rollout_log.py): every completion of
+    its first --log-rollout-groups groups."""
+    return min(cfg.log_rollout_groups, prompts) * group_size if cfg.log_rollouts_every else 0
 
 
 def memory_estimator(
@@ -43,10 +56,25 @@ def memory_estimator(
             cpu=cpu,
             prefixes=fast.prefixes,
             chunked=fast.chunked_logprobs,
+            shared_prefill=fast.shared_prefill,
+            logged_rollouts=logged_rollouts(cfg, sizes["prompts_per_step"], sizes["group_size"]),
             **sizes,
         )
 
     return estimate_for
+
+
+def largest_group(estimate_for, budget: int, group_size: int) -> int:
+    """The largest --group-size (>= 2, below group_size) whose step fits with 1 sequence per pass
+    and checkpointing, or 0 when even 2 do not: the estimate grows with G, so bisect."""
+    low, high = 1, group_size
+    while high - low > 1:
+        middle = (low + high) // 2
+        if estimate_for(1, True, group_size=middle).peak <= budget:
+            low = middle
+        else:
+            high = middle
+    return low if low >= 2 else 0
 
 
 def plan_memory(
@@ -101,9 +129,14 @@ def plan_memory(
         if dtype == torch.float32:
             changes["--dtype bfloat16"] = {"dtype_bytes": 2}
         fits = what_fits(estimate_for, budget, changes)
+        largest = largest_group(estimate_for, budget, cfg.group_size)
+        if largest and f"--group-size {largest}" not in changes:
+            fits.append(f"--group-size {largest} (the largest that fits)")
+        smallest = estimate_for(1, True)
+        phase = "sampling" if smallest.sampling >= smallest.learning else "learning"
         raise MemoryBudgetError(
-            f"grpo does not fit: {e}\nwould fit: {'; '.join(fits) if fits else 'none of '}"
-            f"{'' if fits else ', '.join(changes)}"
+            f"grpo does not fit ({phase} needs the most): {e}\nwould fit: "
+            f"{'; '.join(fits) if fits else 'none of '}{'' if fits else ', '.join(changes)}"
         ) from None
     if (rows, checkpointing) != (cfg.minibatch_size, cfg.checkpointing):
         requested = (cfg.minibatch_size, cfg.checkpointing)
@@ -159,6 +192,8 @@ def fit_learning(
                     cpu=cpu,
                     prefixes=fast.prefixes,
                     chunked=fast.chunked_logprobs,
+                    shared_prefill=fast.shared_prefill,
+                    logged_rollouts=logged_rollouts(cfg, n, -(-len(trajectories) // n)),
                 )
                 for b, longest in sizes
             ),
@@ -192,6 +227,10 @@ class LearningGuard:
 
     def fit(self, kept) -> int:
         cfg = self.cfg
+        # on a CPU, the heap pages sampling's transients freed go back to the kernel before
+        # learning allocates its own (the estimate counts them in one phase, not in both)
+        if self.cpu:
+            trim_heap()
         # under torchrun a rank may have no rows while others learn
         if not kept:
             return self.rows

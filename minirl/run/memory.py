@@ -15,8 +15,12 @@ The KV cache is gone before learning starts (sampling returns token ids only), e
 decoding (`compile=True`, grpo's --compile): a CUDA graph is recorded against the cache's addresses, so
 the cache (its length rounded up to 256 slots) is kept from step to step and counted in both phases.
 The reference policy is the same weights with the adapters off (LoRA) or a frozen copy (full fine-tuning, β > 0).
+Both phases also count their transients: the sampler's prefill or the copy of the prefilled prompts
+into their groups' rows (sampling), the whole step's batch tensors (learning).
 On a CPU (cpu=True: what sft and grpo pass there, `memory --cpu`) the learning phase has one more item,
-the slack of glibc's heap over the live tensors (CPU_SLACK, measured).
+the slack of glibc's heap over the live tensors (CPU_SLACK, measured), and the host's share is in the
+same memory: the runtime, the step's episodes as Python objects and the rollout log's records (measured
+constants, tests/test_memory_rss.py checks the sum against a run's peak RSS).
 
 Counted in bytes. e is the model's bytes per value (2 for bfloat16); LoRA adapters train in float32.
 The activation count follows model.py's layer line by line (what autograd keeps for backward, per
@@ -230,6 +234,51 @@ def logits_bytes(config: Qwen2Config, e: int, positions: int) -> int:
     return positions * config.vocab_size * (16 + (e if e != 4 else 0))
 
 
+def prefill_bytes(config: Qwen2Config, e: int, rows: int, tokens: int, slots: int) -> int:
+    """What the sampler's prefill of `rows` prompts of `tokens` holds at once, besides the KV cache
+    it fills (no gradients: one layer's intermediates at a time): the residual stream and the
+    normed input (2C), q, k, v and the attention output (at most 2C each in Qwen2: 4C), the MLP's
+    gate, up, silu and product (4F), in the model dtype; the attention mask over the `slots`
+    keys, as bools and as the float mask the CPU kernel builds from them (5 bytes a slot), and
+    the scores of every head over them in float32 (4H a slot: an explicit mask leaves the CPU no
+    fused kernel). fast/decoder.py prefills each distinct prompt once; sampling.generate every row."""
+    C, F, H = config.hidden_size, config.intermediate_size, config.num_attention_heads
+    return rows * tokens * (e * (4 * F + 6 * C) + (5 + 4 * H) * slots)
+
+
+def learning_batch_bytes(rows: int, row_tokens: int, completion: int) -> int:
+    """The step's whole batch as the learner holds it (learner.py / fast/prefix_learner.py
+    learning_batch, and grpo_step's per-token results), alive from the first pass to the last:
+    ids and attention over each row's tokens (int64), the action mask (int64) and four float32
+    (rows, Lc) tensors: the sampler's log-probs, π_ref's, π_old's and those the loss saw."""
+    return rows * (16 * row_tokens + (8 + 4 * 4) * completion)
+
+
+# On a CPU the step's episodes live in the same memory as its tensors, as Python objects: a
+# rollout.Trajectory with its prompt, text and dicts, and per completion token its id, action-mask
+# entry and sampling log-prob in lists. tracemalloc on the toy arithmetic task (the rollouts of a
+# step, scored): ~900 bytes an episode and ~60 a token; token ids above 256 (every real
+# vocabulary) are objects of their own, 32 bytes more. With a margin for pymalloc's arenas:
+EPISODE_BYTES = 1500
+EPISODE_TOKEN_BYTES = 100
+# run/rollout_log.rollout_records: a record per logged completion, ~10 lists over its prompt and
+# completion (ids, text pieces, masks, five log-prob columns); 135-175 bytes a token measured
+# (tracemalloc, toy task), with a margin
+ROLLOUT_RECORD_TOKEN_BYTES = 250
+
+
+# What a CPU run's process adds before and besides its tensors, measured on the toy checkpoint
+# (tests/test_memory_rss.py): loading the checkpoint and the tokenizer, and the first forward pass
+# (oneDNN's kernels, OpenMP's threads): 95-107 MB of RSS over the process at planning time, which
+# is what the budget is measured against. On a GPU this is host memory, outside the estimate.
+CPU_RUNTIME_BYTES = 150_000_000
+
+
+def episode_bytes(episodes: int, completion: int) -> int:
+    """The Python objects of `episodes` rollouts of up to `completion` tokens (EPISODE_BYTES)."""
+    return episodes * (EPISODE_BYTES + EPISODE_TOKEN_BYTES * completion)
+
+
 def _persistent_items(
     config: Qwen2Config, e: int, full: bool, lora_r: int, beta: float
 ) -> dict[str, int]:
@@ -271,6 +320,8 @@ def estimate(
     cpu: bool = False,
     prefixes: bool = True,
     chunked: bool = True,
+    shared_prefill: bool = True,
+    logged_rollouts: int = 0,
 ) -> MemoryEstimate:
     """Itemized memory of one GRPO step (module docstring). Defaults are the chapter's 7B setting and
     GRPOConfig's; full=True trains every weight (AdamW state in the model dtype, as torch keeps it).
@@ -280,7 +331,10 @@ def estimate(
     a row runs its prompt's last token and its completion (1 + max_new_tokens). Without: as
     learner.py, every row its whole prompt and completion. chunked: log-probs by
     fast/chunked_logprobs.py, else from the (rows, max_new_tokens, V) logits.
-    cpu: the run's memory is a CPU's, whose allocator keeps freed blocks resident (cpu_allocator_slack)."""
+    shared_prefill: sampling prefills each distinct prompt once (fast/decoder.py), else every row
+    (sampling.generate). cpu: the run's memory is a CPU's, whose allocator keeps freed blocks
+    resident (cpu_allocator_slack), and which also holds the step's episodes as Python objects
+    (episode_bytes) and the `logged_rollouts` records of the rollout log (run/rollout_log.py)."""
     _check_sizes(
         full,
         lora_r=lora_r,
@@ -327,10 +381,23 @@ def estimate(
     else:
         chunks = logits_bytes(config, e, b * max_new_tokens)
     slack = cpu_allocator_slack(config, e, **layout) if cpu else 0
+    # sampling's transients, one after the other: the prefill, then the gather that copies the
+    # prefilled prompts into the rows of their groups and drops stopped rows (one layer's copy:
+    # fast/decoder.select_rows, StaticKVCache.load)
+    prefilled = prompts_per_step if shared_prefill else N
+    prefill = prefill_bytes(config, e, prefilled, prompt_len, T)
+    gather = kv // (2 * L)
+    completion = max_new_tokens
+    batch = learning_batch_bytes(N, row, completion)
+    episodes = episode_bytes(N, completion) if cpu else 0
+    records = logged_rollouts * T * ROLLOUT_RECORD_TOKEN_BYTES if cpu else 0
+    runtime = CPU_RUNTIME_BYTES if cpu else 0
 
     # compiled decoding keeps its cache between steps
     kept = " slots, kept" if compile else " tokens"
     items[f"KV cache ({N} sequences x {slots}{kept})"] = kv
+    items[f"sampling: prefill of {prefilled} x {prompt_len} tokens"] = prefill
+    items["sampling: KV gather (one layer of the rows)"] = gather
     items["sampling logits (float32, 3 copies)"] = sampling_logits
     shape = (
         f"{b} x {row}"
@@ -344,11 +411,16 @@ def estimate(
         items[f"log-prob chunks ({chunk_size} x {V} logits)"] = chunks
     else:
         items[f"logits ({b} x {max_new_tokens} x {V}, and their gradient)"] = chunks
+    items[f"learning batch ({N} rows, every pass)"] = batch
     if cpu:
         items["CPU allocator slack (freed blocks kept resident)"] = slack
+        items["CPU runtime (libraries loaded and started, measured)"] = runtime
+        items[f"episodes ({N} rollouts as Python objects)"] = episodes
+        items[f"rollout log ({logged_rollouts} records)"] = records
 
-    sampling = persistent + kv + sampling_logits
+    sampling = persistent + runtime + kv + max(prefill, gather) + sampling_logits + episodes
     learning = persistent + gradients + activations + chunks + slack + (kv if compile else 0)
+    learning += runtime + batch + episodes + records
     mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
     description = (
         f"GRPO step, {mode}, {e}-byte weights: {prompts_per_step} prompts x {group_size} samples, "

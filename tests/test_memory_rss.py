@@ -1,0 +1,119 @@
+"""The GRPO memory guard against the memory a CPU run really takes (issue 29, B14).
+
+Each case runs `python -m minirl grpo` on the toy checkpoint in a child process for one step, with
+groups large enough that the step's rows, not the model, fill the memory. The child records its RSS
+when the guard plans (torch and minirl imported, nothing allocated: what the budget is measured
+against) and its high-water mark (VmHWM) at the end; the guard's estimate must cover what the run
+added in between to within 15 %, and not be absurdly above it (at most 2x).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minirl.config import Qwen2Config
+from minirl.fast import FAST
+from minirl.grpo import GRPOConfig
+from minirl.run.grpo_memory import plan_memory
+from minirl.run.memory import GB, MemoryBudgetError
+from minirl.tasks import make_task
+from minirl.tokenizer import Tokenizer
+from minirl.toy import build_checkpoint
+
+# runs in the child: `python -c CHILD out/ grpo-flags...`
+CHILD = r"""
+import json, sys
+import minirl.run.grpo as harness
+from minirl.cli import main
+
+def kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
+
+record = {}
+plan_memory = harness.plan_memory
+
+def planned(*args, **kwargs):
+    record["baseline"] = kib("VmRSS:")
+    return plan_memory(*args, **kwargs)
+
+harness.plan_memory = planned
+main(["grpo", *sys.argv[2:]])
+record["peak"] = kib("VmHWM:")
+with open(sys.argv[1] + "/summary.json") as f:
+    record["estimate"] = json.load(f)["memory_estimate_gb"] * 1e9
+print("RSS " + json.dumps(record))
+"""
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    return build_checkpoint(str(tmp_path_factory.mktemp("rss") / "toy"), initializer_range=0.2)
+
+
+def measured_run(toy, out, group_size, max_new_tokens, *flags):
+    """(estimated peak, measured peak over the RSS at planning time), in bytes."""
+    args = [
+        *("--model", toy, "--out", str(out), "--steps", "1", "--prompts-per-step", "1"),
+        *("--group-size", str(group_size), "--max-new-tokens", str(max_new_tokens)),
+        *("--task-option", "eval_size=2", *flags),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", CHILD, str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(x for x in run.stdout.splitlines() if x.startswith("RSS "))
+    record = json.loads(line[4:])
+    return record["estimate"], record["peak"] - record["baseline"]
+
+
+# (G, max new tokens, flags): 1,000 to 250 rows of 89 to 137 tokens, 110-200 MB of KV cache; the
+# plain sampler prefills every row (sampling.generate), the drop-in each prompt once
+CASES = [
+    (1000, 16, ()),
+    (500, 48, ()),
+    (250, 96, ("--beta", "0")),
+    (400, 16, ("--plain",)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group_size, max_new_tokens, flags", CASES)
+def test_the_guard_covers_the_peak_rss_of_a_cpu_grpo_step(
+    toy, tmp_path, group_size, max_new_tokens, flags
+):
+    estimate, measured = measured_run(toy, tmp_path / "run", group_size, max_new_tokens, *flags)
+    print(
+        f"G={group_size} new={max_new_tokens} {flags}: {estimate / 1e6:.0f} MB estimated, "
+        f"{measured / 1e6:.0f} MB measured"
+    )
+    assert estimate >= 0.85 * measured
+    assert estimate <= 2 * measured
+
+
+def test_a_group_whose_sampling_does_not_fit_is_refused_naming_the_group_size(toy):
+    """B14: 20,000 samples of one prompt (73 + 16 tokens) on the toy model hold a 3.6 GB KV cache,
+    and with the copy into the group's rows, the runtime and the rollouts, more than 4 GB while
+    sampling; the guard used to plan 3.7 GB and let the run start within 4 GB."""
+    cfg = GRPOConfig(model=toy, group_size=20_000, prompts_per_step=1, max_new_tokens=16)
+    config, tokenizer = Qwen2Config.from_json(toy), Tokenizer.from_dir(toy)
+    task = make_task("arithmetic")
+    with pytest.raises(MemoryBudgetError) as refused:
+        plan_memory(cfg, config, tokenizer, task, torch.float32, 4 * GB, 1, cpu=True, fast=FAST)
+    message = str(refused.value)
+    assert "(sampling needs the most)" in message and "KV cache (20000 sequences" in message
+    largest = int(re.search(r"--group-size (\d+) \(the largest that fits\)", message)[1])
+    assert 2 <= largest < 20_000
+    # and that group size does fit
+    cfg.group_size = largest
+    plan_memory(cfg, config, tokenizer, task, torch.float32, 4 * GB, 1, cpu=True, fast=FAST)
