@@ -270,7 +270,8 @@ def read_episodes(folder: str) -> list[dict]:
             value = record[k]
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{path}:{lineno}: {k} must be a number, got {value!r}")
-            if not math.isfinite(value):
+            # NaN is a reward that failed (the summary shows it as None); infinity has no JSON
+            if math.isinf(value):
                 raise ValueError(f"{path}:{lineno}: {k} is {value}, not a finite number")
         episodes.append(record)
     if not episodes:

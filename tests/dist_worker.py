@@ -6,7 +6,7 @@
 
 learn: one GRPO step (grpo_step) on fixed rollouts, each rank on its share;
 rank 0 saves the trainable parameters. grpo: full GRPO runs, an uninterrupted one and one stopped
-and resumed. crash: rank 1's reward function raises while rank 0 waits for it in a collective.
+and resumed. crash: rank 1's task raises drawing its prompts while rank 0 waits for it in a collective.
 """
 
 import os
@@ -104,11 +104,12 @@ class RankTask(Task):
         }
 
     def parity(self, t):
-        if distributed.rank() == self.fail_on_rank:
-            raise RuntimeError(f"rank {self.fail_on_rank} fails on purpose")
         return float(bool(t.completion_ids) and t.completion_ids[0] % 2 == 0)
 
     def sample(self, n, rng):
+        # (a reward that raises is a counted scoring error, not a crash: the prompts fail instead)
+        if distributed.rank() == self.fail_on_rank:
+            raise RuntimeError(f"rank {self.fail_on_rank} fails on purpose")
         return prompts(n, rng)
 
     def eval_items(self):

@@ -188,7 +188,7 @@ def test_a_grpo_run_on_two_ranks_logs_and_resumes(base, tmp_path):
 
 
 def test_a_rank_that_raises_stops_the_whole_run(base, tmp_path):
-    # rank 1's reward raises while rank 0 waits for its trajectories in a collective
+    # rank 1's task raises while rank 0 waits for its trajectories in a collective
     result = torchrun("tests/dist_worker.py", "crash", base, str(tmp_path), timeout=120)
     assert result.returncode != 0
     assert "RuntimeError: rank 1 fails on purpose" in result.stdout + result.stderr

@@ -171,7 +171,7 @@ def fit_learning(
 
     def estimate_for(rows, checkpointing):
         # the largest of this cut's passes
-        cut = passes(lengths, rows) if fast.prefixes else [range(rows)]
+        cut = passes(lengths, rows) if fast.prefixes else [range(min(rows, len(lengths)))]
         sizes = {(len(p), max(lengths[i] for i in p)) for p in cut}
         return max(
             (
