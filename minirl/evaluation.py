@@ -244,7 +244,8 @@ def evaluate(
     return summarize(episodes)
 
 
-EVAL_FILES = ("episodes.jsonl", "summary.json", "run.json")
+# an eval folder's files; `minirl view` adds viewer.html, which a new eval there replaces with the rest
+EVAL_FILES = ("episodes.jsonl", "summary.json", "run.json", "viewer.html")
 
 
 def check_eval_out(out: str) -> None:

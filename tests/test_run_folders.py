@@ -205,6 +205,7 @@ def test_a_failed_eval_write_leaves_the_previous_eval_whole(tmp_path):
     # B4: a write cut short (here a file-size limit, as `ulimit -f 40`) left half an episodes.jsonl
     out = tmp_path / "eval"
     write_run(str(out), [record(0, True), record(1, False)], {"task": "calculator"})
+    main(["view", str(out)])  # an eval folder may hold its page
     before = snapshot(out)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
