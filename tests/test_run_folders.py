@@ -233,6 +233,16 @@ def test_rescore_of_an_infinite_reward_names_the_line_and_writes_nothing(tmp_pat
     assert (out / "summary.json").read_bytes() == summary
 
 
+def test_a_training_run_refuses_an_eval_folder(base, data, tmp_path):
+    out = tmp_path / "eval"
+    write_run(str(out), [record(0, True)], {"task": "calculator"})
+    before = snapshot(out)
+    for overwrite in (False, True):
+        with pytest.raises(RunFolderError, match="is an eval folder"):
+            sft(base, data, out, overwrite=overwrite)
+    assert snapshot(out) == before
+
+
 def test_eval_refuses_a_folder_of_other_files(base, tmp_path, capsys):
     (tmp_path / "mine.txt").write_text("keep")
     argv = ["eval", "--model", base, "--task", "calculator", "--out", str(tmp_path)]
