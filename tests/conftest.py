@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random checkpoints written by transformers (the oracle), the toy tokenizer,
-and the opt-in real checkpoint (MINIRL_REAL_MODEL=DIR pytest -m real)."""
+and the opt-in real checkpoint (MINIRL_REAL_MODEL=DIR pytest -m real); snapshot and cli_error for the
+reliability probes."""
 
 import copy
 import os
@@ -9,12 +10,34 @@ import sys
 import pytest
 import torch
 
+from minirl.cli import main
 from minirl.tasks import Task
 from minirl.toy import arithmetic_corpus, train_tokenizer
 
 # Every tiny config the parity tests use: (tie_word_embeddings, num_key_value_heads).
 # 4 heads: kv 4 is plain multi-head attention, kv 2 two query heads per kv head, kv 1 all share one.
 TINY_VARIANTS = [(True, 2), (False, 2), (True, 1), (False, 4)]
+
+
+def snapshot(folder) -> dict:
+    """Every file under `folder` and its bytes."""
+    found = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, folder)] = f.read()
+    return found
+
+
+def cli_error(argv, capsys) -> str:
+    """The one line `python -m minirl ...` prints for a bad input (exit code 2, no traceback)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err), err
+    return err[-1]
 
 
 class FixedRollouts(Task):

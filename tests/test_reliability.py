@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from conftest import cli_error, snapshot
 from safetensors.torch import load_file, save_file
 
 from minirl.cli import main
@@ -57,27 +58,6 @@ def grpo(base, out, **overrides):
 def rows(out) -> list[dict]:
     with open(os.path.join(out, "metrics.csv"), newline="") as f:
         return list(csv.DictReader(f))
-
-
-def snapshot(folder) -> dict:
-    """Every file under `folder` and its bytes."""
-    found = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                found[os.path.relpath(path, folder)] = f.read()
-    return found
-
-
-def cli_error(argv, capsys) -> str:
-    """The one line `python -m minirl ...` prints for a bad input (exit code 2, no traceback)."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err), err
-    return err[-1]
 
 
 # --- a run folder belongs to one run ------------------------------------------------------------

@@ -11,6 +11,7 @@ import signal
 import time
 
 import pytest
+from conftest import cli_error, snapshot
 
 from minirl.cli import main
 from minirl.envs.program import read_problems
@@ -48,25 +49,6 @@ def sft_run(base, data, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "s9"
     sft(base, data, out)
     return out
-
-
-def snapshot(folder) -> dict:
-    found = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "rb") as f:
-                found[os.path.relpath(path, folder)] = f.read()
-    return found
-
-
-def cli_error(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err), err
-    return err[-1]
 
 
 # --- B8, B9: --overwrite removes only a run's own files, never an input --------------------------

@@ -30,6 +30,19 @@ def logged_rollouts(cfg, prompts: int, group_size: int) -> int:
     return min(cfg.log_rollout_groups, prompts) * group_size if cfg.log_rollouts_every else 0
 
 
+def run_terms(cfg, cpu: bool, fast) -> dict:
+    """The estimate's terms that are this run's for its whole length: the flags and the drop-ins."""
+    return dict(
+        full=cfg.full,
+        beta=cfg.beta,
+        compile=cfg.compile,
+        cpu=cpu,
+        prefixes=fast.prefixes,
+        chunked=fast.chunked_logprobs,
+        shared_prefill=fast.shared_prefill,
+    )
+
+
 def memory_estimator(
     cfg, config, dtype_bytes, prompts_per_rank, prompt_len, completion_len, shared, cpu, fast
 ):
@@ -46,18 +59,12 @@ def memory_estimator(
         }
         return estimate(
             config,
-            full=cfg.full,
             prompt_len=prompt_len,
             minibatch_size=rows,
             checkpointing=checkpointing,
-            beta=cfg.beta,
-            compile=cfg.compile,
             shared_prefix=shared,
-            cpu=cpu,
-            prefixes=fast.prefixes,
-            chunked=fast.chunked_logprobs,
-            shared_prefill=fast.shared_prefill,
             logged_rollouts=logged_rollouts(cfg, sizes["prompts_per_step"], sizes["group_size"]),
+            **run_terms(cfg, cpu, fast),
             **sizes,
         )
 
@@ -177,7 +184,6 @@ def fit_learning(
             (
                 estimate(
                     config,
-                    full=cfg.full,
                     lora_r=cfg.lora_r,
                     prompts_per_step=n,
                     group_size=-(-len(trajectories) // n),
@@ -185,15 +191,10 @@ def fit_learning(
                     max_new_tokens=longest - 1 or 1,
                     minibatch_size=b,
                     checkpointing=checkpointing,
-                    beta=cfg.beta,
-                    compile=cfg.compile,
                     shared_prefix=shared,
                     dtype_bytes=dtype_bytes,
-                    cpu=cpu,
-                    prefixes=fast.prefixes,
-                    chunked=fast.chunked_logprobs,
-                    shared_prefill=fast.shared_prefill,
                     logged_rollouts=logged_rollouts(cfg, n, -(-len(trajectories) // n)),
+                    **run_terms(cfg, cpu, fast),
                 )
                 for b, longest in sizes
             ),
