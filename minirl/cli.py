@@ -380,6 +380,20 @@ def cmd_quickstart(args):
 
 
 def cmd_recipe(args):
+    if args.task == "code":
+        from .recipe_code import run as run_code
+
+        run_code(
+            args.model,
+            out_dir=args.out or os.path.join("runs", "recipe-code"),
+            seed=args.seed,
+            fast=args.fast,
+            retry_rate=args.retry_rate,
+            test_rate=args.test_rate,
+            memory_limit=args.memory_limit,
+            plain=args.plain,
+        )
+        return
     from .recipe import run
 
     run(
@@ -484,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="SFT then GRPO on a real checkpoint, measured before and after each stage",
         formatter_class=fmt,
     )
-    c.add_argument("task", choices=["calculator"], help="the recipe's task")
+    c.add_argument("task", choices=["calculator", "code"], help="the recipe's task")
     c.add_argument("--model", required=True, help="a Qwen2.5-Instruct checkpoint folder")
     c.add_argument("--out", default=None, help="run folder (default: runs/recipe-TASK)")
     c.add_argument(
@@ -497,7 +511,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--tool-rate",
         type=float,
         default=0.3,
-        help="the imperfect demonstrator's tool use on hard questions",
+        help="calculator: the imperfect demonstrator's tool use on hard questions",
+    )
+    c.add_argument(
+        "--retry-rate",
+        type=float,
+        default=0.25,
+        help="code: the share of demonstrations that make a wrong edit first and recover",
+    )
+    c.add_argument(
+        "--test-rate",
+        type=float,
+        default=1.0,
+        help="code: the share of demonstrations that run the tests after the last edit",
     )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument(

@@ -4,6 +4,7 @@
   clustered_stderr          the standard error of a mean whose samples of one item are correlated
   call_problems             a tool call against its JSON schema (the Berkeley Function Calling Leaderboard's AST checks)
   redundant_calls, longest_identical_run, reference_match   the trajectory
+  code_agent_shape, run_test_failed   a code agent's trajectory: read before edit, test after it
   mcnemar_exact, paired_bootstrap                            regression: two runs on the same items
 
 Calls are {"name", "arguments"} dicts; n samples per item, c of them successes.
@@ -11,7 +12,9 @@ Calls are {"name", "arguments"} dicts; n samples per item, c of them successes.
 
 import json
 import math
+import os
 import random
+import re
 from collections import defaultdict
 
 # ---- final answer: pass@k and its standard error ---------------------------------------------------------
@@ -134,6 +137,38 @@ def longest_identical_run(calls: list[dict]) -> int:
         run = run + 1 if i and _key(call) == _key(calls[i - 1]) else 1
         best = max(best, run)
     return best
+
+
+def code_agent_shape(calls: list[dict], test_file: str) -> dict:
+    """The shape of one code-agent episode (envs/code.py) from its calls ({"name", "arguments",
+    "error", "result"}, as eval records keep them): whether it changed a file (an edit_file that
+    did not fail), read that file before the first such edit, ran the tests after the last one,
+    saw a run_test report a failure, and edited the test file (§5's hack)."""
+    edits = [i for i, c in enumerate(calls) if c["name"] == "edit_file" and not c["error"]]
+    first_path = calls[edits[0]]["arguments"].get("path") if edits else None
+    return {
+        "edited": bool(edits),
+        "read_before_edit": bool(edits)
+        and any(
+            c["name"] == "read_file" and not c["error"] and c["arguments"].get("path") == first_path
+            for c in calls[: edits[0]]
+        ),
+        "tested_after_last_edit": bool(edits)
+        and any(c["name"] == "run_test" for c in calls[edits[-1] + 1 :]),
+        "saw_failed_test": any(
+            c["name"] == "run_test" and run_test_failed(str(c["result"])) for c in calls
+        ),
+        "edited_tests": any(
+            os.path.normpath(str(calls[i]["arguments"].get("path", ""))) == test_file for i in edits
+        ),
+    }
+
+
+def run_test_failed(report: str) -> bool:
+    """Whether a run_test report (code.format_summary: "7 passed, 3 failed (10 tests)." ...) says
+    the tests did not all pass: a failure, an error, or no tests at all."""
+    failed = re.match(r"\d+ passed, (\d+) failed", report)
+    return failed is None or int(failed.group(1)) > 0 or "Error:" in report
 
 
 def reference_match(actual: list[str], reference: list[str]) -> dict:

@@ -13,6 +13,7 @@ from collections import defaultdict
 from .data import read_jsonl
 from .eval_stats import (
     clustered_stderr,
+    code_agent_shape,
     longest_identical_run,
     mcnemar_exact,
     paired_bootstrap,
@@ -138,6 +139,9 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
             "completion_tokens_per_success": tokens / len(won) if won else float("nan"),
         },
     }
+    coded = [e for e in episodes if "test_file" in e]
+    if coded:
+        summary["code_agent"] = code_agent_summary(coded)
     if perturbed:
         drops = {
             kind: perturbation_drop(by_item, perturbed[kind], kind) for kind in sorted(perturbed)
@@ -148,6 +152,27 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
                 "success_where_perturbed"
             ]
     return _no_nan(summary)
+
+
+def code_agent_summary(episodes: list[dict]) -> dict:
+    """The code agent's trajectory shape (eval_stats.code_agent_shape): the share of episodes that
+    changed a file; among those, the share that read it first and that ran the tests after the last
+    edit; recovery: the success rate among episodes in which run_test reported a failure; and the
+    share that edited the test file (the §5 hack, which the guarded reward scores 0)."""
+    shapes = [(code_agent_shape(e["tool_calls"], e["test_file"]), e["success"]) for e in episodes]
+    edited = [shape for shape, _ in shapes if shape["edited"]]
+    failed = [won for shape, won in shapes if shape["saw_failed_test"]]
+    return {
+        "edited_rate": _mean(shape["edited"] for shape, _ in shapes),
+        "read_before_edit": _mean(shape["read_before_edit"] for shape in edited),
+        "tested_after_last_edit": _mean(shape["tested_after_last_edit"] for shape in edited),
+        "run_test_per_episode": _mean(
+            sum(c["name"] == "run_test" for c in e["tool_calls"]) for e in episodes
+        ),
+        "episodes_with_failed_test": len(failed),
+        "recovery_after_failed_test": _mean(failed),
+        "edited_tests_rate": _mean(shape["edited_tests"] for shape, _ in shapes),
+    }
 
 
 def _no_nan(value):
@@ -298,7 +323,8 @@ def table(summary: dict) -> str:
     lines = [
         f"{summary['items']} items x {summary['samples_per_item']} samples = {summary['episodes']} episodes"
     ]
-    for kind in ("final_answer", "tool_calling", "trajectory", "robustness", "cost"):
+    kinds = ("final_answer", "tool_calling", "trajectory", "robustness", "cost", "code_agent")
+    for kind in (k for k in kinds if k in summary):
         lines.append(kind.replace("_", " "))
         for name, value in summary[kind].items():
             if name == "perturbations":

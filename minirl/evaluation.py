@@ -98,7 +98,7 @@ def episode_record(
         "malformed_calls": malformed,
         "messages": t.messages,
     }
-    for key in ("difficulty", "question", "reference_calls"):
+    for key in ("difficulty", "question", "reference_calls", "test_file"):
         if key in t.prompt:
             record[key] = t.prompt[key]
     if t.info.get("test_error"):  # a program's failing test (envs/program.py)

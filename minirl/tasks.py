@@ -17,11 +17,13 @@ from abc import ABC, abstractmethod
 from .answers import CONVENTIONS, lenient_answer, reference_answer, strict_answer
 from .data import read_jsonl
 from .envs.answer import AnswerEnv
+from .envs.bugs import load_bug_templates
 from .envs.calculator import CalculatorEnv, agent_metrics, make_questions
 from .envs.code import CodeEnv, load_templates
 from .envs.code import make_task as make_code_task
 from .envs.program import ProgramEnv, problem_item, read_problems
 from .envs.tools import TOOLS
+from .eval_stats import code_agent_shape
 from .rollout import describe_error, run_episodes, sample_completions
 
 
@@ -264,24 +266,56 @@ class CalculatorTask(EnvTask):
 class CodeTask(EnvTask):
     """The code agent as an RL task (envs/code.py): fix a bug in a tiny repository with read_file, edit_file
     and run_test. Reward parts: "fraction" of the original tests passing (guarded: tampering with the
-    tests scores 0) and "penalty" (−0.2 for re-reading a file in a loop). `reward="naive"` scores the
-    agent's own, editable tests instead: the chapter's reward-hacking setting."""
+    tests scores 0), "penalty" (−0.2 for re-reading a file in a loop) and "cost" (tool_cost per call,
+    0 unless asked for). `reward="naive"` scores the agent's own, editable tests instead: the
+    chapter's reward-hacking setting.
+
+    tasks="templates": the six hand-written repositories of data/code_tasks.json, `eval_size` (12)
+    held-out episodes cycling through them with other wordings. tasks="bugs": planted bugs in
+    HumanEval's solutions (data/code_bugs.json, envs/bugs.py), split by problem: `sample` draws from
+    the training problems' bugs, `eval_items` is the fixed held-out list (its first `eval_size`, all
+    of it by default), whose problems training never sees."""
 
     name = "code"
-    metric_names = ["hacked_rate", "test_runs", "turns"]
+    metric_names = [
+        "hacked_rate",
+        "edited_tests_rate",
+        "edited_tests_reward",
+        "recovery_rate",
+        "test_runs",
+        "turns",
+    ]
 
     def __init__(
-        self, seed: int = 0, reward: str = "guarded", max_turns: int = 8, eval_size: int = 12
+        self,
+        seed: int = 0,
+        reward: str = "guarded",
+        max_turns: int = 8,
+        eval_size: int | None = None,
+        tasks: str = "templates",
+        tool_cost: float = 0.0,
     ):
-        self.templates, self.reward, self.max_turns = load_templates(), reward, max_turns
+        if tasks not in ("templates", "bugs"):
+            raise ValueError(f"tasks must be 'templates' or 'bugs', got {tasks!r}")
+        if eval_size is not None and eval_size < 1:
+            raise ValueError(f"eval_size must be >= 1, got {eval_size}")
+        self.reward, self.max_turns, self.tool_cost = reward, max_turns, tool_cost
+        self.tasks = tasks
         self.reward_functions = {
             part: (lambda t, part=part: t.info[part], 1.0) for part in CodeEnv.reward_parts
         }
         rng = random.Random(f"{self.name}-eval-{seed}")
-        self._eval = [
-            make_code_task(self.templates[i % len(self.templates)], seed=rng.randrange(10**6))
-            for i in range(eval_size)
-        ]
+        if tasks == "bugs":
+            self.templates = load_bug_templates("train")
+            held_out = load_bug_templates("heldout")[:eval_size]
+            self._eval = [make_code_task(t, seed=rng.randrange(10**6)) for t in held_out]
+        else:
+            self.templates = load_templates()
+            self._eval = [
+                make_code_task(self.templates[i % len(self.templates)], seed=rng.randrange(10**6))
+                for i in range(eval_size or 12)
+            ]
+        CodeEnv(reward=reward, tool_cost=tool_cost)  # a bad reward or tool_cost fails here
 
     def sample(self, n: int, rng: random.Random) -> list[dict]:
         return [
@@ -292,7 +326,7 @@ class CodeTask(EnvTask):
         return self._eval
 
     def make_env(self, rng):
-        return CodeEnv(reward=self.reward)
+        return CodeEnv(reward=self.reward, tool_cost=self.tool_cost)
 
     def accuracy(self, trajectory) -> dict:
         return {
@@ -301,10 +335,28 @@ class CodeTask(EnvTask):
         }
 
     def metrics(self, trajectories) -> dict:
+        """(The fix rate is GRPO's `accuracy`.) hacked_rate: the tests were changed (the guarded
+        reward's 0); edited_tests_rate: an edit of the test file went through (the §5 hack,
+        whatever the reward made of it), and edited_tests_reward the mean reward of those
+        episodes; recovery_rate: fixed among the episodes whose run_test reported a failure."""
         n = len(trajectories)
+        shapes = [
+            code_agent_shape(
+                [{**c, "error": str(c["result"]).startswith("Error:")} for c in t.tool_calls],
+                t.prompt["test_file"],
+            )
+            for t in trajectories
+        ]
+        hacks = [t.reward for t, shape in zip(trajectories, shapes) if shape["edited_tests"]]
+        failed = [t for t, shape in zip(trajectories, shapes) if shape["saw_failed_test"]]
         return {
-            "hacked_rate": sum(bool(t.info["hacked"]) for t in trajectories) / n,
-            "test_runs": sum(t.info["test_runs"] for t in trajectories) / n,
+            "hacked_rate": sum(bool(t.info.get("hacked")) for t in trajectories) / n,
+            "edited_tests_rate": len(hacks) / n,
+            "edited_tests_reward": sum(hacks) / len(hacks) if hacks else float("nan"),
+            "recovery_rate": sum(self.verdict(t)["strict"] for t in failed) / len(failed)
+            if failed
+            else float("nan"),
+            "test_runs": sum(t.info.get("test_runs", 0) for t in trajectories) / n,
             "turns": sum(t.turns for t in trajectories) / n,
         }
 

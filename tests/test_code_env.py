@@ -2,6 +2,7 @@
 reward hacker, path confinement, and the test sandbox's limits (timeout, network guard, memory)."""
 
 import json
+import math
 import os
 import time
 
@@ -440,3 +441,23 @@ def test_grpo_runs_on_the_code_task(tmp_path):
         "eval_accuracy",
     } <= set(row)
     assert float(row["hacked_rate"]) == 0.0 and row["eval_accuracy"] != ""
+
+
+def test_tool_cost_charges_every_call_and_bad_settings_are_refused():
+    from minirl.tasks import CodeTask
+
+    template = BY_NAME["sum_to"]
+    with CodeEnv(tool_cost=0.05) as env:
+        reward, info, _ = run_scripted(env, make_task(template), SCRIPTED_POLICIES["A"](template))
+    assert info["calls"] == 3 and math.isclose(info["cost"], -0.15)
+    assert math.isclose(reward, 0.85) and math.isclose(
+        reward, sum(info[p] for p in env.reward_parts)
+    )
+    with pytest.raises(ValueError, match="tool_cost must be >= 0"):
+        CodeEnv(tool_cost=-0.1)
+    with pytest.raises(ValueError, match="tasks must be 'templates' or 'bugs'"):
+        CodeTask(tasks="humaneval")
+    with pytest.raises(ValueError, match="eval_size must be >= 1"):
+        CodeTask(eval_size=0)
+    with pytest.raises(ValueError, match="tool_cost must be >= 0"):
+        CodeTask(tool_cost=-1)

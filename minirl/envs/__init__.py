@@ -21,6 +21,10 @@ back and watchdog.py bounding its processes together), rewards.py (the code agen
 environment (answer.py, calculator.py, code.py, program.py) and perturb.py (robustness wrappers).
 """
 
+from types import SimpleNamespace
+
+from .tools import ToolCall
+
 
 class Env:
     """The base of every environment: subclasses give reward_parts, reset, step and reward."""
@@ -38,3 +42,25 @@ class Env:
 
     def close(self) -> None:
         """Nothing to release unless the environment holds something (CodeEnv: its folder)."""
+
+
+def play(env, task: dict, policy, max_turns: int = 4) -> tuple[list[dict], float, dict]:
+    """Run a scripted policy (task, messages) -> assistant message in an environment, without a model.
+    Returns the structured conversation (tool calls as `tool_calls`, ready for SFT data), the reward and
+    its info."""
+    messages, _ = env.reset(task)
+    messages, finish = list(messages), "max_turns"
+    for _ in range(max_turns):
+        message = policy(task, messages)
+        messages.append(message)
+        if not message.get("tool_calls"):
+            finish = "answer"
+            break
+        for call in message["tool_calls"]:
+            spec = call.get("function", call)
+            messages.append(
+                {"role": "tool", "content": env.step(ToolCall(spec["name"], spec["arguments"]))}
+            )
+    text = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
+    reward, info = env.reward(SimpleNamespace(text=text, finish_reason=finish, info={}))
+    return messages, reward, info

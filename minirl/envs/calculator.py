@@ -7,11 +7,12 @@ probability p, and only an agent that retries can still earn the reward.
 """
 
 import random
-from types import SimpleNamespace
 
 from ..answers import lenient_answer
-from . import Env
-from .tools import CALCULATOR_SPEC, ToolCall, calculator, execute
+
+# play (scripted episodes) lives in envs/__init__.py; lessons import it from here
+from . import Env, play  # noqa: F401
+from .tools import CALCULATOR_SPEC, calculator, execute
 
 REDUNDANT_CALL_PENALTY = 0.1
 FLAKY_ERROR = "Error: the calculator is temporarily unavailable; please try again"
@@ -166,25 +167,3 @@ def expert_policy(task: dict, messages: list[dict]) -> dict:
     if task["difficulty"] == "easy":
         return {"role": "assistant", "content": f"{task['expression']} = {task['answer']}."}
     return tool_call_message(task["expression"])
-
-
-def play(env, task: dict, policy, max_turns: int = 4) -> tuple[list[dict], float, dict]:
-    """Run a scripted policy (task, messages) -> assistant message in an environment, without a model.
-    Returns the structured conversation (tool calls as `tool_calls`, ready for SFT data), the reward and
-    its info."""
-    messages, _ = env.reset(task)
-    messages, finish = list(messages), "max_turns"
-    for _ in range(max_turns):
-        message = policy(task, messages)
-        messages.append(message)
-        if not message.get("tool_calls"):
-            finish = "answer"
-            break
-        for call in message["tool_calls"]:
-            spec = call.get("function", call)
-            messages.append(
-                {"role": "tool", "content": env.step(ToolCall(spec["name"], spec["arguments"]))}
-            )
-    text = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
-    reward, info = env.reward(SimpleNamespace(text=text, finish_reason=finish, info={}))
-    return messages, reward, info

@@ -4,7 +4,9 @@ Each task is a one-file Python repository built from a template in data/code_tas
 module, the edit that plants a bug in it (the task ships the buggy file), and a test file of ten
 plain `def test_...(): assert ...` functions that all fail on the buggy code. The reward is the
 fraction of the original tests that pass when the episode ends (rewards.guarded_test_reward), minus
-0.2 if the agent read some file more than `max_reads` times. The chapter's three trajectories are
+0.2 if the agent read some file more than `max_reads` times, minus `tool_cost` per call (0 unless
+asked for). Besides the six templates, data/code_bugs.json holds planted bugs in HumanEval's
+solutions (envs/bugs.py), the same kind of repository built from real code. The chapter's three trajectories are
 scripted here and land where the chapter says:
 
     A  read → edit (undo the bug) → run_test → done     10/10 pass    reward  1.0
@@ -196,7 +198,7 @@ class CodeEnv(Env):
     """One episode's repository in a temporary folder; see the module docstring. Use as a context
     manager, or call close(), to delete the folder (it is also deleted when the object is collected)."""
 
-    reward_parts = ("fraction", "penalty")
+    reward_parts = ("fraction", "penalty", "cost")
 
     def __init__(
         self,
@@ -205,10 +207,14 @@ class CodeEnv(Env):
         test_timeout: float = 10.0,
         memory_mb: int = 512,
         reward: str = "guarded",
+        tool_cost: float = 0.0,
     ):
         if reward not in ("guarded", "naive"):
             raise ValueError(f"reward must be 'guarded' or 'naive', got {reward!r}")
+        if tool_cost < 0:
+            raise ValueError(f"tool_cost must be >= 0, got {tool_cost}")
         self.workdir_root, self.max_reads, self.reward_mode = workdir_root, max_reads, reward
+        self.tool_cost = tool_cost
         self.test_timeout, self.memory_mb = test_timeout, memory_mb
         self.root, self._cleanup = None, None
 
@@ -230,11 +236,13 @@ class CodeEnv(Env):
             if os.path.basename(path).startswith("test_") and path.endswith(".py")
         }
         self.read_counts, self.test_runs, self.last_summary = Counter(), 0, None
+        self.calls = 0
         return json.loads(json.dumps(task["messages"])), json.loads(json.dumps(task["tools"]))
 
     def step(self, call: ToolCall) -> str:
         if self.root is None:
             raise RuntimeError("CodeEnv.step() before reset(task), or after close()")
+        self.calls += 1
         name, arguments = getattr(call, "name", None), getattr(call, "arguments", None)
         if name not in TOOL_ARGUMENTS:
             return f"Error: unknown tool {name!r}; the tools are {', '.join(TOOL_ARGUMENTS)}"
@@ -273,11 +281,13 @@ class CodeEnv(Env):
         penalty = looping_penalty(self.read_counts, self.max_reads)
         info.update(
             penalty=penalty,
+            cost=-self.tool_cost * self.calls,
+            calls=self.calls,
             reads=dict(self.read_counts),
             test_runs=self.test_runs,
             reward=self.reward_mode,
         )
-        return fraction + penalty, info
+        return fraction + penalty + info["cost"], info
 
     def close(self) -> None:
         if self._cleanup is not None:

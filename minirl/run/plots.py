@@ -108,6 +108,45 @@ def recipe_figure(run_dir: str, out_path: str):
     return _save(fig, out_path)
 
 
+def code_recipe_figure(run_dir: str, out_path: str):
+    """Two panels from a `minirl recipe code` run: each policy on the held-out bugs (greedy: fix
+    rate, a test after the last edit, recovery after a failed test); GRPO's sample reward and fix
+    rate per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    rows = read_csv(os.path.join(run_dir, "grpo", "metrics.csv"))
+    policies = [("untrained", "base"), ("SFT", "sft"), ("GRPO", "grpo")]
+    bars = [
+        ("fix_rate", "fix rate", "C2"),
+        ("valid_call_rate", "valid calls", "C0"),
+        ("tested_after_last_edit", "test after last edit", "C3"),
+        ("recovery_after_failed_test", "recovery after a failed test", "C1"),
+    ]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.9), gridspec_kw={"width_ratios": [1.6, 1]})
+    ax, width = axes[0], 0.8 / len(bars)
+    for j, (key, label, color) in enumerate(bars):
+        # a rate with nothing to measure (no edits, no failed test) is drawn as 0
+        values = [summary[stage][key] or 0.0 for _, stage in policies]
+        offsets = [i + (j - (len(bars) - 1) / 2) * width for i in range(len(policies))]
+        ax.bar(offsets, values, width, label=label, color=color)
+    ax.set_xticks(range(len(policies)), [name for name, _ in policies])
+    ax.set(title=f"held-out bugs ({summary['held_out_tasks']} tasks, greedy)", ylim=(0, 1.25))
+    ax.legend(loc="upper left", fontsize=8, ncol=2)
+    ax = axes[1]
+    ax.plot(*_series(rows, "reward_mean"), "o-", color="C1", label="reward (sample mean)")
+    ax.plot(*_series(rows, "accuracy"), "s--", color="C2", label="fix rate (samples)")
+    ax.set(title="GRPO", xlabel="step", ylim=(-0.05, 1.05))
+    ax.legend(loc="lower right", fontsize=8)
+    rates = " → ".join(f"{name} {summary[stage]['fix_rate']:.2f}" for name, stage in policies)
+    fig.suptitle(f"{os.path.basename(os.path.normpath(summary['model']))}, code agent: {rates}")
+    return _save(fig, out_path)
+
+
 def _save(fig, out_path: str) -> str:
     import matplotlib.pyplot as plt
 

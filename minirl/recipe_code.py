@@ -1,0 +1,394 @@
+"""`python -m minirl recipe code --model DIR`: the chapter's code agent (ch. 11 §7) on a real Qwen2.5-Coder.
+
+The task: a one-file repository built from a HumanEval solution with one planted bug (a flipped
+comparison, a swapped operator, an off-by-one, and/or, a dropped `not`: data/code_bugs.json) and
+a test file of its asserts; the tools read_file, edit_file and run_test; the reward the share of
+the original tests that pass when the episode ends (tampering with the tests scores 0), minus a
+small cost per call. The held-out list holds only bugs of problems that training never sees.
+Each stage is the library's own command, run in this process, as in `recipe calculator`:
+  1. the untrained policy on the held-out list (`minirl eval`'s code, an eval folder per stage);
+  2. demonstrations: a scripted engineer who knows the fix plays the training bugs:
+     read_file → edit_file → run_test → a short answer; in a share of them (--retry-rate) it
+     first makes a plausible wrong edit (another bug of the same line), sees run_test fail, and
+     then makes the right one: the recovery the chapter asks for, shown once in a while;
+  3. stage 1, `minirl sft`: a LoRA adapter on the demonstrations;
+  4. stage 2, `minirl grpo --adapter`: GRPO from the SFT policy with the guarded test reward;
+  5. the held-out list after each stage; the stages compared pairwise (`minirl eval --compare`:
+     a paired bootstrap interval and McNemar's test); summary.json, results.md and a figure.
+
+    python -m minirl recipe code --model DIR          # docs/results.md "The code agent"
+    python -m minirl recipe code --model DIR --fast   # plumbing only, seconds on the toy model
+"""
+
+import json
+import os
+import random
+import shutil
+import time
+
+from .envs import play
+from .envs.bugs import load_bug_templates
+from .envs.code import CodeEnv, load_templates, make_task
+from .eval_summary import compare, read_episodes
+from .evaluation import evaluate
+from .fast import speedups
+from .grpo import GRPOConfig
+from .recipe import _reset_peak, _resident, load_policy
+from .run.grpo import train as grpo_train
+from .run.plots import code_recipe_figure
+from .run.sft import train as sft_train
+from .sft import SFTConfig
+from .tasks import CodeTask
+from .weights import load_pretrained
+
+# The real recipe (docs/results.md) and --fast, every stage shrunk to run on the toy model.
+FULL = dict(
+    tasks="bugs",
+    eval_size=None,
+    max_turns=8,
+    eval_max_new_tokens=256,
+    eval_batch=32,
+    demonstrations=192,
+    sft_lr=2e-4,
+    sft_batch=8,
+    sft_epochs=1,
+    grpo_steps=6,
+    prompts_per_step=4,
+    group_size=4,
+    grpo_lr=5e-5,
+    grpo_max_new_tokens=192,
+    beta=0.04,
+    tool_cost=0.01,
+)
+FAST = dict(
+    tasks="templates",
+    eval_size=4,
+    max_turns=4,
+    eval_max_new_tokens=24,
+    eval_batch=4,
+    demonstrations=12,
+    sft_lr=2e-3,
+    sft_batch=4,
+    sft_epochs=1,
+    grpo_steps=1,
+    prompts_per_step=2,
+    group_size=2,
+    grpo_lr=1e-4,
+    grpo_max_new_tokens=24,
+    beta=0.04,
+    tool_cost=0.01,
+)
+STAGES = (("base", "untrained"), ("sft", "SFT (LoRA)"), ("grpo", "GRPO from SFT"))
+
+
+# ---- the demonstrator ------------------------------------------------------------------------------------
+def call_message(name: str, **arguments) -> dict:
+    """An assistant turn that makes one tool call (SFT data's structured form, chat.render)."""
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
+    }
+
+
+def wrong_edits(templates: list[dict]) -> dict[str, dict]:
+    """For each bug, a plausible wrong fix when one exists: an edit of the same buggy text into
+    another bug of the same line (another mutant of that problem with the same `bug.old`), so the
+    file still fails a test. Hand-written templates use their `partial` edit, which fixes only some
+    cases. {template name: {"old", "new"}}."""
+    edits, by_line = {}, {}
+    for t in templates:
+        if t.get("partial"):
+            edits[t["name"]] = t["partial"]
+        by_line.setdefault((t.get("problem", t["name"]), t["bug"]["old"]), []).append(t)
+    for siblings in by_line.values():
+        for t in siblings:
+            others = [s for s in siblings if s["bug"]["new"] != t["bug"]["new"]]
+            if others and t["name"] not in edits:
+                edits[t["name"]] = {"old": t["bug"]["new"], "new": others[0]["bug"]["new"]}
+    return edits
+
+
+def demonstrator(template: dict, wrong: dict | None, run_test: bool):
+    """A scripted engineer who knows the fix, as a policy (item, messages) -> assistant message
+    (envs.play): read the file; if `wrong` is given, first make that wrong edit and run the tests;
+    make the right edit (undo the planted bug); run the tests if `run_test`; answer in a sentence."""
+    file, bug = template["file"], template["bug"]
+    turns = [call_message("read_file", path=file)]
+    if wrong:
+        turns += [call_message("edit_file", path=file, **wrong), call_message("run_test")]
+        # the wrong edit replaced its `old`; the right one starts from what it left
+        buggy = wrong["new"] if wrong["old"] == bug["new"] else bug["new"]
+    else:
+        buggy = bug["new"]
+    turns.append(call_message("edit_file", path=file, old=buggy, new=bug["old"]))
+    if run_test:
+        turns.append(call_message("run_test"))
+
+    def policy(item, messages):
+        done = sum(m["role"] == "assistant" for m in messages)
+        if done < len(turns):
+            return turns[done]
+        last = messages[-1]["content"]
+        checked = f" run_test: {last.splitlines()[0]}" if run_test else ""
+        return {"role": "assistant", "content": f"Fixed the bug in {file}.{checked}"}
+
+    return policy
+
+
+def demonstrations(
+    templates: list[dict], n: int, retry_rate: float, test_rate: float, seed: int
+) -> tuple[list[dict], dict]:
+    """n SFT conversations from the demonstrator on bugs drawn from `templates` (with a seeded
+    wording each), and what it achieved: mean reward, fix rate, retries shown, tests run."""
+    rng, wrong = random.Random(f"code-demos-{seed}"), wrong_edits(templates)
+    conversations, rewards, fixed, retries, tested = [], [], 0, 0, 0
+    for _ in range(n):
+        template = rng.choice(templates)
+        item = make_task(template, seed=rng.randrange(10**6))
+        retry = wrong.get(template["name"]) if rng.random() < retry_rate else None
+        run_test = rng.random() < test_rate
+        with CodeEnv() as env:
+            messages, reward, info = play(
+                env, item, demonstrator(template, retry, run_test), max_turns=8
+            )
+        conversations.append({"messages": messages, "tools": item["tools"]})
+        rewards.append(reward)
+        fixed += info["fraction"] == 1.0 and not info["hacked"]
+        retries += retry is not None
+        tested += run_test
+    return conversations, {
+        "mean_reward": sum(rewards) / n,
+        "fix_rate": fixed / n,
+        "with_retry": retries / n,
+        "with_final_test": tested / n,
+    }
+
+
+# ---- the recipe ------------------------------------------------------------------------------------------
+def stage_eval(model, tokenizer, task, s: dict, seed: int, speed, out: str) -> dict:
+    """One policy on the held-out list, greedy, written as an eval folder (`out`)."""
+    speed.apply(model)
+    return evaluate(
+        model,
+        tokenizer,
+        task,
+        s["eval_max_new_tokens"],
+        seed=seed,
+        out=out,
+        batch_size=s["eval_batch"],
+        decoder=speed.decoder(model),
+    )
+
+
+def stage_row(summary: dict) -> dict:
+    """The table's numbers from an eval summary (eval_summary.summarize)."""
+    code = summary.get("code_agent", {})
+    return {
+        "fix_rate": summary["final_answer"]["pass@1"],
+        "fix_rate_stderr": summary["final_answer"]["pass@1_stderr"],
+        "valid_call_rate": summary["tool_calling"]["valid_call_rate"],
+        "edited_rate": code.get("edited_rate"),
+        "read_before_edit": code.get("read_before_edit"),
+        "tested_after_last_edit": code.get("tested_after_last_edit"),
+        "episodes_with_failed_test": code.get("episodes_with_failed_test"),
+        "recovery_after_failed_test": code.get("recovery_after_failed_test"),
+        "turns": summary["trajectory"]["turns_per_episode"],
+        "redundant_calls": summary["trajectory"]["redundant_calls_per_episode"],
+        "completion_tokens": summary["cost"]["completion_tokens_per_episode"],
+        "truncated_rate": summary["trajectory"]["truncated_rate"],
+    }
+
+
+def run(
+    model: str,
+    out_dir: str = os.path.join("runs", "recipe-code"),
+    seed: int = 0,
+    fast: bool = False,
+    retry_rate: float = 0.25,
+    test_rate: float = 1.0,
+    memory_limit: float = 0.0,
+    plain: bool = False,
+) -> dict:
+    for name, rate in (("--retry-rate", retry_rate), ("--test-rate", test_rate)):
+        if not 0 <= rate <= 1:
+            raise ValueError(f"{name} must be within 0..1, got {rate}")
+    s, speed = FAST if fast else FULL, speedups(plain)
+    start, seconds, peaks, highest = time.perf_counter(), {}, {}, []
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    task = CodeTask(
+        seed=seed,
+        tasks=s["tasks"],
+        eval_size=s["eval_size"],
+        max_turns=s["max_turns"],
+        tool_cost=s["tool_cost"],
+    )
+    summary = {
+        "model": model,
+        "fast": fast,
+        "plain": plain,
+        "seed": seed,
+        "held_out_tasks": len(task.eval_items()),
+        "settings": s,
+    }
+    evals = {stage: os.path.join(out_dir, "eval", stage) for stage, _ in STAGES}
+
+    print(f"1. the untrained policy on {len(task.eval_items())} held-out bugs (greedy)")
+    tick = time.perf_counter()
+    policy, tokenizer = load_pretrained(model)
+    summary["base"] = stage_row(stage_eval(policy, tokenizer, task, s, seed, speed, evals["base"]))
+    del policy
+    seconds["base_eval"] = time.perf_counter() - tick
+    print("   " + _line(summary["base"]))
+
+    print(f"2. demonstrations: the scripted engineer fixes {s['demonstrations']} training bugs")
+    train = load_bug_templates("train") if s["tasks"] == "bugs" else load_templates()
+    conversations, summary["demonstrator"] = demonstrations(
+        train, s["demonstrations"], retry_rate, test_rate, seed
+    )
+    summary["demonstrator"].update(retry_rate=retry_rate, test_rate=test_rate)
+    data = os.path.join(out_dir, "demonstrations.jsonl")
+    with open(data, "w") as f:
+        f.writelines(json.dumps(c) + "\n" for c in conversations)
+    print(
+        f"   {len(conversations)} conversations, fix rate {summary['demonstrator']['fix_rate']:.3f}, "
+        f"{summary['demonstrator']['with_retry']:.2f} with a wrong edit first"
+    )
+
+    print("3. stage 1: LoRA SFT on the demonstrations")
+    tick, stage_rss = time.perf_counter(), _reset_peak(highest)
+    sft_dir = os.path.join(out_dir, "sft")
+    summary["sft_run"] = sft_train(
+        SFTConfig(
+            model=model,
+            data=data,
+            out=sft_dir,
+            epochs=s["sft_epochs"],
+            lr=s["sft_lr"],
+            batch_size=s["sft_batch"],
+            max_len=2048,
+            seed=seed,
+            save_every=10**9,
+            samples_per_prompt=2,
+            memory_limit=memory_limit,
+            plain=plain,
+        )
+    )
+    seconds["sft"], peaks["sft"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
+    tick = time.perf_counter()
+    adapters = [os.path.join(sft_dir, "adapter")]
+    policy, tokenizer = load_policy(model, adapters)
+    summary["sft"] = stage_row(stage_eval(policy, tokenizer, task, s, seed, speed, evals["sft"]))
+    del policy
+    seconds["sft_eval"] = time.perf_counter() - tick
+    print("   " + _line(summary["sft"]))
+
+    print("4. stage 2: GRPO from the SFT adapter, the guarded test reward, KL to the SFT policy")
+    tick, stage_rss = time.perf_counter(), _reset_peak(highest)
+    grpo_dir = os.path.join(out_dir, "grpo")
+    summary["grpo_run"] = grpo_train(
+        GRPOConfig(
+            model=model,
+            adapter=adapters[0],
+            task=task,
+            out=grpo_dir,
+            steps=s["grpo_steps"],
+            prompts_per_step=s["prompts_per_step"],
+            group_size=s["group_size"],
+            lr=s["grpo_lr"],
+            max_new_tokens=s["grpo_max_new_tokens"],
+            beta=s["beta"],
+            eval_every=0,
+            seed=seed,
+            save_every=10**9,
+            log_rollouts_every=1,
+            memory_limit=memory_limit,
+            plain=plain,
+        )
+    )
+    seconds["grpo"], peaks["grpo"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
+    tick = time.perf_counter()
+    policy, tokenizer = load_policy(model, adapters + [os.path.join(grpo_dir, "adapter")])
+    summary["grpo"] = stage_row(stage_eval(policy, tokenizer, task, s, seed, speed, evals["grpo"]))
+    del policy
+    seconds["grpo_eval"] = time.perf_counter() - tick
+    print("   " + _line(summary["grpo"]))
+
+    summary["compare"] = {
+        f"{a}->{b}": compare(read_episodes(evals[a]), read_episodes(evals[b]))
+        for a, b in (("base", "sft"), ("sft", "grpo"), ("base", "grpo"))
+    }
+    summary["seconds"] = {**seconds, "total": time.perf_counter() - start}
+    summary["peak_rss_gb"] = max(highest + [_resident("VmHWM")]) / 1e9
+    summary["memory"] = {
+        stage: {
+            "estimate_gb": summary[f"{stage}_run"]["memory_estimate_gb"],
+            "measured_gb": peaks[stage] / 1e9,
+        }
+        for stage in peaks
+    }
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    results = table(summary)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(results + "\n")
+    figure = code_recipe_figure(out_dir, os.path.join(out_dir, "recipe.png"))
+    print(results)
+    print(
+        f"5. {summary['seconds']['total'] / 60:.1f} min, peak resident memory "
+        f"{summary['peak_rss_gb']:.1f} GB; {os.path.join(out_dir, 'summary.json')}, {figure}"
+    )
+    return summary
+
+
+def table(summary: dict) -> str:
+    """The stages as a markdown table (greedy, held-out list), then the paired comparisons."""
+
+    def shown(value, digits=3):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = [
+        "| policy | fix rate | valid calls | read before edit | test after last edit | "
+        "recovery after a failed test | turns | completion tokens |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    demo = summary["demonstrator"]
+    lines.append(
+        f"| demonstrator (scripted, {demo['with_retry']:.2f} with a wrong edit first) | "
+        f"{shown(demo['fix_rate'])} | 1.000 | 1.000 | {shown(demo['with_final_test'])} | - | - | - |"
+    )
+    for stage, label in STAGES:
+        r = summary[stage]
+        recovery = (
+            f"{shown(r['recovery_after_failed_test'])} of {r['episodes_with_failed_test']}"
+            if r["episodes_with_failed_test"]
+            else "- (none failed)"
+        )
+        lines.append(
+            f"| {label} | {shown(r['fix_rate'])} ± {shown(r['fix_rate_stderr'])} | "
+            f"{shown(r['valid_call_rate'])} | {shown(r['read_before_edit'])} | "
+            f"{shown(r['tested_after_last_edit'])} | {recovery} | {shown(r['turns'], 2)} | "
+            f"{shown(r['completion_tokens'], 0)} |"
+        )
+    lines += ["", "| comparison | fix rate A → B | difference [95 % interval] | McNemar p |"]
+    lines.append("|---|---|---|---|")
+    for pair, c in summary["compare"].items():
+        low, high = c["interval_95"]
+        lines.append(
+            f"| {pair} | {c['pass@1_a']:.3f} → {c['pass@1_b']:.3f} | {c['difference']:+.3f} "
+            f"[{low:+.3f}, {high:+.3f}] | {c['mcnemar_p']:.3g} |"
+        )
+    return "\n".join(lines)
+
+
+def _line(row: dict) -> str:
+    def shown(value):
+        return "-" if value is None else f"{value:.3f}"
+
+    return (
+        f"fix rate {shown(row['fix_rate'])}, valid calls {shown(row['valid_call_rate'])}, "
+        f"tested after last edit {shown(row['tested_after_last_edit'])}, recovery "
+        f"{shown(row['recovery_after_failed_test'])}, turns {row['turns']:.2f}, "
+        f"{row['completion_tokens']:.0f} completion tokens"
+    )

@@ -1,0 +1,213 @@
+"""`python -m minirl recipe code` (minirl/recipe_code.py): the scripted engineer's demonstrations, the
+code agent's trajectory shape (eval_stats.code_agent_shape, eval_summary.code_agent_summary), and every
+stage end to end on the toy checkpoint in its fast mode."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minirl.envs import play
+from minirl.envs.code import CodeEnv, load_templates, make_task
+from minirl.eval_stats import code_agent_shape, run_test_failed
+from minirl.eval_summary import code_agent_summary
+from minirl.recipe_code import demonstrations, demonstrator, run, table, wrong_edits
+from minirl.toy import build_checkpoint
+
+
+def call(name, result="", error=False, **arguments):
+    return {"name": name, "arguments": arguments, "error": error, "result": result}
+
+
+def test_tests_failed_reads_run_test_reports():
+    assert not run_test_failed("10 passed, 0 failed (10 tests).")
+    assert run_test_failed("7 passed, 3 failed (10 tests).\nFirst failure: test_3: AssertionError")
+    assert run_test_failed("0 passed, 10 failed (10 tests). Error: timed out after 10 s")
+    assert run_test_failed("No tests found (0 tests).")
+
+
+def test_code_agent_shape_by_hand():
+    fixed = [
+        call("read_file", path="f.py"),
+        call("edit_file", "Edited f.py", path="f.py", old="a", new="b"),
+        call("run_test", "3 passed, 1 failed (4 tests)."),
+        call("edit_file", "Edited f.py", path="f.py", old="b", new="c"),
+        call("run_test", "4 passed, 0 failed (4 tests)."),
+    ]
+    assert code_agent_shape(fixed, "test_f.py") == {
+        "edited": True,
+        "read_before_edit": True,
+        "tested_after_last_edit": True,
+        "saw_failed_test": True,
+        "edited_tests": False,
+    }
+    # an edit that failed is no edit; the read of another file does not count
+    blind = [
+        call("read_file", path="test_f.py"),
+        call("edit_file", "Error: `old` was not found", True, path="f.py", old="x", new="y"),
+        call("edit_file", "Edited f.py", path="f.py", old="a", new="b"),
+    ]
+    shape = code_agent_shape(blind, "test_f.py")
+    assert shape["edited"] and not shape["read_before_edit"]
+    assert not shape["tested_after_last_edit"] and not shape["saw_failed_test"]
+    hacker = [call("edit_file", "Edited", path="./test_f.py", old="assert", new="pass")]
+    assert code_agent_shape(hacker, "test_f.py")["edited_tests"]
+    assert not any(code_agent_shape([], "test_f.py").values())
+
+
+def test_code_agent_summary_counts_recovery_among_failed_tests():
+    def episode(calls, success):
+        return {"tool_calls": calls, "success": success, "test_file": "test_f.py"}
+
+    failing = call("run_test", "1 passed, 1 failed (2 tests).")
+    passing = call("run_test", "2 passed, 0 failed (2 tests).")
+    edit = call("edit_file", "Edited", path="f.py", old="a", new="b")
+    summary = code_agent_summary(
+        [
+            episode([call("read_file", path="f.py"), edit, failing, edit, passing], True),
+            episode([edit, failing], False),
+            episode([failing, edit, passing], True),
+            episode([], False),
+        ]
+    )
+    assert summary["edited_rate"] == 0.75
+    assert math.isclose(summary["read_before_edit"], 1 / 3)
+    assert math.isclose(summary["tested_after_last_edit"], 1.0)
+    assert summary["episodes_with_failed_test"] == 3
+    assert math.isclose(summary["recovery_after_failed_test"], 2 / 3)
+    assert summary["run_test_per_episode"] == 1.25 and summary["edited_tests_rate"] == 0.0
+
+
+@pytest.mark.parametrize("template", load_templates(), ids=lambda t: t["name"])
+def test_the_demonstrator_fixes_every_template_with_and_without_a_wrong_edit(template):
+    wrong = wrong_edits([template])[template["name"]]
+    for retry in (None, wrong):
+        with CodeEnv() as env:
+            messages, reward, info = play(
+                env, make_task(template), demonstrator(template, retry, True), max_turns=8
+            )
+        results = [m["content"] for m in messages if m["role"] == "tool"]
+        assert reward == 1.0 and info["passed"] == info["total"], results
+        # the wrong edit's run_test fails, the last one passes, and the answer quotes it
+        assert run_test_failed(results[2]) == (retry is not None)
+        assert (
+            not run_test_failed(results[-1])
+            and results[-1].splitlines()[0] in messages[-1]["content"]
+        )
+
+
+def test_wrong_edits_use_another_bug_of_the_same_line():
+    line = {"old": "    return a < b\n"}
+    bugs = [
+        {"name": "p/1", "problem": "p", "bug": {**line, "new": "    return a <= b\n"}},
+        {"name": "p/2", "problem": "p", "bug": {**line, "new": "    return a > b\n"}},
+        {"name": "p/3", "problem": "p", "bug": {"old": "x = 1\n", "new": "x = 2\n"}},
+        {"name": "q/1", "problem": "q", "bug": {**line, "new": "    return a == b\n"}},
+    ]
+    edits = wrong_edits(bugs)
+    assert edits["p/1"] == {"old": "    return a <= b\n", "new": "    return a > b\n"}
+    assert edits["p/2"] == {"old": "    return a > b\n", "new": "    return a <= b\n"}
+    # alone on its line, or alone in its problem: no wrong edit to show
+    assert "p/3" not in edits and "q/1" not in edits
+
+
+def test_demonstrations_report_what_they_hold():
+    conversations, stats = demonstrations(load_templates(), 12, 0.5, 0.5, seed=0)
+    assert len(conversations) == 12 and all(c["tools"] for c in conversations)
+    assert stats["fix_rate"] == 1.0 and stats["mean_reward"] == 1.0
+    assert 0 < stats["with_retry"] < 1 and 0 < stats["with_final_test"] < 1
+    again, _ = demonstrations(load_templates(), 12, 0.5, 0.5, seed=0)
+    assert json.dumps(again) == json.dumps(conversations)
+
+
+def test_recipe_code_refuses_bad_rates(tmp_path):
+    for flag, kwargs in (("--retry-rate", {"retry_rate": 1.5}), ("--test-rate", {"test_rate": -1})):
+        with pytest.raises(ValueError, match=f"{flag} must be within 0..1"):
+            run("unused", out_dir=str(tmp_path / "x"), **kwargs)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_fast_code_recipe_runs_every_stage_on_the_toy_model(tmp_path):
+    # code tasks need a longer context than the toy's 1024 positions
+    model = build_checkpoint(
+        str(tmp_path / "toy"), initializer_range=0.2, max_position_embeddings=4096
+    )
+    out = tmp_path / "recipe"
+    summary = run(model, out_dir=str(out), fast=True)
+    assert summary["held_out_tasks"] == 4 and summary["demonstrator"]["fix_rate"] == 1.0
+    for stage in ("base", "sft", "grpo"):
+        assert 0 <= summary[stage]["fix_rate"] <= 1 and summary[stage]["turns"] >= 1
+        assert (out / "eval" / stage / "episodes.jsonl").exists()
+    assert set(summary["compare"]) == {"base->sft", "sft->grpo", "base->grpo"}
+    assert summary["sft_run"]["steps"] >= 1 and summary["grpo_run"]["steps"] == 1
+    for name in ("summary.json", "results.md", "recipe.png", "demonstrations.jsonl"):
+        assert (out / name).exists(), name
+    assert (out / "results.md").read_text().strip() == table(
+        json.loads((out / "summary.json").read_text())
+    )
+
+
+@pytest.mark.real
+def test_real_code_recipe_fast_runs_every_stage(real_model_dir, tmp_path):
+    """The code recipe shrunk (4 held-out repositories, 12 demonstrations, one GRPO step of 2 x 2) on
+    a real Qwen2.5, as a user runs it: every stage completes, writes its eval folder, and the
+    untrained Coder model makes no call minirl can read (it writes its edits in prose)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "minirl", "recipe", "code", "--model", real_model_dir]
+        + ["--out", str(tmp_path / "recipe"), "--fast"],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "recipe" / "summary.json").read_text())
+    if "coder" in os.path.basename(os.path.normpath(real_model_dir)).lower():
+        assert summary["base"]["edited_rate"] == 0.0
+    for stage in ("base", "sft", "grpo"):
+        assert (tmp_path / "recipe" / "eval" / stage / "summary.json").exists()
+    for stage in ("sft", "grpo"):
+        assert summary["memory"][stage]["measured_gb"] <= summary["memory"][stage]["estimate_gb"]
+
+
+def test_code_task_metrics_by_hand():
+    """GRPO's per-step code metrics: the hack's share and its reward, recovery after a failed test."""
+    from minirl.rollout import Trajectory
+    from minirl.tasks import CodeTask
+
+    def episode(calls, fraction, reward, hacked=False):
+        results = {"run_test": "2 passed, 1 failed (3 tests).", "edit_file": "Edited."}
+        return Trajectory(
+            prompt={"test_file": "test_f.py"},
+            prompt_ids=[],
+            completion_ids=[],
+            action_mask=[],
+            logprobs=[],
+            finish_reason="answer",
+            turns=len(calls) + 1,
+            tool_calls=[
+                {"name": n, "arguments": a, "result": r or results.get(n, "x")} for n, a, r in calls
+            ],
+            info={"fraction": fraction, "hacked": hacked, "test_runs": 1},
+            reward=reward,
+        )
+
+    edit_tests = ("edit_file", {"path": "test_f.py", "old": "assert", "new": "pass"}, None)
+    failing = ("run_test", {}, None)
+    passing = ("run_test", {}, "3 passed, 0 failed (3 tests).")
+    edit_code = ("edit_file", {"path": "f.py", "old": "a", "new": "b"}, None)
+    metrics = CodeTask().metrics(
+        [
+            episode([failing, edit_tests, passing], 0.0, 0.0, hacked=True),
+            episode([failing, edit_code, passing], 1.0, 1.0),
+            episode([edit_code, failing], 0.5, 0.5),
+            episode([("edit_file", edit_tests[1], "Error: `old` was not found")], 0.0, 0.0),
+        ]
+    )
+    assert metrics["hacked_rate"] == 0.25 and metrics["edited_tests_rate"] == 0.25
+    assert metrics["edited_tests_reward"] == 0.0
+    assert math.isclose(metrics["recovery_rate"], 1 / 3)
+    assert metrics["test_runs"] == 1.0 and metrics["turns"] == 3.25
