@@ -148,6 +148,8 @@ def run_episodes(
     """
     max_context = max_context or model.config.max_position_embeddings
     stop_ids = set(model.eos_token_ids)
+    # the drop-in fast/turn_cache.py: a sampler that keeps each episode's cache from turn to turn
+    decoder = None if decoder is None else decoder.episodes()
     episodes = []
     for item in items:
         for _ in range(group_size):

@@ -8,13 +8,18 @@ Qwen2.5 folder.
 
 import random
 
+import torch
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 from tqdm import tqdm
 
 from .config import Qwen2Config
-from .envs.calculator import CalculatorEnv, play, tool_call_message
+from .data import collate, encode
+from .envs.calculator import CalculatorEnv, make_questions, play, tool_call_message
+from .envs.code import CodeEnv, load_templates
+from .envs.code import make_task as make_code_task
 from .envs.tools import CALCULATOR_SPEC
+from .losses import sft_loss
 from .model import random_model
 from .tokenizer import Tokenizer, render_chat_template
 from .weights import save_pretrained
@@ -198,3 +203,68 @@ def demonstrations(
         conversations.append({"messages": messages, "tools": task["tools"]})
         correct += info["correct"]
     return conversations, correct / len(tasks)
+
+
+# ---- a policy that calls tools: multi-turn episodes for tests and benchmarks of sampling ----------------
+def calculator_script(task, messages):
+    """A malformed call (the calculator answers with an error), the right call, then the answer."""
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    if not results:
+        return tool_call_message(task["expression"] + " +")
+    if len(results) == 1:
+        return tool_call_message(task["expression"])
+    return {"role": "assistant", "content": f"{task['expression']} = {results[-1]}."}
+
+
+def code_script(task, messages):
+    """run_test, read_file of the module, then "Done." (no fix: the episode's length is the point)."""
+    calls = [("run_test", {}), ("read_file", {"path": task["file"]})]
+    done = sum(m["role"] == "tool" for m in messages)
+    if done == len(calls):
+        return {"role": "assistant", "content": "Done."}
+    name, arguments = calls[done]
+    call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def tool_policy_tasks(seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """The calculator questions (6, hard) and code tasks (2) that tool_policy is trained on."""
+    rng = random.Random(seed)
+    questions = make_questions(6, rng, hard_fraction=1.0)
+    code_tasks = [make_code_task(t, seed=rng.randrange(10**6)) for t in load_templates()[:2]]
+    return questions, code_tasks
+
+
+def tool_policy(folder: str, steps: int = 16, seed: int = 0) -> str:
+    """A toy checkpoint whose greedy episodes take three turns on the tasks it is trained on
+    (tool_policy_tasks), and two to four on most others: in the calculator world a malformed call,
+    the right one, the answer (calculator_script); in the code world run_test, read_file, "Done."
+    (code_script). A random tiny Qwen2 overfit in seconds on those episodes, played in the real
+    environments, with a tokenizer trained on them whose merges cross words within a line (a prompt
+    is ~60 tokens). Not a model of anything: the multi-turn episodes that tests and benchmarks of
+    sampling need (tests/test_turn_cache.py, bench/episodes.py). Returns the folder."""
+    questions, code_tasks = tool_policy_tasks(seed)
+    conversations = []
+    for task in questions:
+        messages, _, _ = play(CalculatorEnv(), task, calculator_script)
+        conversations.append({"messages": messages, "tools": task["tools"]})
+    for task in code_tasks:
+        with CodeEnv() as env:
+            messages, _, _ = play(env, task, code_script)
+        conversations.append({"messages": messages, "tools": task["tools"]})
+    texts = [render_chat_template(c["messages"], c["tools"]) for c in conversations]
+    tokenizer = train_tokenizer(texts, vocab_size=1024, split="lines")
+    config = tiny_config(
+        tokenizer.vocab_size, eos_token_id=tokenizer.eos_token_id, initializer_range=0.2
+    )
+    model = random_model(config, seed=seed).train()
+    examples, _ = encode(tokenizer, conversations, max_len=config.max_position_embeddings)
+    batch = collate(examples, tokenizer.pad_token_id)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        loss = sft_loss(model(batch["input_ids"], batch["attention_mask"]), batch["labels"])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    save_pretrained(model.eval(), folder, tokenizer)
+    return folder

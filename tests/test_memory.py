@@ -176,6 +176,33 @@ def test_estimate_against_a_hand_calculation():
     assert (compiled.sampling, compiled.learning) == (compiled_sampling, 708_920 + kept)
 
 
+def test_kept_turns_count_a_copy_of_every_row_while_sampling():
+    """fast/turn_cache.py: at the end of a turn every row's prompt and completion is copied out
+    beside the cache, and the next turn's cache is filled from that copy; compaction's one-layer
+    gather may run while the rows stopped before are kept. Sampling counts the copy; learning
+    does not change."""
+    sizes = dict(
+        lora_r=4,
+        group_size=8,
+        prompts_per_step=3,
+        prompt_len=10,
+        max_new_tokens=6,
+        dtype_bytes=2,
+        minibatch_size=4,
+        chunk_size=8,
+    )
+    plain, kept = estimate(small(), **sizes), estimate(small(), turn_cache=True, **sizes)
+    # layers, k and v, 24 sequences, 2 kv heads, D 16, 16 tokens, 2 bytes
+    cache = 2 * 2 * 24 * 2 * 16 * 16 * 2
+    assert kept.items["sampling: rows kept between turns (24 x 16 tokens)"] == cache
+    prefill = plain.items["sampling: prefill of 3 x 10 tokens"]
+    gather = plain.items["sampling: KV gather (one layer of the rows)"]
+    # here the copy and a gather outweigh the prefill of the 3 prompts
+    assert gather + cache > prefill
+    assert kept.sampling == plain.sampling - prefill + gather + cache
+    assert kept.learning == plain.learning
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_a_cpu_run_counts_the_allocators_slack_while_learning(checkpointing):
     """cpu=True adds CPU_SLACK x the activations the pass would keep without checkpointing, to the

@@ -258,3 +258,30 @@ def test_grpo_under_a_tight_limit_learns_in_smaller_passes(toy, tmp_path, capsys
     assert float(tight["reward_mean"]) == float(free["reward_mean"])  # the same samples
     assert float(tight["loss"]) == pytest.approx(float(free["loss"]), abs=1e-6)
     assert float(tight["grad_norm"]) == pytest.approx(float(free["grad_norm"]), rel=1e-4)
+
+
+@pytest.mark.parametrize("task_name", ["calculator", "arithmetic"])
+def test_grpo_plans_the_kept_turns_only_for_tasks_that_play_episodes(toy, monkeypatch, task_name):
+    """The turn cache (fast/turn_cache.py) keeps rows between the turns of episodes
+    (tasks.EnvTask); a single-turn task's rollout keeps nothing, and --plain keeps nothing."""
+    import minirl.run.grpo_memory as grpo_memory
+    from minirl.fast import PLAIN
+    from minirl.tasks import make_task
+
+    asked = []
+    original = grpo_memory.estimate
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs["turn_cache"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(grpo_memory, "estimate", recording)
+    cfg = GRPOConfig(model=toy, task=task_name, prompts_per_step=2, group_size=2)
+    config, tokenizer = Qwen2Config.from_json(toy), Tokenizer.from_dir(toy)
+    task = make_task(task_name)
+    for fast, kept in ((FAST, task_name == "calculator"), (PLAIN, False)):
+        asked.clear()
+        grpo_memory.plan_memory(
+            cfg, config, tokenizer, task, torch.float32, 100 * GB, 2, cpu=True, fast=fast
+        )
+        assert asked and set(asked) == {kept}

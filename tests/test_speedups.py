@@ -297,6 +297,12 @@ def test_speedups_build_what_they_name():
     only_draw = dataclasses.replace(PLAIN, inverse_cdf=True).decoder(model)
     assert not (only_draw.share_prefill or only_draw.compacts)
     assert PLAIN.decoder(model, compile=True).compile
+    # turn_cache: a batch of episodes gets a Decoder that keeps its rows between turns
+    assert FAST.decoder(model).episodes().kept is not None
+    without = dataclasses.replace(FAST, turn_cache=False).decoder(model)
+    assert without.episodes() is without and without.kept is None
+    only_turns = dataclasses.replace(PLAIN, turn_cache=True).decoder(model)
+    assert not (only_turns.share_prefill or only_turns.compacts) and only_turns.turn_cache
     FAST.apply(model)
     assert cpu_matmul.uses_fast_products(model)
     PLAIN.apply(model)

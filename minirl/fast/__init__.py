@@ -6,6 +6,7 @@
 | chunked_logprobs.py | losses.token_logprobs / sft_loss on lm_head logits | the (B, T, V) logits |
 | prefix_learner.py, prefixes.py, length_passes.py | learner.py; sft.batch_losses | shared prompt tokens run once; less padding |
 | decoder.py | sampling.generate | one prefill per distinct prompt; stopped rows leave the batch; fixed shapes |
+| turn_cache.py | decoder.py's prefill of each whole conversation, every turn | the earlier turns re-read |
 | inverse_cdf.py | next_token.multinomial_draw | one uniform number per row instead of one per vocabulary entry |
 
 Each computes what its plain version computes, up to the order of a sum (tests/test_speedups.py);
@@ -29,6 +30,7 @@ class Speedups:
     shared_prefill: bool = True  # decoder.py: one prefill per distinct prompt and shared prefix
     compaction: bool = True  # decoder.py: stopped rows leave the batch
     inverse_cdf: bool = True  # inverse_cdf.py, the next-token draw
+    turn_cache: bool = True  # turn_cache.py: each episode's cache kept from turn to turn
 
     def apply(self, model):
         """The model's layers with the fast products, or the plain ones. In place; returns it."""
@@ -37,11 +39,18 @@ class Speedups:
     def decoder(self, model, compile: bool = False) -> Decoder | None:
         """The sampler for `model`: a Decoder with the decoding drop-ins that are on (compile: fixed
         shapes and a compiled step), or None for the plain sampling.generate."""
-        if not (self.shared_prefill or self.compaction or self.inverse_cdf or compile):
+        decoding = (self.shared_prefill, self.compaction, self.inverse_cdf, self.turn_cache)
+        if not (any(decoding) or compile):
             return None
         draw = inverse_cdf_draw if self.inverse_cdf else multinomial_draw
-        share, compact = self.shared_prefill, self.compaction
-        return Decoder(model, share_prefill=share, compact=compact, compile=compile, draw=draw)
+        return Decoder(
+            model,
+            share_prefill=self.shared_prefill,
+            compact=self.compaction,
+            compile=compile,
+            draw=draw,
+            turn_cache=self.turn_cache,
+        )
 
 
 FAST = Speedups()

@@ -17,12 +17,16 @@ the last row stops. A Decoder (passed as generate(..., decoder=)) does the same 
   and writes at the addresses it was recorded with, so the Decoder keeps its StaticKVCaches from call
   to call (one per batch size, reused while long enough); the GRPO loop holds one for the run.
 - draw: the next-token draw, fast/inverse_cdf.py's by default.
+- turn_cache: episodes() gives rollout.run_episodes a Decoder of its own that keeps each row's
+  cache from one call (turn) to the next and prefills only the tokens it does not hold
+  (fast/turn_cache.py).
 
 Greedy tokens equal sampling.generate's, and sampled log-probs are those of the sampled tokens
 (tests/test_speedups.py, tests/test_sampling.py). docs/speedups.md says what each part buys.
 Shapes: L layers, B rows, K kv heads, S slots, D head dim, V vocabulary.
 """
 
+import copy
 import functools
 
 import torch
@@ -42,6 +46,7 @@ from ..sampling import (
 from .inverse_cdf import inverse_cdf_draw
 from .length_passes import passes
 from .prefixes import common_prefix_length
+from .turn_cache import KeptRows
 
 # fixed shapes: tokens between the host's checks whether every row has stopped
 SYNC_EVERY = 8
@@ -236,7 +241,8 @@ class Decoder:
     KEPT_CACHES (the least recently used goes), each reused while it is long enough and never by two
     loops at once: while a stream() on it is unfinished, another call decodes in a fresh cache it
     does not keep. release() gives them back. compile implies static_cache; static_cache turns
-    compaction off (it would change the batch's shape).
+    compaction off (it would change the batch's shape). With turn_cache, episodes() returns a
+    Decoder that also keeps its rows between calls, in `kept` (None on every other Decoder).
     """
 
     def __init__(
@@ -248,8 +254,11 @@ class Decoder:
         static_cache: bool = False,
         compile: bool = False,
         draw=inverse_cdf_draw,
+        turn_cache: bool = False,
     ):
         self.model, self.share_prefill, self.draw = model, share_prefill, draw
+        self.turn_cache = turn_cache
+        self.kept: KeptRows | None = None
         self.static_cache = static_cache or compile
         self.compile = compile
         # all that fixed shapes change in the decoding loop: stopped rows stay, and the host asks
@@ -265,7 +274,8 @@ class Decoder:
         """Prefill, then one token per step. Yields, once per step, (rows, tokens, logprobs, stopped),
         each (B,) over the rows still in the batch: row i holds sequence rows[i] of the
         len(prompts) * num_samples (prompt-major), tokens and logprobs are its draw, stopped says
-        whether it has drawn a stop token (at this step or before)."""
+        whether it has drawn a stop token (at this step or before). With kept rows, every row is
+        copied out before it leaves the batch."""
         model = self.model
         cache, logits = self._prefilled_cache(prompts, max_new_tokens, num_samples)  # (B, V)
         decode_step = self._decode_step_function()
@@ -281,13 +291,17 @@ class Decoder:
                 # bool() waits for the device: with fixed shapes only every few tokens
                 last = step == max_new_tokens - 1
                 if last or ((step + 1) % self.check_every == 0 and bool(stopped.all())):
-                    return
+                    break
                 # a stopped row costs a full step: drop the stopped ones once there are enough
                 if self.compacts and int(stopped.sum()) >= COMPACT_AT * len(rows):
                     keep = (~stopped).nonzero()[:, 0]
+                    if self.kept is not None:
+                        self.kept.keep(cache, stopped.nonzero()[:, 0], rows[stopped])
                     select_rows(cache, keep)
                     rows, tokens, stopped = rows[keep], tokens[keep], stopped[keep]
                 logits = decode_step(model, tokens, cache)  # (B, V)
+            if self.kept is not None:
+                self.kept.keep(cache, torch.arange(len(rows), device=model.device), rows)
         finally:
             self._busy.discard(cache)
 
@@ -316,7 +330,10 @@ class Decoder:
                 prompts, max_new_tokens, num_samples, stop_ids, generator(model, seed), **options
             )
             rows = ((r.tolist(), t, lp) for r, t, lp, _ in steps)
-            return completions(rows, len(prompts) * num_samples, stop_ids)
+            outs = completions(rows, len(prompts) * num_samples, stop_ids)
+        if self.kept is not None:
+            self.kept.label(prompts, num_samples, outs)
+        return outs
 
     @torch.no_grad()
     def stream(
@@ -348,26 +365,53 @@ class Decoder:
         """Free the StaticKVCaches kept between calls (a loop still running finishes in its own)."""
         self.caches.clear()
 
+    def episodes(self) -> "Decoder":
+        """The sampler for one batch of episodes, which rollout.run_episodes calls once per turn on
+        each conversation so far. With turn_cache: a Decoder like this one (sharing its kept
+        StaticKVCaches) that keeps every row's cache from one call to the next, so a turn prefills
+        only the tokens added since the last (fast/turn_cache.py); its kept rows go with it. Else
+        this Decoder, which prefills every conversation whole."""
+        if not self.turn_cache:
+            return self
+        episodes = copy.copy(self)
+        episodes.kept = KeptRows()
+        return episodes
+
     def _prefilled_cache(self, prompts, max_new_tokens, num_samples):
         """The cache decoding writes into, holding the len(prompts) * num_samples rows, and their
         next-token logits (B, V). Compacting: the prefill's own cache, with room for the new tokens.
         Fixed shapes: a StaticKVCache the prefill is copied into."""
-        model, longest = self.model, max(map(len, prompts))
-        share = self.share_prefill
+        model = self.model
         if not self.static_cache:
-            cache, logits, group_of_row = prefill(
-                model, prompts, longest + max_new_tokens, num_samples, share
+            cache, logits, group_of_row = self._prefill(
+                prompts, max_new_tokens, num_samples, room=max_new_tokens
             )
             # one prefill per distinct prompt, copied into its group's rows
             if len(group_of_row) > cache.batch_size:
                 select_rows(cache, group_of_row)
             return cache, logits[group_of_row]
-        prefilled, logits, group_of_row = prefill(model, prompts, longest, num_samples, share)
+        prefilled, logits, group_of_row = self._prefill(
+            prompts, max_new_tokens, num_samples, room=0
+        )
         slots = -(-(prefilled.length + max_new_tokens) // SLOTS_MULTIPLE) * SLOTS_MULTIPLE
         slots = min(slots, model.config.max_position_embeddings)
         cache = self._static_cache(len(group_of_row), slots)
         cache.load(prefilled, group_of_row)
         return cache, logits[group_of_row]
+
+    def _prefill(self, prompts, max_new_tokens, num_samples, room):
+        """prefill() into a cache with `room` slots after the longest prompt; with kept rows, each
+        sequence started from its kept row when one fits (KeptRows.start), and only the tokens
+        that row does not hold run, left-padded into one batch."""
+        model = self.model
+        if self.kept is not None:
+            started = self.kept.start(model, prompts, num_samples, max_new_tokens, room)
+            if started is not None:
+                cache, new_tokens = started
+                logits = _run_prompts(model, new_tokens, cache)  # (B, V)
+                return cache, logits, torch.arange(len(new_tokens), device=model.device)
+        longest = max(map(len, prompts))
+        return prefill(model, prompts, longest + room, num_samples, self.share_prefill)
 
     def _static_cache(self, rows: int, slots: int) -> StaticKVCache:
         """The kept cache for this batch size, or a new one kept in its place when none is long enough.

@@ -14,6 +14,7 @@ from .. import distributed
 from ..fast.length_passes import passes
 from ..fast.prefixes import common_prefix_length
 from ..rollout import prompt_ids
+from ..tasks import EnvTask
 from .memory import (
     MemoryBudgetError,
     describe_choice,
@@ -30,8 +31,9 @@ def logged_rollouts(cfg, prompts: int, group_size: int) -> int:
     return min(cfg.log_rollout_groups, prompts) * group_size if cfg.log_rollouts_every else 0
 
 
-def run_terms(cfg, cpu: bool, fast) -> dict:
-    """The estimate's terms that are this run's for its whole length: the flags and the drop-ins."""
+def run_terms(cfg, cpu: bool, fast, episodes: bool = False) -> dict:
+    """The estimate's terms that are this run's for its whole length: the flags and the drop-ins
+    (episodes: the task plays them, so the turn cache keeps rows between turns)."""
     return dict(
         full=cfg.full,
         beta=cfg.beta,
@@ -40,13 +42,24 @@ def run_terms(cfg, cpu: bool, fast) -> dict:
         prefixes=fast.prefixes,
         chunked=fast.chunked_logprobs,
         shared_prefill=fast.shared_prefill,
+        turn_cache=fast.turn_cache and episodes,
     )
 
 
 def memory_estimator(
-    cfg, config, dtype_bytes, prompts_per_rank, prompt_len, completion_len, shared, cpu, fast
+    cfg,
+    config,
+    dtype_bytes,
+    prompts_per_rank,
+    prompt_len,
+    completion_len,
+    shared,
+    cpu,
+    fast,
+    episodes=False,
 ):
-    """estimate_for(rows, checkpointing, **change) for memory.fit_pass: one step of this run, itemized."""
+    """estimate_for(rows, checkpointing, **change) for memory.fit_pass: one step of this run, itemized
+    (episodes: the task plays episodes, tasks.EnvTask)."""
 
     def estimate_for(rows, checkpointing, **change):
         sizes = {
@@ -64,7 +77,7 @@ def memory_estimator(
             checkpointing=checkpointing,
             shared_prefix=shared,
             logged_rollouts=logged_rollouts(cfg, sizes["prompts_per_step"], sizes["group_size"]),
-            **run_terms(cfg, cpu, fast),
+            **run_terms(cfg, cpu, fast, episodes),
             **sizes,
         )
 
@@ -104,6 +117,7 @@ def plan_memory(
         shared,
         cpu,
         fast,
+        episodes=isinstance(task, EnvTask),
     )
     try:
         rows, checkpointing, plan = fit_pass(

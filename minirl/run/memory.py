@@ -16,7 +16,12 @@ decoding (`compile=True`, grpo's --compile): a CUDA graph is recorded against th
 the cache (its length rounded up to 256 slots) is kept from step to step and counted in both phases.
 The reference policy is the same weights with the adapters off (LoRA) or a frozen copy (full fine-tuning, β > 0).
 Both phases also count their transients: the sampler's prefill or the copy of the prefilled prompts
-into their groups' rows (sampling), the whole step's batch tensors (learning).
+into their groups' rows (sampling), the whole step's batch tensors (learning). When the task plays
+episodes and the sampler keeps their caches between turns (fast/turn_cache.py, `turn_cache=True`),
+a copy of every row's tokens exists beside the cache at the end of a turn and while the next turn's
+cache is filled from it: sampling counts that copy too. (The plan is for one turn of the longest
+prompt; without the turn cache a later turn prefills every whole conversation, which it does not
+count.)
 On a CPU (cpu=True: what sft and grpo pass there, `memory --cpu`) the learning phase has one more item,
 the slack of glibc's heap over the live tensors (CPU_SLACK, measured), and the host's share is in the
 same memory: the runtime, the step's episodes as Python objects and the rollout log's records (measured
@@ -322,6 +327,7 @@ def estimate(
     chunked: bool = True,
     shared_prefill: bool = True,
     logged_rollouts: int = 0,
+    turn_cache: bool = False,
 ) -> MemoryEstimate:
     """Itemized memory of one GRPO step (module docstring). Defaults are the chapter's 7B setting and
     GRPOConfig's; full=True trains every weight (AdamW state in the model dtype, as torch keeps it).
@@ -334,7 +340,9 @@ def estimate(
     shared_prefill: sampling prefills each distinct prompt once (fast/decoder.py), else every row
     (sampling.generate). cpu: the run's memory is a CPU's, whose allocator keeps freed blocks
     resident (cpu_allocator_slack), and which also holds the step's episodes as Python objects
-    (episode_bytes) and the `logged_rollouts` records of the rollout log (run/rollout_log.py)."""
+    (episode_bytes) and the `logged_rollouts` records of the rollout log (run/rollout_log.py).
+    turn_cache: the step plays episodes and keeps each one's cache between turns
+    (fast/turn_cache.py): a copy of every row's prompt and completion beside the cache."""
     _check_sizes(
         full,
         lora_r=lora_r,
@@ -387,6 +395,10 @@ def estimate(
     prefilled = prompts_per_step if shared_prefill else N
     prefill = prefill_bytes(config, e, prefilled, prompt_len, T)
     gather = kv // (2 * L)
+    # fast/turn_cache.KeptRows: every row's real slots, copied out of the cache
+    kept_rows = (
+        L * 2 * N * config.num_key_value_heads * config.head_dim * T * e if turn_cache else 0
+    )
     completion = max_new_tokens
     batch = learning_batch_bytes(N, row, completion)
     episodes = episode_bytes(N, completion) if cpu else 0
@@ -398,6 +410,8 @@ def estimate(
     items[f"KV cache ({N} sequences x {slots}{kept})"] = kv
     items[f"sampling: prefill of {prefilled} x {prompt_len} tokens"] = prefill
     items["sampling: KV gather (one layer of the rows)"] = gather
+    if turn_cache:
+        items[f"sampling: rows kept between turns ({N} x {T} tokens)"] = kept_rows
     items["sampling logits (float32, 3 copies)"] = sampling_logits
     shape = (
         f"{b} x {row}"
@@ -418,7 +432,9 @@ def estimate(
         items[f"episodes ({N} rollouts as Python objects)"] = episodes
         items[f"rollout log ({logged_rollouts} records)"] = records
 
-    sampling = persistent + runtime + kv + max(prefill, gather) + sampling_logits + episodes
+    # the gather drops stopped rows while the rows stopped before are kept
+    sampling = persistent + runtime + kv + max(prefill, gather + kept_rows) + sampling_logits
+    sampling += episodes
     learning = persistent + gradients + activations + chunks + slack + (kv if compile else 0)
     learning += runtime + batch + episodes + records
     mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
