@@ -392,6 +392,8 @@ def cmd_recipe(args):
             test_rate=args.test_rate,
             memory_limit=args.memory_limit,
             plain=args.plain,
+            eval_size=args.eval_size,
+            grpo_steps=args.grpo_steps,
         )
         return
     from .recipe import run
@@ -524,6 +526,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="code: the share of demonstrations that run the tests after the last edit",
+    )
+    c.add_argument(
+        "--eval-size",
+        type=int,
+        default=None,
+        help="code: the first N held-out tasks (default: all 261)",
+    )
+    c.add_argument(
+        "--grpo-steps", type=int, default=None, help="code: GRPO steps (default: the recipe's)"
     )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument(

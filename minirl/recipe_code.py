@@ -46,13 +46,13 @@ FULL = dict(
     tasks="bugs",
     eval_size=None,
     max_turns=8,
-    eval_max_new_tokens=256,
+    eval_max_new_tokens=192,
     eval_batch=32,
-    demonstrations=192,
+    demonstrations=64,
     sft_lr=2e-4,
     sft_batch=8,
     sft_epochs=1,
-    grpo_steps=6,
+    grpo_steps=4,
     prompts_per_step=4,
     group_size=4,
     grpo_lr=5e-5,
@@ -209,11 +209,19 @@ def run(
     test_rate: float = 1.0,
     memory_limit: float = 0.0,
     plain: bool = False,
+    eval_size: int | None = None,
+    grpo_steps: int | None = None,
 ) -> dict:
+    """The recipe (module docstring) into out_dir. eval_size: the first N held-out tasks instead
+    of the setting's (all of them); grpo_steps: GRPO's steps instead of the setting's."""
     for name, rate in (("--retry-rate", retry_rate), ("--test-rate", test_rate)):
         if not 0 <= rate <= 1:
             raise ValueError(f"{name} must be within 0..1, got {rate}")
-    s, speed = FAST if fast else FULL, speedups(plain)
+    for name, value in (("--eval-size", eval_size), ("--grpo-steps", grpo_steps)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    s, speed = dict(FAST if fast else FULL), speedups(plain)
+    s.update({k: v for k, v in (("eval_size", eval_size), ("grpo_steps", grpo_steps)) if v})
     start, seconds, peaks, highest = time.perf_counter(), {}, {}, []
     shutil.rmtree(out_dir, ignore_errors=True)
     os.makedirs(out_dir)
