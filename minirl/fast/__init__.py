@@ -6,11 +6,12 @@
 | chunked_logprobs.py | losses.token_logprobs / sft_loss on lm_head logits | the (B, T, V) logits |
 | prefix_learner.py, prefixes.py, length_passes.py | learner.py; sft.batch_losses | shared prompt tokens run once; less padding |
 | decoder.py | sampling.generate | one prefill per distinct prompt; stopped rows leave the batch; fixed shapes |
-| turn_cache.py | decoder.py's prefill of each whole conversation, every turn | the earlier turns re-read |
+| turn_cache.py | run_episodes' turns, each prefilling its whole conversation | earlier turns re-read: each episode's cache is kept |
 | inverse_cdf.py | next_token.multinomial_draw | one uniform number per row instead of one per vocabulary entry |
 
-Each computes what its plain version computes, up to the order of a sum (tests/test_speedups.py);
-docs/speedups.md says what each buys in a GRPO step on the real 0.5B shape. A run picks them with a
+Each computes what its plain version computes, up to the order of a sum (tests/test_speedups.py,
+tests/test_turn_cache.py); docs/speedups.md says what each buys in a GRPO step on the real 0.5B
+shape, and the turn cache in a batch of episodes (bench/episodes.py). A run picks them with a
 `Speedups`: all on by default (FAST), all off with --plain (PLAIN), one at a time in the benchmark.
 """
 

@@ -101,7 +101,8 @@ def plan_memory(
     cfg, config, tokenizer, task, dtype, budget: int, prompts_per_rank: int, *, cpu: bool, fast
 ) -> tuple[int, bool, float]:
     """Before anything is allocated: the step's estimate for the task's longest held-out prompt and
-    one turn of --max-new-tokens, against the budget. Returns the (rows, checkpointing) the first
+    one turn of --max-new-tokens (a task that plays episodes: with the rows the turn cache keeps),
+    against the budget. Returns the (rows, checkpointing) the first
     step starts with and the estimated peak; MemoryBudgetError, naming the flags that would fit,
     when nothing does."""
     prompts = [prompt_ids(tokenizer, item) for item in task.eval_items()[:64]]
