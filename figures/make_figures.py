@@ -1,6 +1,6 @@
 """Redraw every figure of the README and docs/ from the metrics in runs/ (nothing is recomputed).
 
-python figures/make_figures.py            # after `python -m minirl quickstart` and `... recipe calculator`
+python figures/make_figures.py            # after `python -m minirl quickstart`, `... recipe calculator`, `... recipe code`
 """
 
 import os
@@ -8,11 +8,12 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from minirl.run.plots import quickstart_figure, recipe_figure  # noqa: E402
+from minirl.run.plots import code_recipe_figure, quickstart_figure, recipe_figure  # noqa: E402
 
 FIGURES = {
     "quickstart.png": (quickstart_figure, os.path.join("runs", "quickstart")),
     "recipe_calculator.png": (recipe_figure, os.path.join("runs", "recipe-calculator")),
+    "recipe_code.png": (code_recipe_figure, os.path.join("runs", "recipe-code")),
 }
 
 

@@ -4,10 +4,12 @@ atomic_write(path, write)      write(tmp) fills a temporary file, renamed over `
 write_json(path, obj)          a JSON file, that way
 reopen_log(path, kept_lines)   a log (metrics.csv, rollouts.jsonl) replaced by the lines a resumed
                                run keeps, then opened for appending: never truncated in place
+fresh_folder(path, owned, job) an empty run folder, clearing only an earlier run's outputs
 """
 
 import json
 import os
+import shutil
 
 
 def atomic_write(path: str, write) -> None:
@@ -40,3 +42,33 @@ def reopen_log(path: str, kept_lines: list[str]):
 
     atomic_write(path, write)
     return open(path, "a", encoding="utf-8", newline="")
+
+
+def fresh_folder(path: str, owned: set[str], job: str, also=()) -> None:
+    """Make `path` an empty folder for a new run of `job`. A missing or empty folder is made; a folder
+    whose every entry is a name `job` writes (an earlier run's outputs: `owned`, `minirl view`'s
+    viewer.html, and any file of `also` that lies in `path`, such as a figure) is cleared; a folder
+    holding anything else, such as a checkpoint or a source tree, is refused before anything goes."""
+    here = os.path.abspath(path)
+    owned = set(owned) | {"viewer.html"}
+    owned |= {os.path.basename(f) for f in also if f and os.path.dirname(os.path.abspath(f)) == here}
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--out {path} is a file; {job} writes a folder there")
+    if os.path.isdir(path):
+        entries = sorted(os.listdir(path))
+        foreign = [name for name in entries if name not in owned]
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (
+                f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+            )
+            raise ValueError(
+                f"--out {path} holds {shown}, which {job} does not write; a new run would remove "
+                "them with the earlier outputs: choose another --out (nothing was removed)"
+            )
+        for name in entries:
+            entry = os.path.join(path, name)
+            if os.path.isdir(entry) and not os.path.islink(entry):
+                shutil.rmtree(entry)
+            else:
+                os.remove(entry)
+    os.makedirs(path, exist_ok=True)

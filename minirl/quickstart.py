@@ -21,11 +21,11 @@ code) inside each stage: runs/quickstart/{sft,grpo}/eval/step-N are eval folders
 import json
 import os
 import random
-import shutil
 import time
 
 import torch
 
+from .files import fresh_folder
 from .grpo import GRPOConfig
 from .model import random_model
 from .run.grpo import train as grpo_train
@@ -36,6 +36,9 @@ from .tasks import CalculatorTask
 from .tokenizer import render_chat_template
 from .toy import demonstrations, demonstrator, tiny_config, train_tokenizer
 from .weights import save_pretrained
+
+# what a run writes in its folder: the only names a new run there may remove (files.fresh_folder)
+OUTPUTS = {"summary.json", "demonstrations.jsonl", "base", "sft", "grpo"}
 
 FULL = dict(
     train_questions=4000,
@@ -90,8 +93,7 @@ def run(
     settings = FAST if fast else FULL
     start = time.perf_counter()
     torch.manual_seed(seed)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.makedirs(out_dir)
+    fresh_folder(out_dir, OUTPUTS, "quickstart", also=[figure])
     task = CalculatorTask(seed=seed, level="toy", eval_size=settings["eval_size"], max_turns=3)
 
     print("1. the demonstrator plays the calculator environment (tool on 30 % of hard questions)")

@@ -26,12 +26,12 @@ at best copy that habit and only RL can climb past it. Times and memory of a mea
 import json
 import os
 import random
-import shutil
 import time
 
 from .envs.calculator import CalculatorEnv, expert_policy, play
 from .envs.tools import foreign_tool_call, parse_assistant
 from .fast import speedups
+from .files import fresh_folder
 from .grpo import GRPOConfig
 from .lora import load_adapter, merge_and_unload
 from .run.grpo import train as grpo_train
@@ -42,6 +42,17 @@ from .sft import SFTConfig
 from .tasks import CalculatorTask
 from .toy import demonstrator
 from .weights import load_pretrained
+
+# what a run writes in its folder: the only names a new run there may remove (files.fresh_folder)
+OUTPUTS = {
+    "summary.json",
+    "results.md",
+    "recipe.png",
+    "demonstrations.jsonl",
+    "graduation.jsonl",
+    "sft",
+    "grpo",
+}
 
 # One setting per scale: the real recipe (measured in the README) and --fast, which runs every stage shrunk.
 FULL = dict(
@@ -188,8 +199,7 @@ def run(
     s = FAST if fast else FULL
     speed = speedups(plain)
     start, seconds = time.perf_counter(), {}
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.makedirs(out_dir)
+    fresh_folder(out_dir, OUTPUTS, "recipe calculator", also=[figure])
     task = CalculatorTask(
         seed=seed, eval_size=s["eval_size"], max_turns=s["max_turns"], tool_cost=s["tool_cost"]
     )

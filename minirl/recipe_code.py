@@ -32,6 +32,7 @@ from .envs.code import CodeEnv, load_templates, make_task
 from .eval_summary import compare, read_episodes
 from .evaluation import evaluate
 from .fast import speedups
+from .files import fresh_folder
 from .grpo import GRPOConfig
 from .recipe import _reset_peak, _resident, load_policy
 from .run.grpo import train as grpo_train
@@ -40,6 +41,17 @@ from .run.sft import train as sft_train
 from .sft import SFTConfig
 from .tasks import CodeTask
 from .weights import load_pretrained
+
+# what a run writes in its folder: the only names a new run there may remove (files.fresh_folder)
+OUTPUTS = {
+    "summary.json",
+    "results.md",
+    "recipe.png",
+    "demonstrations.jsonl",
+    "eval",
+    "sft",
+    "grpo",
+}
 
 # The real recipe (docs/results.md) and --fast, every stage shrunk to run on the toy model.
 FULL = dict(
@@ -223,8 +235,7 @@ def run(
     s, speed = dict(FAST if fast else FULL), speedups(plain)
     s.update({k: v for k, v in (("eval_size", eval_size), ("grpo_steps", grpo_steps)) if v})
     start, seconds, peaks, highest = time.perf_counter(), {}, {}, []
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.makedirs(out_dir)
+    fresh_folder(out_dir, OUTPUTS, "recipe code")
     task = CodeTask(
         seed=seed,
         tasks=s["tasks"],
@@ -317,9 +328,19 @@ def run(
     )
     seconds["grpo"], peaks["grpo"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
     tick = time.perf_counter()
-    policy, tokenizer = load_policy(model, adapters + [os.path.join(grpo_dir, "adapter")])
-    summary["grpo"] = stage_row(stage_eval(policy, tokenizer, task, s, seed, speed, evals["grpo"]))
-    del policy
+    # GRPO's own last evaluation is this stage's: greedy, the same held-out list, the same tokens per
+    # turn, the same seed; its eval folder is copied, not run again
+    last_eval = os.path.join(grpo_dir, "eval", f"step-{summary['grpo_run']['steps']:06d}")
+    if s["grpo_max_new_tokens"] == s["eval_max_new_tokens"] and os.path.isdir(last_eval):
+        shutil.copytree(last_eval, evals["grpo"], dirs_exist_ok=True)
+        with open(os.path.join(evals["grpo"], "summary.json")) as f:
+            summary["grpo"] = stage_row(json.load(f))
+    else:
+        policy, tokenizer = load_policy(model, adapters + [os.path.join(grpo_dir, "adapter")])
+        summary["grpo"] = stage_row(
+            stage_eval(policy, tokenizer, task, s, seed, speed, evals["grpo"])
+        )
+        del policy
     seconds["grpo_eval"] = time.perf_counter() - tick
     print("   " + _line(summary["grpo"]))
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from minirl.recipe import policy_metrics, run, table
+from minirl.recipe import OUTPUTS, policy_metrics, run, table
 from minirl.rollout import Trajectory
 from minirl.toy import build_checkpoint
 
@@ -77,6 +77,8 @@ def test_fast_recipe_runs_every_stage_on_the_toy_model(tmp_path):
         "grpo/metrics.csv",
     ):
         assert (out / name).exists(), name
+    # everything it wrote is a name a new run there may clear (files.fresh_folder)
+    assert set(os.listdir(out)) <= OUTPUTS
     assert (out / "results.md").read_text().strip() == table(
         json.loads((out / "summary.json").read_text())
     )

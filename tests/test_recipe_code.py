@@ -13,8 +13,20 @@ import pytest
 from minirl.envs import play
 from minirl.envs.code import CodeEnv, load_templates, make_task
 from minirl.eval_stats import code_agent_shape, run_test_failed
-from minirl.eval_summary import code_agent_summary
-from minirl.recipe_code import demonstrations, demonstrator, run, table, wrong_edits
+from minirl.eval_summary import code_agent_summary, read_episodes
+from minirl.fast import speedups
+from minirl.recipe import load_policy
+from minirl.recipe_code import (
+    FAST,
+    OUTPUTS,
+    demonstrations,
+    demonstrator,
+    run,
+    stage_eval,
+    table,
+    wrong_edits,
+)
+from minirl.tasks import CodeTask
 from minirl.toy import build_checkpoint
 
 
@@ -146,6 +158,21 @@ def test_fast_code_recipe_runs_every_stage_on_the_toy_model(tmp_path):
     assert summary["sft_run"]["steps"] >= 1 and summary["grpo_run"]["steps"] == 1
     for name in ("summary.json", "results.md", "recipe.png", "demonstrations.jsonl"):
         assert (out / name).exists(), name
+    # everything it wrote is a name a new run there may clear (files.fresh_folder)
+    assert set(os.listdir(out)) <= OUTPUTS
+    # the GRPO stage's row is GRPO's own last evaluation, copied; evaluated afresh as the other
+    # stages are, the final policy plays the same episodes
+    last = out / "grpo" / "eval" / "step-000001" / "episodes.jsonl"
+    assert (out / "eval" / "grpo" / "episodes.jsonl").read_text() == last.read_text()
+    adapters = [str(out / stage / "adapter") for stage in ("sft", "grpo")]
+    policy, tokenizer = load_policy(model, adapters)
+    task = CodeTask(tasks=FAST["tasks"], eval_size=FAST["eval_size"], max_turns=FAST["max_turns"])
+    stage_eval(policy, tokenizer, task, FAST, 0, speedups(False), str(tmp_path / "fresh"))
+    played = [
+        [(e["messages"], e["success"], e["reward"]) for e in read_episodes(str(folder))]
+        for folder in (tmp_path / "fresh", out / "eval" / "grpo")
+    ]
+    assert played[0] == played[1]
     assert (out / "results.md").read_text().strip() == table(
         json.loads((out / "summary.json").read_text())
     )

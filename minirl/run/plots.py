@@ -116,6 +116,7 @@ def code_recipe_figure(run_dir: str, out_path: str):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
@@ -141,6 +142,7 @@ def code_recipe_figure(run_dir: str, out_path: str):
     ax.plot(*_series(rows, "reward_mean"), "o-", color="C1", label="reward (sample mean)")
     ax.plot(*_series(rows, "accuracy"), "s--", color="C2", label="fix rate (samples)")
     ax.set(title="GRPO", xlabel="step", ylim=(-0.05, 1.05))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(loc="lower right", fontsize=8)
     rates = " → ".join(f"{name} {summary[stage]['fix_rate']:.2f}" for name, stage in policies)
     fig.suptitle(f"{os.path.basename(os.path.normpath(summary['model']))}, code agent: {rates}")
