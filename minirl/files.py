@@ -51,7 +51,9 @@ def fresh_folder(path: str, owned: set[str], job: str, also=()) -> None:
     holding anything else, such as a checkpoint or a source tree, is refused before anything goes."""
     here = os.path.abspath(path)
     owned = set(owned) | {"viewer.html"}
-    owned |= {os.path.basename(f) for f in also if f and os.path.dirname(os.path.abspath(f)) == here}
+    owned |= {
+        os.path.basename(f) for f in also if f and os.path.dirname(os.path.abspath(f)) == here
+    }
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"--out {path} is a file; {job} writes a folder there")
     if os.path.isdir(path):

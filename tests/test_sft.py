@@ -55,6 +55,7 @@ def metric_rows(out) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_lora_sft_overfits_and_moves_every_adapter_weight(base, data_file, tmp_path):
     summary = train(config(base, data_file(), tmp_path / "run", epochs=60))
     assert summary["final_loss"] < 0.1
