@@ -4,6 +4,7 @@ atomic_write(path, write)      write(tmp) fills a temporary file, renamed over `
 write_json(path, obj)          a JSON file, that way
 reopen_log(path, kept_lines)   a log (metrics.csv, rollouts.jsonl) replaced by the lines a resumed
                                run keeps, then opened for appending: never truncated in place
+remove(path)                   a file, a link (never followed) or a folder with what it holds
 fresh_folder(path, owned, job) an empty run folder, clearing only an earlier run's outputs
 """
 
@@ -44,6 +45,14 @@ def reopen_log(path: str, kept_lines: list[str]):
     return open(path, "a", encoding="utf-8", newline="")
 
 
+def remove(path: str) -> None:
+    """Remove a file, a link (never what it points to) or a folder and everything in it."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
+
+
 def fresh_folder(path: str, owned: set[str], job: str, also=()) -> None:
     """Make `path` an empty folder for a new run of `job`. A missing or empty folder is made; a folder
     whose every entry is a name `job` writes (an earlier run's outputs: `owned`, `minirl view`'s
@@ -68,9 +77,5 @@ def fresh_folder(path: str, owned: set[str], job: str, also=()) -> None:
                 "them with the earlier outputs: choose another --out (nothing was removed)"
             )
         for name in entries:
-            entry = os.path.join(path, name)
-            if os.path.isdir(entry) and not os.path.islink(entry):
-                shutil.rmtree(entry)
-            else:
-                os.remove(entry)
+            remove(os.path.join(path, name))
     os.makedirs(path, exist_ok=True)

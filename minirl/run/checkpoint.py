@@ -34,7 +34,7 @@ from dataclasses import fields
 import torch
 
 from .. import distributed
-from ..files import reopen_log, write_json
+from ..files import remove, reopen_log, write_json
 from ..finite import check_trained
 from ..lora import load_adapter, save_adapter
 from ..weights import load_model, save_pretrained
@@ -178,11 +178,7 @@ def claim_run_folder(cfg, command: str) -> None:
     distributed.barrier()  # every rank has looked before rank 0 removes anything
     if distributed.is_main():
         for name in theirs:
-            path = os.path.join(out, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
+            remove(os.path.join(out, name))
         os.makedirs(out, exist_ok=True)
         write_json(os.path.join(out, RUN_FILE), settings)
     distributed.barrier()
