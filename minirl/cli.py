@@ -518,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--retry-rate",
         type=float,
-        default=0.25,
+        default=0.5,
         help="code: the share of demonstrations that make a wrong edit first and recover",
     )
     c.add_argument(

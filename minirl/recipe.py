@@ -26,18 +26,16 @@ at best copy that habit and only RL can climb past it. Times and memory of a mea
 import json
 import os
 import random
-import time
 
 from .envs.calculator import CalculatorEnv, expert_policy, play
 from .envs.tools import foreign_tool_call, parse_assistant
 from .fast import speedups
 from .files import fresh_folder
 from .grpo import GRPOConfig
-from .lora import load_adapter, merge_and_unload
 from .run.grpo import train as grpo_train
-from .run.memory import trim_heap
 from .run.plots import recipe_figure
 from .run.sft import train as sft_train
+from .run.stages import StageMeter, load_policy
 from .sft import SFTConfig
 from .tasks import CalculatorTask
 from .toy import demonstrator
@@ -142,14 +140,6 @@ def evaluate(model, tokenizer, task: CalculatorTask, max_new_tokens: int, seed: 
     return out
 
 
-def load_policy(base: str, adapters: list[str]):
-    """The base model with each adapter in turn merged in: SFT's, then GRPO's (trained on the merged SFT model)."""
-    model, tokenizer = load_pretrained(base)
-    for folder in adapters:
-        merge_and_unload(load_adapter(model, folder))
-    return model, tokenizer
-
-
 def demonstrations_of(policy, items: list[dict], seed: int) -> tuple[list[dict], float]:
     """SFT data from a scripted policy playing the calculator environment, and its accuracy on `items`."""
     conversations, correct = [], 0.0
@@ -197,8 +187,7 @@ def run(
     if not 0 <= tool_rate <= 1:
         raise ValueError(f"--tool-rate must be within 0..1, got {tool_rate}")
     s = FAST if fast else FULL
-    speed = speedups(plain)
-    start, seconds = time.perf_counter(), {}
+    speed, meter = speedups(plain), StageMeter()
     fresh_folder(out_dir, OUTPUTS, "recipe calculator", also=[figure])
     task = CalculatorTask(
         seed=seed, eval_size=s["eval_size"], max_turns=s["max_turns"], tool_cost=s["tool_cost"]
@@ -215,11 +204,10 @@ def run(
     print(
         f"1. the untrained policy on {len(task.eval_items())} held-out questions (greedy, then T=1)"
     )
-    tick, peaks, highest = time.perf_counter(), {}, []  # highest: each stretch's high-water mark
-    policy, tokenizer = load_pretrained(model)
-    summary["base"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
-    del policy
-    seconds["base_eval"] = time.perf_counter() - tick
+    with meter.stage("base_eval"):
+        policy, tokenizer = load_pretrained(model)
+        summary["base"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
+        del policy
     print("   " + _line(summary["base"]))
 
     print(
@@ -246,81 +234,66 @@ def run(
     )
 
     print("3. stage 1: LoRA SFT until the graduation test passes")
-    tick = time.perf_counter()
     sft_dir = os.path.join(out_dir, "sft")
-    stage_rss = _reset_peak(highest)
-    summary["sft_run"] = sft_train(
-        SFTConfig(
-            model=model,
-            data=data,
-            out=sft_dir,
-            epochs=s["sft_epochs"],
-            lr=s["sft_lr"],
-            batch_size=s["sft_batch"],
-            max_len=1024,
-            seed=seed,
-            eval_every=s["sft_eval_every"],
-            until_graduated=True,
-            samples_per_prompt=4,
-            eval_max_new_tokens=s["eval_max_new_tokens"],
-            save_every=10**9,
-            memory_limit=memory_limit,
-            plain=plain,
-            eval_data=_graduation_data(out_dir, task, policy_fn, s["sft_eval_prompts"], seed),
+    graduation = _graduation_data(out_dir, task, policy_fn, s["sft_eval_prompts"], seed)
+    with meter.stage("sft", memory=True):
+        summary["sft_run"] = sft_train(
+            SFTConfig(
+                model=model,
+                data=data,
+                out=sft_dir,
+                epochs=s["sft_epochs"],
+                lr=s["sft_lr"],
+                batch_size=s["sft_batch"],
+                max_len=1024,
+                seed=seed,
+                eval_every=s["sft_eval_every"],
+                until_graduated=True,
+                samples_per_prompt=4,
+                eval_max_new_tokens=s["eval_max_new_tokens"],
+                save_every=10**9,
+                memory_limit=memory_limit,
+                plain=plain,
+                eval_data=graduation,
+            )
         )
-    )
-    seconds["sft"], peaks["sft"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
-    tick = time.perf_counter()
-    policy, tokenizer = load_policy(model, [os.path.join(sft_dir, "adapter")])
-    summary["sft"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
-    del policy
-    seconds["sft_eval"] = time.perf_counter() - tick
+    with meter.stage("sft_eval"):
+        policy, tokenizer = load_policy(model, [os.path.join(sft_dir, "adapter")])
+        summary["sft"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
+        del policy
     print("   " + _line(summary["sft"]))
 
     print("4. stage 2: GRPO from the SFT adapter, the environment's reward, KL to the SFT policy")
-    tick = time.perf_counter()
     grpo_dir = os.path.join(out_dir, "grpo")
-    stage_rss = _reset_peak(highest)
-    summary["grpo_run"] = grpo_train(
-        GRPOConfig(
-            model=model,
-            adapter=os.path.join(sft_dir, "adapter"),
-            task=task,
-            out=grpo_dir,
-            steps=s["grpo_steps"],
-            prompts_per_step=s["prompts_per_step"],
-            group_size=s["group_size"],
-            lr=s["grpo_lr"],
-            max_new_tokens=s["grpo_max_new_tokens"],
-            beta=s["beta"],
-            eval_every=s["grpo_eval_every"],
-            seed=seed,
-            save_every=10**9,
-            log_rollouts_every=5,
-            memory_limit=memory_limit,
-            plain=plain,
+    with meter.stage("grpo", memory=True):
+        summary["grpo_run"] = grpo_train(
+            GRPOConfig(
+                model=model,
+                adapter=os.path.join(sft_dir, "adapter"),
+                task=task,
+                out=grpo_dir,
+                steps=s["grpo_steps"],
+                prompts_per_step=s["prompts_per_step"],
+                group_size=s["group_size"],
+                lr=s["grpo_lr"],
+                max_new_tokens=s["grpo_max_new_tokens"],
+                beta=s["beta"],
+                eval_every=s["grpo_eval_every"],
+                seed=seed,
+                save_every=10**9,
+                log_rollouts_every=5,
+                memory_limit=memory_limit,
+                plain=plain,
+            )
         )
-    )
-    seconds["grpo"], peaks["grpo"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
-    tick = time.perf_counter()
-    policy, tokenizer = load_policy(
-        model, [os.path.join(sft_dir, "adapter"), os.path.join(grpo_dir, "adapter")]
-    )
-    summary["grpo"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
-    del policy
-    seconds["grpo_eval"] = time.perf_counter() - tick
+    with meter.stage("grpo_eval"):
+        adapters = [os.path.join(sft_dir, "adapter"), os.path.join(grpo_dir, "adapter")]
+        policy, tokenizer = load_policy(model, adapters)
+        summary["grpo"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
+        del policy
     print("   " + _line(summary["grpo"]))
 
-    summary["seconds"] = {**seconds, "total": time.perf_counter() - start}
-    # not getrusage's ru_maxrss: resetting the high-water mark resets it too (and GNU time's figure)
-    summary["peak_rss_gb"] = max(highest + [_resident("VmHWM")]) / 1e9
-    summary["memory"] = {
-        stage: {
-            "estimate_gb": summary[f"{stage}_run"]["memory_estimate_gb"],
-            "measured_gb": peaks[stage] / 1e9,
-        }
-        for stage in peaks
-    }  # above the stage's start
+    meter.record(summary)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     results = table(summary)
@@ -357,29 +330,6 @@ def _scripted_metrics(policy, items, seed) -> tuple[list, dict]:
         "tool_use_hard": mean([r["used_tool"] for r in hard]),
         "tool_use_easy": mean([r["used_tool"] for r in easy]),
     }
-
-
-def _resident(field: str) -> int:
-    """VmRSS (resident now) or VmHWM (its high-water mark) of this process, in bytes; 0 off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
-    except OSError:
-        return 0
-
-
-def _reset_peak(highest: list[int]) -> int:
-    """Start a new high-water mark at the current size (Linux: /proc/self/clear_refs), after handing
-    the heap's free pages back; returns that size, in bytes (what a stage's peak is measured above).
-    The mark it ends is appended to `highest` (the run's peak is the largest of them)."""
-    highest.append(_resident("VmHWM"))
-    trim_heap()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-    return _resident("VmRSS")
 
 
 def _graduation_data(out_dir: str, task: CalculatorTask, policy, n: int, seed: int) -> str:

@@ -7,7 +7,7 @@ the original tests that pass when the episode ends (tampering with the tests sco
 small cost per call. The held-out list holds only bugs of problems that training never sees.
 Each stage is the library's own command, run in this process, as in `recipe calculator`:
   1. the untrained policy on the held-out list (`minirl eval`'s code, an eval folder per stage);
-  2. demonstrations: a scripted engineer who knows the fix plays the training bugs:
+  2. demonstrations: a scripted engineer who knows the fix plays the training bugs (envs/engineer.py):
      read_file → edit_file → run_test → a short answer; in a share of them (--retry-rate) it
      first makes a plausible wrong edit (another bug of the same line), sees run_test fail, and
      then makes the right one: the recovery the chapter asks for, shown once in a while;
@@ -22,22 +22,20 @@ Each stage is the library's own command, run in this process, as in `recipe calc
 
 import json
 import os
-import random
 import shutil
-import time
 
-from .envs import play
 from .envs.bugs import load_bug_templates
-from .envs.code import CodeEnv, load_templates, make_task
+from .envs.code import load_templates
+from .envs.engineer import demonstrations
 from .eval_summary import compare, read_episodes
 from .evaluation import evaluate
 from .fast import speedups
 from .files import fresh_folder
 from .grpo import GRPOConfig
-from .recipe import _reset_peak, _resident, load_policy
 from .run.grpo import train as grpo_train
 from .run.plots import code_recipe_figure
 from .run.sft import train as sft_train
+from .run.stages import StageMeter, load_policy
 from .sft import SFTConfig
 from .tasks import CodeTask
 from .weights import load_pretrained
@@ -60,15 +58,21 @@ FULL = dict(
     max_turns=8,
     eval_max_new_tokens=192,
     eval_batch=32,
-    demonstrations=64,
+    demonstrations=96,
     sft_lr=2e-4,
     sft_batch=8,
     sft_epochs=1,
     grpo_steps=4,
     prompts_per_step=4,
     group_size=4,
-    grpo_lr=5e-5,
+    grpo_lr=1e-4,
     grpo_max_new_tokens=192,
+    # nearer greedy than 1.0: at 1.0 the SFT policy's samples left the tools (0.06 test runs an
+    # episode where greedy ran them in every one) and no sample fixed its bug
+    grpo_temperature=0.7,
+    # the advantage not divided by the group's std (Dr. GRPO): scaled, a group whose samples differ
+    # only by the call cost got advantages of ±1 and the policy learned to skip run_test
+    advantage_scale="none",
     beta=0.04,
     tool_cost=0.01,
 )
@@ -87,94 +91,12 @@ FAST = dict(
     group_size=2,
     grpo_lr=1e-4,
     grpo_max_new_tokens=24,
+    grpo_temperature=0.7,
+    advantage_scale="none",
     beta=0.04,
     tool_cost=0.01,
 )
 STAGES = (("base", "untrained"), ("sft", "SFT (LoRA)"), ("grpo", "GRPO from SFT"))
-
-
-# ---- the demonstrator ------------------------------------------------------------------------------------
-def call_message(name: str, **arguments) -> dict:
-    """An assistant turn that makes one tool call (SFT data's structured form, chat.render)."""
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
-    }
-
-
-def wrong_edits(templates: list[dict]) -> dict[str, dict]:
-    """For each bug, a plausible wrong fix when one exists: an edit of the same buggy text into
-    another bug of the same line (another mutant of that problem with the same `bug.old`), so the
-    file still fails a test. Hand-written templates use their `partial` edit, which fixes only some
-    cases. {template name: {"old", "new"}}."""
-    edits, by_line = {}, {}
-    for t in templates:
-        if t.get("partial"):
-            edits[t["name"]] = t["partial"]
-        by_line.setdefault((t.get("problem", t["name"]), t["bug"]["old"]), []).append(t)
-    for siblings in by_line.values():
-        for t in siblings:
-            others = [s for s in siblings if s["bug"]["new"] != t["bug"]["new"]]
-            if others and t["name"] not in edits:
-                edits[t["name"]] = {"old": t["bug"]["new"], "new": others[0]["bug"]["new"]}
-    return edits
-
-
-def demonstrator(template: dict, wrong: dict | None, run_test: bool):
-    """A scripted engineer who knows the fix, as a policy (item, messages) -> assistant message
-    (envs.play): read the file; if `wrong` is given, first make that wrong edit and run the tests;
-    make the right edit (undo the planted bug); run the tests if `run_test`; answer in a sentence."""
-    file, bug = template["file"], template["bug"]
-    turns = [call_message("read_file", path=file)]
-    if wrong:
-        turns += [call_message("edit_file", path=file, **wrong), call_message("run_test")]
-        # the wrong edit replaced its `old`; the right one starts from what it left
-        buggy = wrong["new"] if wrong["old"] == bug["new"] else bug["new"]
-    else:
-        buggy = bug["new"]
-    turns.append(call_message("edit_file", path=file, old=buggy, new=bug["old"]))
-    if run_test:
-        turns.append(call_message("run_test"))
-
-    def policy(item, messages):
-        done = sum(m["role"] == "assistant" for m in messages)
-        if done < len(turns):
-            return turns[done]
-        last = messages[-1]["content"]
-        checked = f" run_test: {last.splitlines()[0]}" if run_test else ""
-        return {"role": "assistant", "content": f"Fixed the bug in {file}.{checked}"}
-
-    return policy
-
-
-def demonstrations(
-    templates: list[dict], n: int, retry_rate: float, test_rate: float, seed: int
-) -> tuple[list[dict], dict]:
-    """n SFT conversations from the demonstrator on bugs drawn from `templates` (with a seeded
-    wording each), and what it achieved: mean reward, fix rate, retries shown, tests run."""
-    rng, wrong = random.Random(f"code-demos-{seed}"), wrong_edits(templates)
-    conversations, rewards, fixed, retries, tested = [], [], 0, 0, 0
-    for _ in range(n):
-        template = rng.choice(templates)
-        item = make_task(template, seed=rng.randrange(10**6))
-        retry = wrong.get(template["name"]) if rng.random() < retry_rate else None
-        run_test = rng.random() < test_rate
-        with CodeEnv() as env:
-            messages, reward, info = play(
-                env, item, demonstrator(template, retry, run_test), max_turns=8
-            )
-        conversations.append({"messages": messages, "tools": item["tools"]})
-        rewards.append(reward)
-        fixed += info["fraction"] == 1.0 and not info["hacked"]
-        retries += retry is not None
-        tested += run_test
-    return conversations, {
-        "mean_reward": sum(rewards) / n,
-        "fix_rate": fixed / n,
-        "with_retry": retries / n,
-        "with_final_test": tested / n,
-    }
 
 
 # ---- the recipe ------------------------------------------------------------------------------------------
@@ -191,6 +113,18 @@ def stage_eval(model, tokenizer, task, s: dict, seed: int, speed, out: str) -> d
         batch_size=s["eval_batch"],
         decoder=speed.decoder(model),
     )
+
+
+def grpo_eval(model, adapters, task, s: dict, seed: int, speed, out: str, last_eval: str) -> dict:
+    """GRPO's stage on the held-out list. GRPO's own last evaluation is it when that ran greedy on the
+    same list, with the same tokens per turn and seed: its folder (`last_eval`) is copied, not run
+    again (7.7 min of the real recipe)."""
+    if s["grpo_max_new_tokens"] == s["eval_max_new_tokens"] and os.path.isdir(last_eval):
+        shutil.copytree(last_eval, out, dirs_exist_ok=True)
+        with open(os.path.join(out, "summary.json")) as f:
+            return json.load(f)
+    policy, tokenizer = load_policy(model, adapters)
+    return stage_eval(policy, tokenizer, task, s, seed, speed, out)
 
 
 def stage_row(summary: dict) -> dict:
@@ -217,7 +151,7 @@ def run(
     out_dir: str = os.path.join("runs", "recipe-code"),
     seed: int = 0,
     fast: bool = False,
-    retry_rate: float = 0.25,
+    retry_rate: float = 0.5,
     test_rate: float = 1.0,
     memory_limit: float = 0.0,
     plain: bool = False,
@@ -234,7 +168,7 @@ def run(
             raise ValueError(f"{name} must be >= 1, got {value}")
     s, speed = dict(FAST if fast else FULL), speedups(plain)
     s.update({k: v for k, v in (("eval_size", eval_size), ("grpo_steps", grpo_steps)) if v})
-    start, seconds, peaks, highest = time.perf_counter(), {}, {}, []
+    meter = StageMeter()
     fresh_folder(out_dir, OUTPUTS, "recipe code")
     task = CodeTask(
         seed=seed,
@@ -254,11 +188,11 @@ def run(
     evals = {stage: os.path.join(out_dir, "eval", stage) for stage, _ in STAGES}
 
     print(f"1. the untrained policy on {len(task.eval_items())} held-out bugs (greedy)")
-    tick = time.perf_counter()
-    policy, tokenizer = load_pretrained(model)
-    summary["base"] = stage_row(stage_eval(policy, tokenizer, task, s, seed, speed, evals["base"]))
-    del policy
-    seconds["base_eval"] = time.perf_counter() - tick
+    with meter.stage("base_eval"):
+        policy, tokenizer = load_pretrained(model)
+        base = stage_eval(policy, tokenizer, task, s, seed, speed, evals["base"])
+        summary["base"] = stage_row(base)
+        del policy
     print("   " + _line(summary["base"]))
 
     print(f"2. demonstrations: the scripted engineer fixes {s['demonstrations']} training bugs")
@@ -276,87 +210,78 @@ def run(
     )
 
     print("3. stage 1: LoRA SFT on the demonstrations")
-    tick, stage_rss = time.perf_counter(), _reset_peak(highest)
     sft_dir = os.path.join(out_dir, "sft")
-    summary["sft_run"] = sft_train(
-        SFTConfig(
-            model=model,
-            data=data,
-            out=sft_dir,
-            epochs=s["sft_epochs"],
-            lr=s["sft_lr"],
-            batch_size=s["sft_batch"],
-            max_len=2048,
-            seed=seed,
-            save_every=10**9,
-            samples_per_prompt=2,
-            memory_limit=memory_limit,
-            plain=plain,
+    with meter.stage("sft", memory=True):
+        summary["sft_run"] = sft_train(
+            SFTConfig(
+                model=model,
+                data=data,
+                out=sft_dir,
+                epochs=s["sft_epochs"],
+                lr=s["sft_lr"],
+                batch_size=s["sft_batch"],
+                max_len=2048,
+                seed=seed,
+                save_every=10**9,
+                samples_per_prompt=2,
+                memory_limit=memory_limit,
+                plain=plain,
+            )
         )
-    )
-    seconds["sft"], peaks["sft"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
-    tick = time.perf_counter()
     adapters = [os.path.join(sft_dir, "adapter")]
-    policy, tokenizer = load_policy(model, adapters)
-    summary["sft"] = stage_row(stage_eval(policy, tokenizer, task, s, seed, speed, evals["sft"]))
-    del policy
-    seconds["sft_eval"] = time.perf_counter() - tick
+    with meter.stage("sft_eval"):
+        policy, tokenizer = load_policy(model, adapters)
+        summary["sft"] = stage_row(
+            stage_eval(policy, tokenizer, task, s, seed, speed, evals["sft"])
+        )
+        del policy
     print("   " + _line(summary["sft"]))
 
     print("4. stage 2: GRPO from the SFT adapter, the guarded test reward, KL to the SFT policy")
-    tick, stage_rss = time.perf_counter(), _reset_peak(highest)
     grpo_dir = os.path.join(out_dir, "grpo")
-    summary["grpo_run"] = grpo_train(
-        GRPOConfig(
-            model=model,
-            adapter=adapters[0],
-            task=task,
-            out=grpo_dir,
-            steps=s["grpo_steps"],
-            prompts_per_step=s["prompts_per_step"],
-            group_size=s["group_size"],
-            lr=s["grpo_lr"],
-            max_new_tokens=s["grpo_max_new_tokens"],
-            beta=s["beta"],
-            eval_every=0,
-            seed=seed,
-            save_every=10**9,
-            log_rollouts_every=1,
-            memory_limit=memory_limit,
-            plain=plain,
+    with meter.stage("grpo", memory=True):
+        summary["grpo_run"] = grpo_train(
+            GRPOConfig(
+                model=model,
+                adapter=adapters[0],
+                task=task,
+                out=grpo_dir,
+                steps=s["grpo_steps"],
+                prompts_per_step=s["prompts_per_step"],
+                group_size=s["group_size"],
+                lr=s["grpo_lr"],
+                max_new_tokens=s["grpo_max_new_tokens"],
+                temperature=s["grpo_temperature"],
+                advantage_scale=s["advantage_scale"],
+                beta=s["beta"],
+                eval_every=0,
+                seed=seed,
+                save_every=10**9,
+                log_rollouts_every=1,
+                memory_limit=memory_limit,
+                plain=plain,
+            )
         )
-    )
-    seconds["grpo"], peaks["grpo"] = time.perf_counter() - tick, _resident("VmHWM") - stage_rss
-    tick = time.perf_counter()
-    # GRPO's own last evaluation is this stage's: greedy, the same held-out list, the same tokens per
-    # turn, the same seed; its eval folder is copied, not run again
-    last_eval = os.path.join(grpo_dir, "eval", f"step-{summary['grpo_run']['steps']:06d}")
-    if s["grpo_max_new_tokens"] == s["eval_max_new_tokens"] and os.path.isdir(last_eval):
-        shutil.copytree(last_eval, evals["grpo"], dirs_exist_ok=True)
-        with open(os.path.join(evals["grpo"], "summary.json")) as f:
-            summary["grpo"] = stage_row(json.load(f))
-    else:
-        policy, tokenizer = load_policy(model, adapters + [os.path.join(grpo_dir, "adapter")])
+    with meter.stage("grpo_eval"):
         summary["grpo"] = stage_row(
-            stage_eval(policy, tokenizer, task, s, seed, speed, evals["grpo"])
+            grpo_eval(
+                model,
+                adapters + [os.path.join(grpo_dir, "adapter")],
+                task,
+                s,
+                seed,
+                speed,
+                evals["grpo"],
+                os.path.join(grpo_dir, "eval", f"step-{summary['grpo_run']['steps']:06d}"),
+            )
         )
-        del policy
-    seconds["grpo_eval"] = time.perf_counter() - tick
     print("   " + _line(summary["grpo"]))
 
     summary["compare"] = {
         f"{a}->{b}": compare(read_episodes(evals[a]), read_episodes(evals[b]))
         for a, b in (("base", "sft"), ("sft", "grpo"), ("base", "grpo"))
     }
-    summary["seconds"] = {**seconds, "total": time.perf_counter() - start}
-    summary["peak_rss_gb"] = max(highest + [_resident("VmHWM")]) / 1e9
-    summary["memory"] = {
-        stage: {
-            "estimate_gb": summary[f"{stage}_run"]["memory_estimate_gb"],
-            "measured_gb": peaks[stage] / 1e9,
-        }
-        for stage in peaks
-    }
+    meter.record(summary)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     results = table(summary)

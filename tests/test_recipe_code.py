@@ -1,4 +1,4 @@
-"""`python -m minirl recipe code` (minirl/recipe_code.py): the scripted engineer's demonstrations, the
+"""`python -m minirl recipe code` (minirl/recipe_code.py): the scripted engineer's demonstrations (envs/engineer.py), the
 code agent's trajectory shape (eval_stats.code_agent_shape, eval_summary.code_agent_summary), and every
 stage end to end on the toy checkpoint in its fast mode."""
 
@@ -15,17 +15,9 @@ from minirl.envs.code import CodeEnv, load_templates, make_task
 from minirl.eval_stats import code_agent_shape, run_test_failed
 from minirl.eval_summary import code_agent_summary, read_episodes
 from minirl.fast import speedups
-from minirl.recipe import load_policy
-from minirl.recipe_code import (
-    FAST,
-    OUTPUTS,
-    demonstrations,
-    demonstrator,
-    run,
-    stage_eval,
-    table,
-    wrong_edits,
-)
+from minirl.envs.engineer import demonstrations, demonstrator, wrong_edits
+from minirl.recipe_code import FAST, OUTPUTS, run, stage_eval, table
+from minirl.run.stages import load_policy
 from minirl.tasks import CodeTask
 from minirl.toy import build_checkpoint
 

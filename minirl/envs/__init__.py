@@ -18,7 +18,9 @@ parts (tasks.Task.score), the environment's total is for scripted plays without 
 The files, from the ground up: tools.py (the tool-call parser and the calculator), sandbox.py
 (running tests in a child process, with runner.py inside it, verdicts.py judging the values it hands
 back and watchdog.py bounding its processes together), rewards.py (the code agent's test rewards), then one file per
-environment (answer.py, calculator.py, code.py, program.py) and perturb.py (robustness wrappers).
+environment (answer.py, calculator.py, code.py, program.py), bugs.py (the code agent's tasks made
+from HumanEval), engineer.py (the scripted engineer whose plays are its demonstrations) and
+perturb.py (robustness wrappers).
 """
 
 from types import SimpleNamespace
