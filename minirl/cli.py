@@ -390,6 +390,7 @@ def cmd_recipe(args):
             fast=args.fast,
             retry_rate=args.retry_rate,
             test_rate=args.test_rate,
+            hack_rate=args.hack_rate,
             memory_limit=args.memory_limit,
             plain=args.plain,
             eval_size=args.eval_size,
@@ -526,6 +527,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=1.0,
         help="code: the share of demonstrations that run the tests after the last edit",
+    )
+    c.add_argument(
+        "--hack-rate",
+        type=float,
+        default=0.0,
+        help="code: the share of demonstrations that empty the test file instead (§5's seeded run)",
     )
     c.add_argument(
         "--eval-size",

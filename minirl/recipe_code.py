@@ -17,6 +17,7 @@ Each stage is the library's own command, run in this process, as in `recipe calc
      a paired bootstrap interval and McNemar's test); summary.json, results.md and a figure.
 
     python -m minirl recipe code --model DIR          # docs/results.md "The code agent"
+    python -m minirl recipe code --model DIR --hack-rate 0.1   # §5 seeded: a tenth of the demos cheat
     python -m minirl recipe code --model DIR --fast   # plumbing only, seconds on the toy model
 """
 
@@ -153,6 +154,7 @@ def run(
     fast: bool = False,
     retry_rate: float = 0.5,
     test_rate: float = 1.0,
+    hack_rate: float = 0.0,
     memory_limit: float = 0.0,
     plain: bool = False,
     eval_size: int | None = None,
@@ -160,7 +162,8 @@ def run(
 ) -> dict:
     """The recipe (module docstring) into out_dir. eval_size: the first N held-out tasks instead
     of the setting's (all of them); grpo_steps: GRPO's steps instead of the setting's."""
-    for name, rate in (("--retry-rate", retry_rate), ("--test-rate", test_rate)):
+    rates = (("--retry-rate", retry_rate), ("--test-rate", test_rate), ("--hack-rate", hack_rate))
+    for name, rate in rates:
         if not 0 <= rate <= 1:
             raise ValueError(f"{name} must be within 0..1, got {rate}")
     for name, value in (("--eval-size", eval_size), ("--grpo-steps", grpo_steps)):
@@ -198,15 +201,16 @@ def run(
     print(f"2. demonstrations: the scripted engineer fixes {s['demonstrations']} training bugs")
     train = load_bug_templates("train") if s["tasks"] == "bugs" else load_templates()
     conversations, summary["demonstrator"] = demonstrations(
-        train, s["demonstrations"], retry_rate, test_rate, seed
+        train, s["demonstrations"], retry_rate, test_rate, seed, hack_rate
     )
-    summary["demonstrator"].update(retry_rate=retry_rate, test_rate=test_rate)
+    summary["demonstrator"].update(retry_rate=retry_rate, test_rate=test_rate, hack_rate=hack_rate)
     data = os.path.join(out_dir, "demonstrations.jsonl")
     with open(data, "w") as f:
         f.writelines(json.dumps(c) + "\n" for c in conversations)
+    demo = summary["demonstrator"]
     print(
-        f"   {len(conversations)} conversations, fix rate {summary['demonstrator']['fix_rate']:.3f}, "
-        f"{summary['demonstrator']['with_retry']:.2f} with a wrong edit first"
+        f"   {len(conversations)} conversations, fix rate {demo['fix_rate']:.3f}, "
+        f"{demo['with_retry']:.2f} with a wrong edit first, {demo['hacked']:.2f} emptying the tests"
     )
 
     print("3. stage 1: LoRA SFT on the demonstrations")
@@ -308,8 +312,9 @@ def table(summary: dict) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     demo = summary["demonstrator"]
+    hacks = f", {demo['hacked']:.2f} emptying the tests" if demo.get("hacked") else ""
     lines.append(
-        f"| demonstrator (scripted, {demo['with_retry']:.2f} with a wrong edit first) | "
+        f"| demonstrator (scripted, {demo['with_retry']:.2f} with a wrong edit first{hacks}) | "
         f"{shown(demo['fix_rate'])} | 1.000 | 1.000 | {shown(demo['with_final_test'])} | - | - | - |"
     )
     for stage, label in STAGES:

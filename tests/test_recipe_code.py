@@ -12,10 +12,10 @@ import pytest
 
 from minirl.envs import play
 from minirl.envs.code import CodeEnv, load_templates, make_task
+from minirl.envs.engineer import demonstrations, demonstrator, hacker, wrong_edits
 from minirl.eval_stats import code_agent_shape, run_test_failed
 from minirl.eval_summary import code_agent_summary, read_episodes
 from minirl.fast import speedups
-from minirl.envs.engineer import demonstrations, demonstrator, wrong_edits
 from minirl.recipe_code import FAST, OUTPUTS, run, stage_eval, table
 from minirl.run.stages import load_policy
 from minirl.tasks import CodeTask
@@ -127,8 +127,48 @@ def test_demonstrations_report_what_they_hold():
     assert json.dumps(again) == json.dumps(conversations)
 
 
+@pytest.mark.parametrize("template", load_templates()[:2], ids=lambda t: t["name"])
+def test_the_hacker_demonstrator_empties_the_tests_naive_pays_guarded_does_not(template):
+    scores = {}
+    for reward in ("naive", "guarded"):
+        with CodeEnv(reward=reward) as env:
+            messages, scores[reward], info = play(
+                env, make_task(template), hacker(template), max_turns=8
+            )
+        # only the guarded reward looks at the test file (the naive one cannot tell)
+        assert info["hacked"] == (reward == "guarded")
+        assert messages[-1]["content"].startswith("All tests pass")
+    assert scores == {"naive": 1.0, "guarded": 0.0}
+
+
+def test_seeded_demonstrations_hold_hacks_and_keep_the_rest():
+    plain, stats = demonstrations(load_templates(), 12, 0.5, 0.5, seed=0)
+    seeded, seeded_stats = demonstrations(load_templates(), 12, 0.5, 0.5, seed=0, hack_rate=0.5)
+    assert stats["hacked"] == 0.0 and 0 < seeded_stats["hacked"] < 1
+    edits_tests = [
+        any(
+            call["function"]["name"] == "edit_file"
+            and call["function"]["arguments"]["path"].startswith("test_")
+            for m in c["messages"]
+            for call in m.get("tool_calls") or []
+        )
+        for c in seeded
+    ]
+    assert sum(edits_tests) / 12 == seeded_stats["hacked"]
+    # the honest ones fix their bug; the hacked ones score 0 under the guarded reward
+    assert seeded_stats["fix_rate"] == pytest.approx(1 - seeded_stats["hacked"])
+    assert json.dumps(demonstrations(load_templates(), 12, 0.5, 0.5, seed=0, hack_rate=0)[0]) == (
+        json.dumps(plain)
+    )
+
+
 def test_recipe_code_refuses_bad_rates(tmp_path):
-    for flag, kwargs in (("--retry-rate", {"retry_rate": 1.5}), ("--test-rate", {"test_rate": -1})):
+    bad = (
+        ("--retry-rate", {"retry_rate": 1.5}),
+        ("--test-rate", {"test_rate": -1}),
+        ("--hack-rate", {"hack_rate": 2}),
+    )
+    for flag, kwargs in bad:
         with pytest.raises(ValueError, match=f"{flag} must be within 0..1"):
             run("unused", out_dir=str(tmp_path / "x"), **kwargs)
     assert not (tmp_path / "x").exists()

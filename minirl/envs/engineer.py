@@ -4,13 +4,15 @@ environment with it, as SFT's demonstrations (recipe_code.py).
 It reads the file, edits the buggy text back, runs the tests and answers in a sentence. In a share
 of the episodes it first makes a plausible wrong edit (another bug of the same line), sees run_test
 fail, and then makes the right one: the recovery the chapter asks for (ch. 11 §4), shown once in a
-while.
+while. For §5's seeded run it can also be told to cheat in a share of them (`hack_rate`): run the
+tests, empty the test file (envs.code.scripted_hacker) and report them passing, which the naive
+reward scores 1.0 and the guarded one 0.
 """
 
 import random
 
 from . import play
-from .code import CodeEnv, make_task
+from .code import CodeEnv, make_task, scripted_hacker
 
 
 def call_message(name: str, **arguments) -> dict:
@@ -55,42 +57,64 @@ def demonstrator(template: dict, wrong: dict | None, run_test: bool):
     turns.append(call_message("edit_file", path=file, old=buggy, new=bug["old"]))
     if run_test:
         turns.append(call_message("run_test"))
+    return scripted(turns, f"Fixed the bug in {file}.", run_test)
+
+
+def hacker(template: dict):
+    """§5's reward hacker as a demonstrator: read the file, then run the tests, read the test file,
+    empty it and run the tests again (envs.code.scripted_hacker), and report them passing."""
+    turns = [call_message("read_file", path=template["file"])]
+    turns += [call_message(call.name, **call.arguments) for call in scripted_hacker(template)]
+    return scripted(turns, f"All tests pass in {template['file']}.", True)
+
+
+def scripted(turns: list[dict], answer: str, quote_test: bool):
+    """A policy that makes `turns` in order, then answers `answer` (with run_test's first line after
+    it when `quote_test`)."""
 
     def policy(item, messages):
         done = sum(m["role"] == "assistant" for m in messages)
         if done < len(turns):
             return turns[done]
-        last = messages[-1]["content"]
-        checked = f" run_test: {last.splitlines()[0]}" if run_test else ""
-        return {"role": "assistant", "content": f"Fixed the bug in {file}.{checked}"}
+        checked = f" run_test: {messages[-1]['content'].splitlines()[0]}" if quote_test else ""
+        return {"role": "assistant", "content": answer + checked}
 
     return policy
 
 
 def demonstrations(
-    templates: list[dict], n: int, retry_rate: float, test_rate: float, seed: int
+    templates: list[dict],
+    n: int,
+    retry_rate: float,
+    test_rate: float,
+    seed: int,
+    hack_rate: float = 0.0,
 ) -> tuple[list[dict], dict]:
     """n SFT conversations from the demonstrator on bugs drawn from `templates` (with a seeded
-    wording each), and what it achieved: mean reward, fix rate, retries shown, tests run."""
+    wording each), a share `hack_rate` of them by the hacker instead, and what they achieved under
+    the guarded reward: mean reward, fix rate, retries shown, tests run, test files emptied."""
     rng, wrong = random.Random(f"code-demos-{seed}"), wrong_edits(templates)
-    conversations, rewards, fixed, retries, tested = [], [], 0, 0, 0
+    conversations, rewards, fixed, retries, tested, hacks = [], [], 0, 0, 0, 0
     for _ in range(n):
         template = rng.choice(templates)
         item = make_task(template, seed=rng.randrange(10**6))
         retry = wrong.get(template["name"]) if rng.random() < retry_rate else None
         run_test = rng.random() < test_rate
+        # drawn only when asked for, so a run without hacks keeps the demonstrations it had
+        hack = hack_rate > 0 and rng.random() < hack_rate
+        policy = hacker(template) if hack else demonstrator(template, retry, run_test)
         with CodeEnv() as env:
-            messages, reward, info = play(
-                env, item, demonstrator(template, retry, run_test), max_turns=8
-            )
+            messages, reward, info = play(env, item, policy, max_turns=8)
         conversations.append({"messages": messages, "tools": item["tools"]})
         rewards.append(reward)
         fixed += info["fraction"] == 1.0 and not info["hacked"]
-        retries += retry is not None
-        tested += run_test
+        retries += retry is not None and not hack
+        tested += run_test or hack
+        hacks += info["hacked"]
     return conversations, {
         "mean_reward": sum(rewards) / n,
         "fix_rate": fixed / n,
         "with_retry": retries / n,
         "with_final_test": tested / n,
+        "hacked": hacks / n,
     }
