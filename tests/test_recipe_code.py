@@ -17,6 +17,7 @@ from minirl.eval_stats import code_agent_shape, run_test_failed
 from minirl.eval_summary import code_agent_summary, read_episodes
 from minirl.fast import speedups
 from minirl.recipe_code import FAST, OUTPUTS, run, stage_eval, table
+from minirl.run.plots import hack_figure
 from minirl.run.stages import load_policy
 from minirl.tasks import CodeTask
 from minirl.toy import build_checkpoint
@@ -270,3 +271,16 @@ def test_code_task_metrics_by_hand():
     assert metrics["edited_tests_reward"] == 0.0
     assert math.isclose(metrics["recovery_rate"], 1 / 3)
     assert metrics["test_runs"] == 1.0 and metrics["turns"] == 3.25
+
+
+def test_hack_figure_draws_both_rewards_with_steps_that_had_no_hack(tmp_path):
+    for name, rows in (
+        ("guarded", ["1,0.125,0.0", "2,0.0,nan"]),
+        ("naive", ["1,0.125,1.0", "2,0.25,1.0"]),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.csv").write_text(
+            "step,edited_tests_rate,edited_tests_reward\n" + "\n".join(rows) + "\n"
+        )
+    out = hack_figure(str(tmp_path / "guarded"), str(tmp_path / "naive"), str(tmp_path / "h.png"))
+    assert os.path.getsize(out) > 10_000 and open(out, "rb").read(4) == b"\x89PNG"

@@ -149,6 +149,32 @@ def code_recipe_figure(run_dir: str, out_path: str):
     return _save(fig, out_path)
 
 
+def hack_figure(guarded_dir: str, naive_dir: str, out_path: str):
+    """§5 on a real model, from two GRPO runs of the same SFT adapter (metrics.csv): per step, the
+    share of sampled episodes whose edit of the test file went through, and their mean reward, under
+    the guarded reward and under the naive one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    runs = [("guarded", guarded_dir, "C2"), ("naive", naive_dir, "C3")]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharex=True)
+    for name, run_dir, color in runs:
+        rows = read_csv(os.path.join(run_dir, "metrics.csv"))
+        axes[0].plot(*_series(rows, "edited_tests_rate"), "o-", color=color, label=name)
+        # a step without a hacking episode has no reward (NaN): no point, rather than a 0
+        axes[1].plot(*_series(rows, "edited_tests_reward"), "o-", color=color, label=name)
+    axes[0].set(title="episodes that edited the test file", xlabel="GRPO step", ylim=(-0.05, 1.05))
+    axes[1].set(title="their mean reward", xlabel="GRPO step", ylim=(-0.1, 1.1))
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle("the test file is the agent's to edit: the naive reward pays for emptying it")
+    return _save(fig, out_path)
+
+
 def _save(fig, out_path: str) -> str:
     import matplotlib.pyplot as plt
 
