@@ -268,7 +268,10 @@ class CodeTask(EnvTask):
     and run_test. Reward parts: "fraction" of the original tests passing (guarded: tampering with the
     tests scores 0), "penalty" (−0.2 for re-reading a file in a loop) and "cost" (tool_cost per call,
     0 unless asked for). `reward="naive"` scores the agent's own, editable tests instead: the
-    chapter's reward-hacking setting.
+    chapter's reward-hacking setting. `outcome="solved"` puts "solved" (1 when every test passes,
+    the fix rate's own test, else 0) in place of "fraction": the all-or-nothing outcome. Partial
+    credit pays an agent that leaves the bug alone the share its bug already passes, more than an
+    attempted fix that breaks more tests; all-or-nothing pays both 0.
 
     tasks="templates": the six hand-written repositories of data/code_tasks.json, `eval_size` (12)
     held-out episodes cycling through them with other wordings. tasks="bugs": planted bugs in
@@ -294,16 +297,24 @@ class CodeTask(EnvTask):
         eval_size: int | None = None,
         tasks: str = "templates",
         tool_cost: float = 0.0,
+        outcome: str = "fraction",
     ):
+        if outcome not in ("fraction", "solved"):
+            raise ValueError(f"outcome must be 'fraction' or 'solved', got {outcome!r}")
         if tasks not in ("templates", "bugs"):
             raise ValueError(f"tasks must be 'templates' or 'bugs', got {tasks!r}")
         if eval_size is not None and eval_size < 1:
             raise ValueError(f"eval_size must be >= 1, got {eval_size}")
         self.reward, self.max_turns, self.tool_cost = reward, max_turns, tool_cost
         self.tasks = tasks
+        self.outcome = outcome
         self.reward_functions = {
             part: (lambda t, part=part: t.info[part], 1.0) for part in CodeEnv.reward_parts
         }
+        if outcome == "solved":
+            del self.reward_functions["fraction"]
+            solved = {"solved": (lambda t: float(self.accuracy(t)["strict"]), 1.0)}
+            self.reward_functions = {**solved, **self.reward_functions}
         rng = random.Random(f"{self.name}-eval-{seed}")
         if tasks == "bugs":
             self.templates = load_bug_templates("train")

@@ -72,6 +72,27 @@ def test_code_reward_is_the_environment_total_weighed_once(reward):
         assert episode.reward == pytest.approx(env_total), name
 
 
+@pytest.mark.parametrize("reward", ["guarded", "naive"])
+def test_code_outcome_solved_pays_only_a_whole_fix(reward):
+    task, template = CodeTask(eval_size=1, reward=reward, outcome="solved"), load_templates()[0]
+    for name, policy in SCRIPTED_POLICIES.items():
+        with CodeEnv(reward=reward) as env:
+            env_total, info, _ = run_scripted(env, make_task(template), policy(template))
+        episode = Trajectory({}, [], [], [], [], "answer", info=info)
+        task.score([episode])
+        # the fix rate's own test: every original test passing, nothing tampered with
+        solved = info["fraction"] == 1.0 and not info["hacked"]
+        assert set(episode.reward_parts) == {"solved", "penalty", "cost"}, name
+        assert episode.reward_parts["solved"] == float(solved), name
+        assert episode.reward == pytest.approx(env_total - info["fraction"] + solved), name
+    # B fixes some of the cases: partial credit under "fraction", nothing under "solved"
+    with CodeEnv(reward=reward) as env:
+        _, info, _ = run_scripted(env, make_task(template), SCRIPTED_POLICIES["B"](template))
+    assert 0 < info["fraction"] < 1
+    with pytest.raises(ValueError, match="outcome must be 'fraction' or 'solved'"):
+        CodeTask(outcome="all")
+
+
 def test_the_single_turn_rollout_gives_g_completions_per_item_prompt_major(tmp_path):
     model, tokenizer = load_pretrained(build_checkpoint(str(tmp_path / "tiny"), seed=0))
     task = ArithmeticTask(eval_size=2)
