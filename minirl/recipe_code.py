@@ -302,10 +302,6 @@ def run(
 
 def table(summary: dict) -> str:
     """The stages as a markdown table (greedy, held-out list), then the paired comparisons."""
-
-    def shown(value, digits=3):
-        return "-" if value is None else f"{value:.{digits}f}"
-
     lines = [
         "| policy | fix rate | valid calls | read before edit | test after last edit | "
         "recovery after a failed test | turns | completion tokens |",
@@ -341,10 +337,12 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _line(row: dict) -> str:
-    def shown(value):
-        return "-" if value is None else f"{value:.3f}"
+def shown(value, digits=3) -> str:
+    """A rate with nothing to measure (no edits, no failed test) is None: shown as "-"."""
+    return "-" if value is None else f"{value:.{digits}f}"
 
+
+def _line(row: dict) -> str:
     return (
         f"fix rate {shown(row['fix_rate'])}, valid calls {shown(row['valid_call_rate'])}, "
         f"tested after last edit {shown(row['tested_after_last_edit'])}, recovery "
