@@ -24,6 +24,7 @@ from minirl.envs.calculator import (
     CalculatorEnv,
     agent_metrics,
     expert_policy,
+    flaky_calculator,
     make_questions,
     play,
     tool_call_message,
@@ -108,7 +109,7 @@ def gives_up(task, messages):
 hard = [q for q in questions if q["difficulty"] == "hard"]
 flaky_accuracy = {}
 for name, policy in [("retries", expert_policy), ("gives up", gives_up)]:
-    results = [play(CalculatorEnv(flaky=0.5, seed=i), q, policy) for i, q in enumerate(hard)]
+    results = [play(flaky_calculator(0.5, seed=i), q, policy) for i, q in enumerate(hard)]
     flaky_accuracy[name] = sum(i["correct"] for _, _, i in results) / len(results)
     print(f"flaky tool (p = 0.5), {name:9s}: accuracy {flaky_accuracy[name]:.2f}")
 assert flaky_accuracy["retries"] > flaky_accuracy["gives up"], "expected retrying to pay off"

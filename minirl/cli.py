@@ -201,11 +201,13 @@ def add_sft_parser(sub, fmt):
 
 
 def cmd_grpo(args):
+    from .envs import perturb
     from .grpo import GRPOConfig
     from .run.grpo import train
     from .tasks import parse_options
 
     args.task_options = parse_options(args.task_options)
+    args.perturb = perturb.rates(args.perturb or [])
     train(GRPOConfig(**{k: v for k, v in vars(args).items() if k not in ("command", "func")}))
 
 
@@ -240,6 +242,14 @@ def add_grpo_parser(sub, fmt):
         default=None,
         metavar="KEY=VALUE",
         help="passed to the task, e.g. level=toy eval_size=200 max_turns=3 (as eval's)",
+    )
+    g.add_argument(
+        "--perturb",
+        action="append",
+        default=None,
+        metavar="KIND=P",
+        help="train under faults: each episode meets KIND with probability P, e.g. tool_error=0.5 "
+        "(the kinds of eval's --perturb; repeat for several)",
     )
     g.add_argument("--out", default=d.out)
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])

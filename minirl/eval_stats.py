@@ -5,6 +5,7 @@
   call_problems             a tool call against its JSON schema (the Berkeley Function Calling Leaderboard's AST checks)
   redundant_calls, longest_identical_run, reference_match   the trajectory
   code_agent_shape, run_test_failed   a code agent's trajectory: read before edit, test after it
+  success_where_perturbed   robustness: how many episodes a perturbation touched, and how many of those won
   mcnemar_exact, paired_bootstrap                            regression: two runs on the same items
 
 Calls are {"name", "arguments"} dicts; n samples per item, c of them successes.
@@ -169,6 +170,14 @@ def run_test_failed(report: str) -> bool:
     the tests did not all pass: a failure, an error, or no tests at all."""
     failed = re.match(r"\d+ passed, (\d+) failed", report)
     return failed is None or int(failed.group(1)) > 0 or "Error:" in report
+
+
+def success_where_perturbed(episodes) -> tuple[int, float]:
+    """(the episodes in which a perturbation fired, the share of those that succeeded; NaN if none),
+    from (times fired, success) pairs: evaluation's success under a perturbation (for tool_error,
+    recovery after the injected fault) and GRPO's perturbed_success column, one computation."""
+    touched = [bool(success) for fired, success in episodes if fired]
+    return len(touched), (sum(touched) / len(touched) if touched else float("nan"))
 
 
 def reference_match(actual: list[str], reference: list[str]) -> dict:

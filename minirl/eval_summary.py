@@ -21,6 +21,7 @@ from .eval_stats import (
     pass_hat_k,
     redundant_calls,
     reference_match,
+    success_where_perturbed,
 )
 from .files import atomic_write
 
@@ -202,13 +203,13 @@ def perturbation_drop(
     }
     drops = [clean - perturbed for clean, perturbed in rate.values()]
     low, high = paired_bootstrap(drops, resamples, seed=0)
-    touched = [e for e in episodes if e.get("perturbed")]
+    touched, success = success_where_perturbed((e.get("perturbed"), e["success"]) for e in episodes)
     return {
         "pass@1": _mean(p for _, p in rate.values()),
         "drop": _mean(drops),
         "drop_interval_95": [low, high],
-        "episodes_perturbed": len(touched),
-        "success_where_perturbed": _mean(e["success"] for e in touched),
+        "episodes_perturbed": touched,
+        "success_where_perturbed": success,
     }
 
 

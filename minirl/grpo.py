@@ -20,6 +20,8 @@ import torch
 
 from . import distributed
 from . import learner as plain_learner
+from .envs import perturb
+from .eval_stats import success_where_perturbed
 from .fast import PLAIN, Speedups, prefix_learner
 from .fast.chunked_logprobs import chunked_token_logprobs
 from .finite import check_update
@@ -58,6 +60,9 @@ class GRPOConfig:
     advantage_scale: str = "std"
     # drop groups whose rewards are all equal (no signal)
     dynamic_sampling: bool = False
+    # training under faults, {kind: p}: each episode meets each of envs/perturb.py's perturbations
+    # with its probability, e.g. {"tool_error": 0.5} (ch. 11 §4's recovery)
+    perturb: dict = field(default_factory=dict)
     # --- optimization ---
     steps: int = 100
     inner_steps: int = 1  # μ
@@ -161,6 +166,9 @@ def grpo_step(
     clock = [time.perf_counter()]
     # Stage 1: sample, with the adapters folded into the weights where that is faster
     sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, decoder=decoder)
+    if cfg.perturb:
+        # a hostile world to learn recovery in: faults drawn per episode from the step's seed
+        sampling["wrap_env"] = perturb.training(cfg.perturb, seed)
     with merged_for_sampling(model, cfg.merge_lora):
         rollouts = task.rollout(model, tokenizer, items, G, cfg.max_new_tokens, **sampling)
     clock.append(time.perf_counter())
@@ -237,8 +245,9 @@ STATS = ("loss", "clip_low_frac", "clip_high_frac", "kl", "ratio", "sampler_logp
 
 def step_metrics(task, trajectories, cfg) -> dict:
     """The logged facts of one step's rollouts (all ranks'): rewards, accuracy, lengths, dropped groups,
-    episodes that could not be scored (scored 0, tasks.Task.score), each reward part's mean and
-    the task's own metrics (of the scored episodes)."""
+    episodes that could not be scored (scored 0, tasks.Task.score), each reward part's mean, the
+    task's own metrics (of the scored episodes) and, when training under perturbations, how many
+    episodes one fired in and the share of those solved (eval_stats.success_where_perturbed)."""
     n, G = len(trajectories), cfg.group_size
     rewards, finite, spread, _ = filter_groups(trajectories, G, cfg.dynamic_sampling)
     verdicts = [task.verdict(t) for t in trajectories]
@@ -260,4 +269,13 @@ def step_metrics(task, trajectories, cfg) -> dict:
             for k in task.reward_functions
         },
         **(task.metrics(scored) if scored else dict.fromkeys(task.metric_names, float("nan"))),
+        **(perturbed_metrics(trajectories, verdicts) if cfg.perturb else {}),
     }
+
+
+PERTURBED = ["perturbed_episodes", "perturbed_success"]
+
+
+def perturbed_metrics(trajectories, verdicts) -> dict:
+    fired = [(t.info.get("perturbed", 0), v["strict"]) for t, v in zip(trajectories, verdicts)]
+    return dict(zip(PERTURBED, success_where_perturbed(fired)))

@@ -38,7 +38,7 @@ from .run.sft import train as sft_train
 from .run.stages import StageMeter, load_policy
 from .sft import SFTConfig
 from .tasks import CalculatorTask
-from .toy import demonstrator
+from .toy import demonstrations, demonstrator
 from .weights import load_pretrained
 
 # what a run writes in its folder: the only names a new run there may remove (files.fresh_folder)
@@ -140,16 +140,6 @@ def evaluate(model, tokenizer, task: CalculatorTask, max_new_tokens: int, seed: 
     return out
 
 
-def demonstrations_of(policy, items: list[dict], seed: int) -> tuple[list[dict], float]:
-    """SFT data from a scripted policy playing the calculator environment, and its accuracy on `items`."""
-    conversations, correct = [], 0.0
-    for i, item in enumerate(items):
-        messages, _, info = play(CalculatorEnv(seed=seed * 100003 + i), item, policy)
-        conversations.append({"messages": messages, "tools": item["tools"]})
-        correct += info["correct"]
-    return conversations, correct / len(items)
-
-
 def table(summary: dict) -> str:
     """The results as a markdown table: one row per policy, greedy on the held-out set."""
     lines = [
@@ -219,8 +209,8 @@ def run(
         else demonstrator(tool_rate_hard=tool_rate, seed=seed)
     )
     train_items = task.sample(s["train_questions"], random.Random(f"recipe-train-{seed}"))
-    conversations, _ = demonstrations_of(policy_fn, train_items, seed)
-    _, demo_rates = _scripted_metrics(policy_fn, task.eval_items(), seed + 1)
+    conversations, _ = demonstrations(train_items, policy_fn, seed=seed)
+    _, demo_rates = _scripted_metrics(policy_fn, task.eval_items())
     summary["demonstrator"] = {
         "kind": demonstrator_kind,
         "tool_rate_hard": tool_rate if demonstrator_kind != "expert" else 1.0,
@@ -314,11 +304,11 @@ def run(
     return summary
 
 
-def _scripted_metrics(policy, items, seed) -> tuple[list, dict]:
+def _scripted_metrics(policy, items) -> tuple[list, dict]:
     """A scripted policy's numbers on the held-out items, in policy_metrics' terms."""
     rows = []
-    for i, item in enumerate(items):
-        _, _, info = play(CalculatorEnv(seed=seed * 100003 + i), item, policy)
+    for item in items:
+        _, _, info = play(CalculatorEnv(), item, policy)
         rows.append(info)
     hard = [r for r in rows if r["difficulty"] == "hard"]
     easy = [r for r in rows if r["difficulty"] == "easy"]
@@ -337,7 +327,7 @@ def _graduation_data(out_dir: str, task: CalculatorTask, policy, n: int, seed: i
     items = task.sample(n, random.Random(f"recipe-graduation-{seed}"))
     path = os.path.join(out_dir, "graduation.jsonl")
     with open(path, "w") as f:
-        f.writelines(json.dumps(c) + "\n" for c in demonstrations_of(policy, items, seed + 2)[0])
+        f.writelines(json.dumps(c) + "\n" for c in demonstrations(items, policy, seed=seed + 2)[0])
     return path
 
 

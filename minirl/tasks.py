@@ -18,7 +18,7 @@ from .answers import CONVENTIONS, lenient_answer, reference_answer, strict_answe
 from .data import read_jsonl
 from .envs.answer import AnswerEnv
 from .envs.bugs import load_bug_templates
-from .envs.calculator import CalculatorEnv, agent_metrics, make_questions
+from .envs.calculator import CalculatorEnv, agent_metrics, flaky_calculator, make_questions
 from .envs.code import CodeEnv, load_templates
 from .envs.code import make_task as make_code_task
 from .envs.program import ProgramEnv, problem_item, read_problems
@@ -251,7 +251,9 @@ class CalculatorTask(EnvTask):
         return self._eval
 
     def make_env(self, rng):
-        return CalculatorEnv(self.flaky, rng.random(), self.tool_cost)
+        if self.flaky:
+            return flaky_calculator(self.flaky, rng.random(), self.tool_cost)
+        return CalculatorEnv(self.tool_cost)
 
     def accuracy(self, trajectory) -> dict:
         return {

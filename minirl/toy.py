@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from .config import Qwen2Config
 from .data import collate, encode
+from .envs import perturb
 from .envs.calculator import CalculatorEnv, make_questions, play, tool_call_message
 from .envs.code import CodeEnv, load_templates
 from .envs.code import make_task as make_code_task
@@ -193,13 +194,15 @@ def demonstrator(
 
 
 def demonstrations(
-    tasks: list[dict], policy, flaky: float = 0.0, seed: int = 0, progress: bool = False
+    tasks: list[dict], policy, perturbations: dict | None = None, seed: int = 0, progress=False
 ) -> tuple[list[dict], float]:
     """Play `policy` on each task in the calculator environment: the SFT data ({"messages", "tools"} per
-    conversation) and the policy's measured accuracy."""
+    conversation) and the policy's measured accuracy. perturbations {kind: p}: each episode meets
+    each with probability p, as training episodes do (envs/perturb.py's `training`)."""
     conversations, correct = [], 0.0
-    for i, task in enumerate(tqdm(tasks, desc="demonstrations", disable=not progress)):
-        messages, _, info = play(CalculatorEnv(flaky=flaky, seed=seed * 100003 + i), task, policy)
+    wrap = perturb.training(perturbations or {}, seed)
+    for task in tqdm(tasks, desc="demonstrations", disable=not progress):
+        messages, _, info = play(wrap(CalculatorEnv()), task, policy)
         conversations.append({"messages": messages, "tools": task["tools"]})
         correct += info["correct"]
     return conversations, correct / len(tasks)

@@ -12,6 +12,7 @@ from minirl.envs.calculator import (
     CalculatorEnv,
     agent_metrics,
     expert_policy,
+    flaky_calculator,
     make_question,
     make_questions,
     play,
@@ -77,16 +78,16 @@ def test_the_flaky_tool_rewards_retrying():
             return {"role": "assistant", "content": "I could not compute it."}
         return expert_policy(task, messages)
 
-    retry = [
-        play(CalculatorEnv(flaky=0.5, seed=i), q, expert_policy)[2] for i, q in enumerate(hard)
-    ]
-    quit_ = [play(CalculatorEnv(flaky=0.5, seed=i), q, gives_up)[2] for i, q in enumerate(hard)]
-    assert sum(i["flaky_errors"] > 0 for i in retry) > 10
+    retry = [play(flaky_calculator(0.5, seed=i), q, expert_policy)[2] for i, q in enumerate(hard)]
+    quit_ = [play(flaky_calculator(0.5, seed=i), q, gives_up)[2] for i, q in enumerate(hard)]
+    assert sum(i["perturbed"] > 0 for i in retry) > 10
     assert sum(i["correct"] for i in retry) > sum(i["correct"] for i in quit_) + 8
 
 
 def test_agent_metrics_by_hand():
     def traj(difficulty, used, correct, errors, calls):
+        # tool use and calls count the calls the policy made (a failed one too), not the env's
+        assert used == (calls > 0)
         return Trajectory(
             {},
             [],
@@ -95,7 +96,8 @@ def test_agent_metrics_by_hand():
             [],
             "answer",
             tool_errors=errors,
-            info={"difficulty": difficulty, "used_tool": used, "correct": correct, "calls": calls},
+            tool_calls=[{"name": "calculator", "arguments": {}, "result": "1"}] * calls,
+            info={"difficulty": difficulty, "correct": correct},
         )
 
     m = agent_metrics(

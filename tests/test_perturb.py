@@ -95,8 +95,8 @@ def test_perturbation_names_are_checked():
         perturb.check(["loud"])
     with pytest.raises(ValueError, match="named twice"):
         perturb.check(["reworded", "reworded"])
-    with pytest.raises(ValueError, match="not an environment perturbation"):
-        PerturbedEnv(CalculatorEnv(), "reworded", random.Random(0))
+    with pytest.raises(ValueError, match="unknown perturbation 'loud'"):
+        PerturbedEnv(CalculatorEnv(), "loud", random.Random(0))
 
 
 def test_the_summary_measures_each_perturbation_against_the_clean_run():

@@ -11,7 +11,7 @@ import pytest
 
 from minirl import load_pretrained
 from minirl.chat import render
-from minirl.envs.calculator import CalculatorEnv, make_questions, play
+from minirl.envs.calculator import CalculatorEnv, flaky_calculator, make_questions, play
 from minirl.run.viewer import write_page
 from minirl.tokenizer import chat_pieces, render_chat_template
 from minirl.toy import demonstrations, demonstrator, train_tokenizer
@@ -39,11 +39,11 @@ def test_the_demonstrator_has_the_specified_habits():
     assert "is about" in memory[0][1][-1]["content"]
     # after a tool error it never retries: it answers from memory
     flaky = [
-        play(CalculatorEnv(flaky=1.0, seed=i), q, policy)
-        for i, (q, _, _, _) in enumerate(tool[:20])
+        play(flaky_calculator(1.0, seed=i), q, policy) for i, (q, _, _, _) in enumerate(tool[:20])
     ]
     assert all(
-        info["calls"] == 1 and "is about" in messages[-1]["content"] for messages, _, info in flaky
+        info["perturbed"] == 1 and "is about" in messages[-1]["content"]
+        for messages, _, info in flaky
     )
     # its measured accuracy is what demonstrations() reports
     _, accuracy = demonstrations(questions, policy)

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from minirl import load_pretrained
-from minirl.envs.calculator import CalculatorEnv, expert_policy, play
+from minirl.envs.calculator import CalculatorEnv, expert_policy, flaky_calculator, play
 from minirl.envs.code import SCRIPTED_POLICIES, CodeEnv, load_templates, make_task, run_scripted
 from minirl.rollout import Trajectory
 from minirl.tasks import TASKS, ArithmeticTask, CalculatorTask, CodeTask, EnvTask, Task
@@ -54,7 +54,7 @@ def test_calculator_reward_is_the_environment_total_weighed_once():
             if i % 2
             else (lambda t, m: {"role": "assistant", "content": "I think 12."})
         )
-        _, env_total, info = play(CalculatorEnv(flaky=0.5, seed=i, tool_cost=0.05), item, policy)
+        _, env_total, info = play(flaky_calculator(0.5, i, tool_cost=0.05), item, policy)
         episode = Trajectory(item, [], [], [], [], "answer", info=info)
         task.score([episode])
         assert episode.reward == pytest.approx(env_total)

@@ -2,8 +2,9 @@
 
 Easy questions ("What is 7 + 5?") can be answered directly; hard ones ("What is 37 * 84 + 129?")
 need the calculator. The reward is the exact final answer, with small penalties that teach stopping
-(every tool call made after the tool already returned the answer). In flaky mode the tool fails with
-probability p, and only an agent that retries can still earn the reward.
+(every tool call made after the tool already returned the answer). A flaky tool, which fails with
+probability p and leaves the reward to an agent that retries, is perturb.py's flaky_tool around it
+(`CalculatorTask(flaky=p)`).
 """
 
 import random
@@ -12,10 +13,10 @@ from ..answers import lenient_answer
 
 # play (scripted episodes) lives in envs/__init__.py; lessons import it from here
 from . import Env, play  # noqa: F401
+from .perturb import PerturbedEnv
 from .tools import CALCULATOR_SPEC, calculator, execute
 
 REDUNDANT_CALL_PENALTY = 0.1
-FLAKY_ERROR = "Error: the calculator is temporarily unavailable; please try again"
 WORD_PROBLEMS = [
     ("A crate holds {a} boxes of {b} apples. How many apples are in the crate?", "{a} * {b}"),
     ("A train travels {a} km every hour for {b} hours. How far does it go?", "{a} * {b}"),
@@ -78,21 +79,16 @@ class CalculatorEnv(Env):
 
     reward_parts = ("correct", "penalty", "cost")
 
-    def __init__(self, flaky: float = 0.0, seed: int | None = None, tool_cost: float = 0.0):
-        self.flaky, self.tool_cost = flaky, tool_cost
-        self.rng = random.Random(seed)
+    def __init__(self, tool_cost: float = 0.0):
+        self.tool_cost = tool_cost
 
     def reset(self, task: dict) -> tuple[list[dict], list[dict]]:
-        self.task, self.calls, self.results, self.flaky_errors = task, [], [], 0
+        self.task, self.calls, self.results = task, [], []
         return list(task["messages"]), list(task["tools"])
 
     def step(self, call) -> str:
         self.calls.append(call)
-        if call.name == "calculator" and self.flaky and self.rng.random() < self.flaky:
-            self.flaky_errors += 1
-            result = FLAKY_ERROR
-        else:
-            result = execute(call, {"calculator": calculator})
+        result = execute(call, {"calculator": calculator})
         self.results.append(result)
         return result
 
@@ -117,16 +113,22 @@ class CalculatorEnv(Env):
             "cost": -self.tool_cost * len(self.calls),
             "calls": len(self.calls),
             "redundant_calls": redundant,
-            "flaky_errors": self.flaky_errors,
             "difficulty": self.task["difficulty"],
             "used_tool": bool(self.calls),
         }
         return info["correct"] + info["penalty"] + info["cost"], info
 
 
+def flaky_calculator(p: float, seed=None, tool_cost: float = 0.0) -> Env:
+    """The calculator behind a flaky tool: each call fails with probability p, drawn from a
+    generator seeded by `seed` (perturb.py's flaky_tool; the environment never sees a failed call)."""
+    return PerturbedEnv(CalculatorEnv(tool_cost), "flaky_tool", random.Random(seed), flaky_p=p)
+
+
 def agent_metrics(trajectories) -> dict:
     """accuracy; tool-use rate on easy and hard questions; recovery rate (correct among episodes that saw a
-    tool error: a flaky failure or a malformed call, counted by the rollout); calls per episode."""
+    tool error: a flaky failure or a malformed call, counted by the rollout); calls per episode. Tool
+    use and calls count what the policy asked for (the rollout's tool_calls), failed calls included."""
 
     def rate(values):
         values = list(values)
@@ -137,10 +139,10 @@ def agent_metrics(trajectories) -> dict:
     troubled = [t for t in trajectories if t.tool_errors]
     return {
         "accuracy": rate(t.info["correct"] for t in trajectories),
-        "tool_use_easy": rate(t.info["used_tool"] for t in easy),
-        "tool_use_hard": rate(t.info["used_tool"] for t in hard),
+        "tool_use_easy": rate(bool(t.tool_calls) for t in easy),
+        "tool_use_hard": rate(bool(t.tool_calls) for t in hard),
         "recovery_rate": rate(t.info["correct"] for t in troubled),
-        "calls_per_episode": rate(t.info["calls"] for t in trajectories),
+        "calls_per_episode": rate(len(t.tool_calls) for t in trajectories),
     }
 
 

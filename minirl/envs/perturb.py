@@ -1,4 +1,4 @@
-"""Perturbations for robustness evaluation: the same items, played again in a slightly hostile world.
+"""Perturbations: the same items played in a slightly hostile world, to measure robustness and to train it.
 
 An agent that passes on clean inputs may still break when its tools misbehave or the question is
 phrased another way. `minirl eval --perturb NAME` plays every held-out item again under one of these,
@@ -19,6 +19,12 @@ tool, and every episode records how many times its perturbation fired (`perturbe
 without tools shows a drop of 0 with 0 episodes touched rather than a robustness it never tested.
 Each episode's perturbation draws from its own seeded generator (perturbation, item, sample seed),
 so a run is replayable and two checkpoints meet the same faults as long as they make the same calls.
+
+Training meets them too (`minirl grpo --perturb tool_error=0.5`, ch. 11 §4's recovery): `training`
+wraps each training episode in every perturbation of {kind: p} with its probability p, drawn from
+the step's seed, and the episode's record says which were applied and how often each fired
+(info["perturbations"]). The calculator's flaky tool (`CalculatorTask(flaky=p)`) is flaky_tool with
+the per-call rate p in every episode.
 """
 
 import random
@@ -58,6 +64,43 @@ def check(names) -> list[str]:
     return names
 
 
+def rates(specs) -> dict[str, float]:
+    """`--perturb KIND=P ...` as {kind: P}: each KIND applied to a training episode with
+    probability P. An unknown kind, a P outside (0, 1] or a kind named twice is an error naming it."""
+    found = {}
+    for spec in specs:
+        kind, _, p = str(spec).partition("=")
+        try:
+            p = float(p)
+        except ValueError:
+            raise ValueError(
+                f"--perturb {spec!r}: expected KIND=P, such as tool_error=0.5"
+            ) from None
+        check([*found, kind])
+        if not 0 < p <= 1:
+            raise ValueError(f"--perturb {spec!r}: the probability must be in (0, 1], got {p}")
+        found[kind] = p
+    return found
+
+
+def training(rates: dict[str, float], seed: int):
+    """wrap_env for a training rollout (rollout.run_episodes): each episode is wrapped in every
+    perturbation of `rates` with its probability, drawn in episode order from a generator seeded by
+    `seed` (the step's), so a resumed run meets the same faults where it left off. The faults
+    (flaky_tool, tool_error) wrap outermost: their errors reach the policy as "Error: ..." lines."""
+    rng = random.Random(f"training-{seed}")
+    # innermost first, so an injected error is never hidden behind a noisy log line or cut short
+    order = [kind for kind in reversed(PERTURBATIONS) if kind in rates]
+
+    def wrap(env):
+        for kind in order:
+            if rng.random() < rates[kind]:
+                env = PerturbedEnv(env, kind, random.Random(rng.random()))
+        return env
+
+    return wrap
+
+
 def episode_rng(kind: str, item: int, seed: int) -> random.Random:
     return random.Random(f"{kind}-{item}-{seed}")  # a str seed hashes the same in every process
 
@@ -77,24 +120,27 @@ def reword(item: dict, rng: random.Random) -> tuple[dict, bool]:
 
 
 class PerturbedEnv(Env):
-    """An environment (envs/__init__.py's protocol) whose tool results are perturbed by `kind`; the
-    reward is the wrapped environment's, its info gains "perturbed": how often the perturbation fired."""
+    """An environment (envs/__init__.py's protocol) whose tool results are perturbed by `kind` (or,
+    "reworded", whose task is phrased another way); the reward is the wrapped environment's. Its
+    info gains "perturbations", {kind: times it fired} of every wrapper around the environment,
+    and "perturbed", their sum. flaky_p: the flaky tool's failure rate per call."""
 
-    def __init__(self, env, kind: str, rng: random.Random):
-        if kind not in ENV_PERTURBATIONS:
-            raise ValueError(
-                f"{kind!r} is not an environment perturbation ({', '.join(ENV_PERTURBATIONS)})"
-            )
-        self.env, self.kind, self.rng = env, kind, rng
+    def __init__(self, env, kind: str, rng: random.Random, flaky_p: float = FLAKY_P):
+        if kind not in PERTURBATIONS:
+            raise ValueError(f"unknown perturbation {kind!r} ({', '.join(PERTURBATIONS)})")
+        self.env, self.kind, self.rng, self.flaky_p = env, kind, rng, flaky_p
         self.reward_parts = env.reward_parts
 
     def reset(self, task: dict):
         self.calls, self.fired = 0, 0
+        if self.kind == "reworded":
+            task, changed = reword(task, self.rng)
+            self.fired += changed
         return self.env.reset(task)
 
     def step(self, call) -> str:
         self.calls += 1
-        if (self.kind == "flaky_tool" and self.rng.random() < FLAKY_P) or (
+        if (self.kind == "flaky_tool" and self.rng.random() < self.flaky_p) or (
             self.kind == "tool_error" and self.calls == 1
         ):
             self.fired += 1
@@ -113,7 +159,8 @@ class PerturbedEnv(Env):
 
     def reward(self, trajectory):
         reward, info = self.env.reward(trajectory)
-        return reward, {**info, "perturbed": self.fired}
+        fired = {**info.get("perturbations", {}), self.kind: self.fired}
+        return reward, {**info, "perturbations": fired, "perturbed": sum(fired.values())}
 
     def close(self):
         self.env.close()

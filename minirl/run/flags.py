@@ -12,6 +12,7 @@ than the context, say) are checked as soon as those are read, still before train
 import sys
 
 from .. import distributed
+from ..envs import perturb
 
 
 class FlagError(ValueError):
@@ -112,6 +113,10 @@ def check_grpo(cfg) -> None:
     one_of(cfg.aggregation, ("token", "sequence", "constant"), "--aggregation")
     one_of(cfg.advantage_scale, ("std", "none"), "--advantage-scale")
     one_of(cfg.merge_lora, ("auto", "on", "off"), "--merge-lora")
+    try:
+        perturb.rates(f"{kind}={p}" for kind, p in cfg.perturb.items())
+    except ValueError as e:
+        raise FlagError(str(e)) from None
     check_speedups(cfg.plain, cfg.compile)
     at_least(cfg.steps, 0, "--steps")
     at_least(cfg.inner_steps, 1, "--inner-steps")

@@ -28,14 +28,14 @@ from tqdm import tqdm
 from .. import distributed, evaluation
 from ..config import Qwen2Config
 from ..fast import speedups
-from ..grpo import GRPOConfig, grpo_step, step_metrics
+from ..grpo import PERTURBED, GRPOConfig, grpo_step, step_metrics
 from ..lora import load_adapter, merge_and_unload
-from ..tasks import make_task
+from ..tasks import EnvTask, make_task
 from ..tokenizer import Tokenizer
 from ..weights import load_pretrained
 from . import training
 from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
-from .flags import check_grpo
+from .flags import FlagError, check_grpo
 from .grpo_memory import LearningGuard, plan_memory
 from .memory import budget_bytes
 from .rollout_log import RolloutLog, rollout_records
@@ -91,6 +91,11 @@ def train(cfg: GRPOConfig) -> dict:
     if isinstance(task, str):
         options = dict(seed=cfg.seed, data=cfg.data, eval_data=cfg.eval_data, **cfg.task_options)
         task = make_task(task, **options)
+    if cfg.perturb and not isinstance(task, EnvTask):
+        raise FlagError(
+            f"--perturb: the {task.name} task has no environment to perturb; training under "
+            "perturbations needs a task played in one (calculator, code, ...)"
+        )
     config, budget = Qwen2Config.from_json(cfg.model), budget_bytes(device, cfg.memory_limit)
     cpu = device.type == "cpu"
     tokenizer = Tokenizer.from_dir(cfg.model)
@@ -115,7 +120,7 @@ def train(cfg: GRPOConfig) -> dict:
     step, state = training.resume(cfg, model, optimizer, scheduler)
     parts = [f"reward_{name}" for name in task.reward_functions]
     resumed = step if state else None
-    columns = FIELDS + parts + list(task.metric_names)
+    columns = FIELDS + parts + list(task.metric_names) + (PERTURBED if cfg.perturb else [])
     log = MetricsLog(os.path.join(cfg.out, "metrics.csv"), columns, resumed, distributed.is_main())
     # under torchrun rank 0 logs its own groups (the learner's per-token values live on their rank)
     rollout_log = None

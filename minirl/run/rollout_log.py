@@ -117,6 +117,7 @@ def rollout_records(
                 "finish_reason": t.finish_reason,
                 "turns": t.turns,
                 "tool_calls": t.tool_calls,
+                "perturbations": t.info.get("perturbations", {}),
                 "answer": t.prompt.get("answer"),
                 "scoring_error": t.scoring_error,
             }
