@@ -390,6 +390,10 @@ def cmd_quickstart(args):
 
 
 def cmd_recipe(args):
+    from .envs import perturb
+
+    if args.task == "code" and args.perturb:
+        raise ValueError("--perturb: the code recipe does not train under faults (yet); use grpo's")
     if args.task == "code":
         from .recipe_code import run as run_code
 
@@ -418,6 +422,8 @@ def cmd_recipe(args):
         tool_rate=args.tool_rate,
         memory_limit=args.memory_limit,
         plain=args.plain,
+        perturb=perturb.rates(args.perturb or []),
+        retry_rate=args.retry_rate,
     )
 
 
@@ -530,7 +536,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--retry-rate",
         type=float,
         default=0.5,
-        help="code: the share of demonstrations that make a wrong edit first and recover",
+        help="code: the share of demonstrations that make a wrong edit first and recover; "
+        "calculator: the share of questions on which the demonstrator retries after a tool error",
+    )
+    c.add_argument(
+        "--perturb",
+        action="append",
+        default=None,
+        metavar="KIND=P",
+        help="calculator: train under faults, the demonstrations and GRPO's episodes meeting KIND "
+        "with probability P, e.g. tool_error=0.5 (repeat for several)",
     )
     c.add_argument(
         "--test-rate",

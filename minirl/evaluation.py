@@ -208,10 +208,12 @@ def evaluate(
     temperature: float = 0.0,
     batch_size: int = 32,
     decoder=None,
+    perturbations=(),
 ) -> dict:
     """The training loops' held-out numbers (grpo and sft --eval-task): `play` (under torchrun each rank
-    its share of the items, gathered in order), then the summary; the main rank writes it as an eval
-    folder under `out` when given, so `eval --rescore/--compare` and `view` read it like any other."""
+    its share of the items, gathered in order; again under each of `perturbations`), then the
+    summary; the main rank writes it as an eval folder under `out` when given, so `eval
+    --rescore/--compare` and `view` read it like any other."""
     training = model.training
     model.eval()
     with torch.no_grad():
@@ -227,6 +229,7 @@ def evaluate(
             shard=(distributed.rank(), distributed.world_size()),
             progress=False,
             decoder=decoder,
+            perturbations=perturbations,
         )
     model.train(training)
     episodes = sorted(distributed.all_gather_objects(mine), key=_order)
@@ -239,6 +242,7 @@ def evaluate(
             "max_new_tokens": max_new_tokens,
             "batch_size": batch_size,
             "items_sha256": items_digest(task.eval_items()),
+            "perturbations": list(perturbations),
         }
         return write_run(out, episodes, meta)
     return summarize(episodes)

@@ -12,11 +12,18 @@ library's own command, run in this process:
      (format >= 0.9, loss plateau, distinct samples), checked every few steps;
   4. stage 2, `minirl grpo --adapter`: GRPO from the SFT policy with the environment's reward
      (exact final answer, a penalty for calls made after the answer was known), KL to π_SFT;
-  5. the held-out set again after each stage; summary.json, results.md (the table) and a figure.
+  5. the held-out set again after each stage; summary.json, results.md (the table) and a figure;
+     and its robustness (ch. 11 §4's recovery): greedy again under an injected tool error and a
+     flaky tool (envs/perturb.py), kept as eval folders (eval/STAGE) for `minirl eval --compare`.
 
     python -m minirl recipe calculator --model qwen2.5-0.5b-instruct           # README "The chapter on a real Qwen2.5"
     python -m minirl recipe calculator --model DIR --demonstrator expert       # a perfect teacher instead
     python -m minirl recipe calculator --model DIR --fast                      # plumbing only, seconds on the toy model
+    python -m minirl recipe calculator --model DIR --perturb tool_error=0.5   # train under faults
+
+--perturb KIND=P trains under faults: the demonstrations and GRPO's episodes meet each with
+probability P, and the demonstrator retries after a tool error on --retry-rate of the questions
+(else it answers from memory, as it always does without faults).
 
 The demonstrator is imperfect by default, as in the quickstart: it calls the calculator on only a share
 of the hard questions (--tool-rate) and answers the rest from memory with a rough estimate, so SFT can
@@ -29,6 +36,8 @@ import random
 
 from .envs.calculator import CalculatorEnv, expert_policy, play
 from .envs.tools import foreign_tool_call, parse_assistant
+from .eval_summary import compare, read_episodes
+from .evaluation import evaluate as evaluate_episodes
 from .fast import speedups
 from .files import fresh_folder
 from .grpo import GRPOConfig
@@ -39,7 +48,6 @@ from .run.stages import StageMeter, load_policy
 from .sft import SFTConfig
 from .tasks import CalculatorTask
 from .toy import demonstrations, demonstrator
-from .weights import load_pretrained
 
 # what a run writes in its folder: the only names a new run there may remove (files.fresh_folder)
 OUTPUTS = {
@@ -50,7 +58,10 @@ OUTPUTS = {
     "graduation.jsonl",
     "sft",
     "grpo",
+    "eval",
 }
+# the held-out set is played again under these (envs/perturb.py) after every stage
+ROBUSTNESS = ("tool_error", "flaky_tool")
 
 # One setting per scale: the real recipe (measured in the README) and --fast, which runs every stage shrunk.
 FULL = dict(
@@ -140,6 +151,31 @@ def evaluate(model, tokenizer, task: CalculatorTask, max_new_tokens: int, seed: 
     return out
 
 
+def robustness(model, tokenizer, task, max_new_tokens: int, seed: int, fast, out: str) -> dict:
+    """The held-out set greedy, clean and under each of ROBUSTNESS, as an eval folder (`out`): the
+    clean pass@1, recovery after an injected tool error (success among the episodes it hit) and
+    the pass@1 under a flaky tool with its drop from the clean one."""
+    fast.apply(model)
+    summary = evaluate_episodes(
+        model,
+        tokenizer,
+        task,
+        max_new_tokens,
+        seed,
+        out=out,
+        decoder=fast.decoder(model),
+        perturbations=ROBUSTNESS,
+    )
+    runs = summary["robustness"]["perturbations"]
+    return {
+        "clean": summary["final_answer"]["pass@1"],
+        "recovery": runs["tool_error"]["success_where_perturbed"],
+        "hit": runs["tool_error"]["episodes_perturbed"],
+        "flaky": runs["flaky_tool"]["pass@1"],
+        "flaky_drop": runs["flaky_tool"]["drop"],
+    }
+
+
 def table(summary: dict) -> str:
     """The results as a markdown table: one row per policy, greedy on the held-out set."""
     lines = [
@@ -158,6 +194,24 @@ def table(summary: dict) -> str:
             f"| {label} | {g['accuracy']:.3f} | {g['accuracy_hard']:.3f} | {g['tool_use_hard']:.2f} | "
             f"{g['tool_use_easy']:.2f} | {g['format_failures']:.2f} | {s['accuracy']:.3f} |"
         )
+    lines += [
+        "",
+        "| robustness (greedy) | clean | recovery after an injected tool error | "
+        "under a flaky tool (p 0.3) | its drop |",
+        "|---|---|---|---|---|",
+    ]
+    for stage, label in (("base", "untrained"), ("sft", "SFT (LoRA)"), ("grpo", "GRPO from SFT")):
+        r = summary[stage]["robustness"]
+        recovery = "-" if r["recovery"] is None else f"{r['recovery']:.3f}"
+        lines.append(
+            f"| {label} | {r['clean']:.3f} | {recovery} of {r['hit']} | {r['flaky']:.3f} | "
+            f"{r['flaky_drop']:+.3f} |"
+        )
+    c = summary["compare"]["sft->grpo"]
+    lines.append(
+        f"\nSFT -> GRPO (clean, greedy): {c['pass@1_a']:.3f} -> {c['pass@1_b']:.3f}, McNemar p "
+        f"{c['mcnemar_p']:.3g}"
+    )
     return "\n".join(lines)
 
 
@@ -171,11 +225,16 @@ def run(
     figure: str | None = None,
     memory_limit: float = 0.0,
     plain: bool = False,
+    perturb: dict | None = None,
+    retry_rate: float = 0.5,
 ) -> dict:
     if demonstrator_kind not in ("imperfect", "expert"):
         raise ValueError(f"--demonstrator must be imperfect or expert, got {demonstrator_kind!r}")
     if not 0 <= tool_rate <= 1:
         raise ValueError(f"--tool-rate must be within 0..1, got {tool_rate}")
+    if not 0 <= retry_rate <= 1:
+        raise ValueError(f"--retry-rate must be within 0..1, got {retry_rate}")
+    perturb = perturb or {}
     s = FAST if fast else FULL
     speed, meter = speedups(plain), StageMeter()
     fresh_folder(out_dir, OUTPUTS, "recipe calculator", also=[figure])
@@ -189,15 +248,22 @@ def run(
         "seed": seed,
         "eval_questions": len(task.eval_items()),
         "settings": s,
+        "perturb": perturb,
     }
+
+    def measure(stage: str, adapters: list[str]) -> dict:
+        policy, tokenizer = load_policy(model, adapters)
+        greedy = s["eval_max_new_tokens"]
+        result = evaluate(policy, tokenizer, task, greedy, seed, speed)
+        evals = os.path.join(out_dir, "eval", stage)
+        result["robustness"] = robustness(policy, tokenizer, task, greedy, seed, speed, evals)
+        return result
 
     print(
         f"1. the untrained policy on {len(task.eval_items())} held-out questions (greedy, then T=1)"
     )
     with meter.stage("base_eval"):
-        policy, tokenizer = load_pretrained(model)
-        summary["base"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
-        del policy
+        summary["base"] = measure("base", [])
     print("   " + _line(summary["base"]))
 
     print(
@@ -206,14 +272,20 @@ def run(
     policy_fn = (
         expert_policy
         if demonstrator_kind == "expert"
-        else demonstrator(tool_rate_hard=tool_rate, seed=seed)
+        else demonstrator(tool_rate_hard=tool_rate, seed=seed, retry_rate=retry_rate)
     )
     train_items = task.sample(s["train_questions"], random.Random(f"recipe-train-{seed}"))
-    conversations, _ = demonstrations(train_items, policy_fn, seed=seed)
+    # under --perturb the demonstrations meet the faults too, and show what to do after one
+    conversations, _ = demonstrations(train_items, policy_fn, perturb, seed=seed)
     _, demo_rates = _scripted_metrics(policy_fn, task.eval_items())
     summary["demonstrator"] = {
         "kind": demonstrator_kind,
         "tool_rate_hard": tool_rate if demonstrator_kind != "expert" else 1.0,
+        "retry_rate": retry_rate if demonstrator_kind != "expert" else 1.0,
+        "errors_shown": sum(
+            any(m["role"] == "tool" and m["content"].startswith("Error:") for m in c["messages"])
+            for c in conversations
+        ),
         **demo_rates,
     }
     data = os.path.join(out_dir, "demonstrations.jsonl")
@@ -248,9 +320,7 @@ def run(
             )
         )
     with meter.stage("sft_eval"):
-        policy, tokenizer = load_policy(model, [os.path.join(sft_dir, "adapter")])
-        summary["sft"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
-        del policy
+        summary["sft"] = measure("sft", [os.path.join(sft_dir, "adapter")])
     print("   " + _line(summary["sft"]))
 
     print("4. stage 2: GRPO from the SFT adapter, the environment's reward, KL to the SFT policy")
@@ -274,14 +344,16 @@ def run(
                 log_rollouts_every=5,
                 memory_limit=memory_limit,
                 plain=plain,
+                perturb=perturb,
             )
         )
     with meter.stage("grpo_eval"):
-        adapters = [os.path.join(sft_dir, "adapter"), os.path.join(grpo_dir, "adapter")]
-        policy, tokenizer = load_policy(model, adapters)
-        summary["grpo"] = evaluate(policy, tokenizer, task, s["eval_max_new_tokens"], seed, speed)
-        del policy
+        summary["grpo"] = measure("grpo", [os.path.join(d, "adapter") for d in (sft_dir, grpo_dir)])
     print("   " + _line(summary["grpo"]))
+    evals = {stage: os.path.join(out_dir, "eval", stage) for stage in ("sft", "grpo")}
+    summary["compare"] = {
+        "sft->grpo": compare(read_episodes(evals["sft"]), read_episodes(evals["grpo"]))
+    }
 
     meter.record(summary)
     with open(os.path.join(out_dir, "summary.json"), "w") as f:

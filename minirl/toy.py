@@ -152,6 +152,7 @@ def demonstrator(
     double_call_rate: float = 0.2,
     memory_accuracy: float = 0.0,
     seed: int = 0,
+    retry_rate: float = 0.0,
 ):
     """A scripted calculator agent with the habits SFT will copy (the quickstart's world):
     - easy questions: answered directly, correctly;
@@ -159,7 +160,8 @@ def demonstrator(
       memory: right `memory_accuracy` of the time, otherwise a rough estimate (the product rounded to two
       significant digits, "37 * 84 is about 3100.": mental arithmetic that gets close, not exact);
     - after a successful call it sometimes (`double_call_rate`) calls again before answering;
-    - after a tool error it never retries: it answers from memory.
+    - after a tool error it retries on `retry_rate` of the questions (never, by default) and
+      answers the rest from memory.
     Each question's choices come from a generator seeded by the question, so a conversation is consistent
     across its turns. Returns policy(task, messages) -> the next assistant message."""
 
@@ -169,6 +171,7 @@ def demonstrator(
             "tool": rng.random() < tool_rate_hard,
             "double": rng.random() < double_call_rate,
             "memory_right": rng.random() < memory_accuracy,
+            "retry": rng.random() < retry_rate,
         }
 
     def from_memory(task, c):
@@ -182,7 +185,7 @@ def demonstrator(
         results = [m["content"] for m in messages if m["role"] == "tool"]
         if results:
             if results[-1].startswith("Error:"):
-                return from_memory(task, c)
+                return tool_call_message(task["expression"]) if c["retry"] else from_memory(task, c)
             if c["double"] and len(results) == 1:
                 return tool_call_message(task["expression"])
             return {"role": "assistant", "content": f"The answer is {results[-1]}."}

@@ -11,6 +11,7 @@ import pytest
 
 from minirl import load_pretrained
 from minirl.chat import render
+from minirl.envs import perturb
 from minirl.envs.calculator import CalculatorEnv, flaky_calculator, make_questions, play
 from minirl.run.viewer import write_page
 from minirl.tokenizer import chat_pieces, render_chat_template
@@ -45,6 +46,15 @@ def test_the_demonstrator_has_the_specified_habits():
         info["perturbed"] == 1 and "is about" in messages[-1]["content"]
         for messages, _, info in flaky
     )
+    # with a retry rate it retries on that share of the questions, and the retry wins
+    retrier = demonstrator(tool_rate_hard=1.0, seed=0, retry_rate=0.5)
+    hard_questions = [q for q, *_ in hard]
+    wrap = perturb.training({"tool_error": 1.0}, 0)
+    retried = [play(wrap(CalculatorEnv()), q, retrier) for q in hard_questions]
+    calls = [sum("tool_calls" in m for m in messages) for messages, _, _ in retried]
+    assert set(calls) == {1, 2} and 0.4 < calls.count(2) / len(calls) < 0.6
+    assert all(info["correct"] for n, (_, _, info) in zip(calls, retried) if n == 2)
+    assert all("is about" in m[-1]["content"] for n, (m, _, _) in zip(calls, retried) if n == 1)
     # its measured accuracy is what demonstrations() reports
     _, accuracy = demonstrations(questions, policy)
     assert accuracy == pytest.approx(sum(p[3]["correct"] for p in played) / len(played))

@@ -55,10 +55,23 @@ def test_policy_metrics_by_hand():
 def test_fast_recipe_runs_every_stage_on_the_toy_model(tmp_path):
     model = build_checkpoint(str(tmp_path / "toy"), initializer_range=0.2)
     out = tmp_path / "recipe"
-    summary = run(model, out_dir=str(out), fast=True)
+    summary = run(model, out_dir=str(out), fast=True, perturb={"tool_error": 0.5})
     for stage in ("base", "sft", "grpo"):
-        assert set(summary[stage]) == {"greedy", "sampled"}
+        assert set(summary[stage]) == {"greedy", "sampled", "robustness"}
         assert 0 <= summary[stage]["greedy"]["accuracy"] <= 1
+        # the robustness numbers are the eval folder's, which `minirl eval --compare` reads
+        folder = json.loads((out / "eval" / stage / "summary.json").read_text())
+        robust = summary[stage]["robustness"]
+        assert robust["clean"] == folder["final_answer"]["pass@1"]
+        assert (
+            robust["hit"]
+            == folder["robustness"]["perturbations"]["tool_error"]["episodes_perturbed"]
+        )
+    assert summary["compare"]["sft->grpo"]["items"] == 8
+    # under --perturb the demonstrations meet the fault, and GRPO counts the episodes it hit
+    assert summary["perturb"] == {"tool_error": 0.5} and summary["demonstrator"]["errors_shown"] > 0
+    header = (out / "grpo" / "metrics.csv").read_text().splitlines()[0]
+    assert "perturbed_episodes" in header and "perturbed_success" in header
     assert summary["demonstrator"]["kind"] == "imperfect" and summary["eval_questions"] == 8
     assert summary["sft_run"]["steps"] >= 1 and summary["grpo_run"]["steps"] == 2
     for stage in ("sft", "grpo"):  # the guard's estimate beside the measured resident peak
@@ -91,6 +104,8 @@ def test_recipe_refuses_bad_settings(tmp_path):
         run("unused", out_dir=str(tmp_path / "x"), demonstrator_kind="perfect")
     with pytest.raises(ValueError, match="--tool-rate must be within 0..1"):
         run("unused", out_dir=str(tmp_path / "x"), tool_rate=1.5)
+    with pytest.raises(ValueError, match="--retry-rate must be within 0..1"):
+        run("unused", out_dir=str(tmp_path / "x"), retry_rate=-0.1)
     assert not (tmp_path / "x").exists()
 
 
