@@ -4,7 +4,8 @@ Chapter ch. 11 §1 (what prompting alone gets wrong: computing by hand when the 
 calling tools after the work is done) and §4 (optimizing whole trajectories). We meet the tool and
 its parser, then score three scripted habits in the environment: an expert, a guesser that answers
 hard questions from memory, and a caller that repeats itself. A flaky tool shows why retrying is a
-learnable skill. Finally the model plays the environment and we read the agent metrics GRPO logs.
+learnable skill, and training under faults (`grpo --perturb`) is where a policy gets to learn it.
+Finally the model plays the environment and we read the agent metrics GRPO logs.
 
     python lessons/07_calculator_agent.py               # toy world, ~10 s on 2 CPU cores
     python lessons/07_calculator_agent.py --model DIR   # a real Qwen2.5-Instruct folder
@@ -20,6 +21,7 @@ import random
 import tempfile
 
 from minirl import load_pretrained
+from minirl.envs import perturb
 from minirl.envs.calculator import (
     CalculatorEnv,
     agent_metrics,
@@ -30,6 +32,7 @@ from minirl.envs.calculator import (
     tool_call_message,
 )
 from minirl.envs.tools import calculator, parse_assistant
+from minirl.eval_stats import success_where_perturbed
 from minirl.tasks import CalculatorTask
 from minirl.toy import build_checkpoint
 
@@ -113,6 +116,23 @@ for name, policy in [("retries", expert_policy), ("gives up", gives_up)]:
     flaky_accuracy[name] = sum(i["correct"] for _, _, i in results) / len(results)
     print(f"flaky tool (p = 0.5), {name:9s}: accuracy {flaky_accuracy[name]:.2f}")
 assert flaky_accuracy["retries"] > flaky_accuracy["gives up"], "expected retrying to pay off"
+
+# %% 4b. training under faults: recovery is learned only where training meets a failure
+# `grpo --perturb tool_error=0.5` wraps each training episode, with probability 0.5, in an
+# environment whose first call fails. The record says which perturbation fired; GRPO's
+# perturbed_success column (and eval's recovery) is the share of those episodes still solved.
+recovery, hard = {}, make_questions(40, random.Random(1), hard_fraction=1.0)
+for name, policy in [("retries", expert_policy), ("gives up", gives_up)]:
+    wrap = perturb.training({"tool_error": 0.5}, seed=0)
+    played = [play(wrap(CalculatorEnv()), q, policy) for q in hard]
+    hits, recovery[name] = success_where_perturbed(
+        (info.get("perturbed", 0), info["correct"]) for _, _, info in played
+    )
+    print(
+        f"tool error in {hits} of {len(hard)} episodes, {name:9s}: recovered {recovery[name]:.2f}"
+    )
+assert 0 < hits < len(hard), "expected about half the episodes to meet the fault"
+assert recovery["retries"] == 1.0 and recovery["gives up"] == 0.0, f"{recovery}"
 
 # %% 5. the model plays: episodes and the agent metrics that GRPO logs every step
 folder = args.model or build_checkpoint(
