@@ -378,15 +378,26 @@ def cmd_rollout(args):
 
 
 def cmd_quickstart(args):
+    from .envs import perturb
     from .quickstart import run
 
+    faults = perturb.rates(args.perturb or [])
+    # --fast and --perturb never overwrite the README's figure
     figure = args.figure or (
         os.path.join(args.out, "quickstart.png")
-        if args.fast
+        if args.fast or faults
         else os.path.join("figures", "quickstart.png")
-    )  # --fast never overwrites the README's
+    )
     figure = None if args.no_figure else figure
-    run(out_dir=args.out, seed=args.seed, fast=args.fast, figure=figure, plain=args.plain)
+    run(
+        out_dir=args.out,
+        seed=args.seed,
+        fast=args.fast,
+        figure=figure,
+        plain=args.plain,
+        perturb=faults,
+        retry_rate=args.retry_rate,
+    )
 
 
 def cmd_recipe(args):
@@ -507,7 +518,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--plain", action="store_true", help=PLAIN_HELP)
     q.add_argument(
-        "--figure", default=None, help="default: figures/quickstart.png (--fast: inside --out)"
+        "--perturb",
+        action="append",
+        default=None,
+        metavar="KIND=P",
+        help="train under faults: the demonstrations and GRPO's episodes meet KIND with "
+        "probability P, e.g. tool_error=0.5 (repeat for several)",
+    )
+    q.add_argument(
+        "--retry-rate",
+        type=float,
+        default=0.5,
+        help="the share of questions on which the demonstrator retries after a tool error",
+    )
+    q.add_argument(
+        "--figure",
+        default=None,
+        help="default: figures/quickstart.png (--fast, --perturb: inside --out)",
     )
     q.add_argument("--no-figure", action="store_true")
     q.set_defaults(func=cmd_quickstart)

@@ -16,6 +16,9 @@ The toy world (toy.py; README "Quickstart"): a calculator agent answering "What 
 All accuracies are greedy, on one fixed held-out set, measured by evaluation.py (`minirl eval`'s
 code) inside each stage: runs/quickstart/{sft,grpo}/eval/step-N are eval folders for --compare.
 --fast runs the same pipeline, shrunk, in about a minute: it checks the plumbing, not the numbers.
+--perturb KIND=P trains under faults (ch. 11 §4's recovery), as `recipe calculator --perturb` does:
+the demonstrations and GRPO's episodes meet KIND with probability P, and the demonstrator retries
+after a tool error on --retry-rate of the questions.
 """
 
 import json
@@ -89,7 +92,11 @@ def run(
     fast: bool = False,
     figure: str | None = os.path.join("figures", "quickstart.png"),
     plain: bool = False,
+    perturb: dict | None = None,
+    retry_rate: float = 0.5,
 ) -> dict:
+    if not 0 <= retry_rate <= 1:
+        raise ValueError(f"--retry-rate must be within 0..1, got {retry_rate}")
     settings = FAST if fast else FULL
     start = time.perf_counter()
     torch.manual_seed(seed)
@@ -98,9 +105,10 @@ def run(
 
     print("1. the demonstrator plays the calculator environment (tool on 30 % of hard questions)")
     rng = random.Random(f"quickstart-train-{seed}")
-    policy = demonstrator(seed=seed)
+    policy = demonstrator(seed=seed, retry_rate=retry_rate)
+    # under --perturb the demonstrations meet the faults too, and show what to do after one
     train_convs, _ = demonstrations(
-        task.sample(settings["train_questions"], rng), policy, seed=seed, progress=True
+        task.sample(settings["train_questions"], rng), policy, perturb, seed=seed, progress=True
     )
     _, demo_accuracy = demonstrations(task.eval_items(), policy, seed=seed + 1)
     data = os.path.join(out_dir, "demonstrations.jsonl")
@@ -164,6 +172,7 @@ def run(
             plain=plain,
             log_rollouts_every=settings["log_rollouts_every"],
             log_rollout_groups=4,
+            perturb=perturb or {},
         )
     )
     grpo = held_out(grpo_out)
@@ -182,6 +191,7 @@ def run(
         "eval_questions": len(task.eval_items()),
         "fast": fast,
         "seed": seed,
+        "perturb": perturb or {},
         "seconds": time.perf_counter() - start,
     }
     with open(os.path.join(out_dir, "summary.json"), "w") as f:

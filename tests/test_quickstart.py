@@ -117,7 +117,8 @@ def test_quickstart_fast_runs_end_to_end(fast_pipeline, tmp_path):
 @pytest.mark.slow
 def test_quickstart_fast_runs_on_the_plain_versions_only(tmp_path, monkeypatch, capsys):
     """python -m minirl quickstart --fast --plain: the whole pipeline with none of minirl/fast/'s
-    drop-ins. Every model the stages build keeps its plain layers, and no Decoder is ever made."""
+    drop-ins. Every model the stages build keeps its plain layers, and no Decoder is ever made.
+    (Run under a fault too, --perturb, so that path is exercised without another pipeline.)"""
     import minirl.fast.decoder
     from minirl.cli import main as cli
     from minirl.fast import cpu_matmul
@@ -130,9 +131,13 @@ def test_quickstart_fast_runs_on_the_plain_versions_only(tmp_path, monkeypatch, 
         cpu_matmul, "use_fast_products", lambda m: fast_layers.append(m) or original(m)
     )
     out = tmp_path / "plain"
-    cli(["quickstart", "--fast", "--plain", "--out", str(out), "--no-figure"])
+    faults = ["--perturb", "tool_error=0.5"]
+    cli(["quickstart", "--fast", "--plain", "--out", str(out), "--no-figure", *faults])
     summary = json.load(open(out / "summary.json"))
     assert 0 <= summary["grpo_accuracy"] <= 1 and summary["seconds"] > 0
     assert made == [] and fast_layers == []
     for stage in ("sft", "grpo"):
         assert json.load(open(out / stage / "run.json"))["plain"] is True
+    assert summary["perturb"] == json.load(open(out / "grpo" / "run.json"))["perturb"]
+    assert summary["perturb"] == {"tool_error": 0.5}
+    assert "temporarily unavailable" in (out / "demonstrations.jsonl").read_text()
