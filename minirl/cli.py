@@ -200,6 +200,18 @@ def add_sft_parser(sub, fmt):
     s.set_defaults(func=cmd_sft)
 
 
+def add_perturb_flag(parser, who: str) -> None:
+    """--perturb KIND=P, repeatable: training under faults (envs/perturb.py's `rates` reads it)."""
+    parser.add_argument(
+        "--perturb",
+        action="append",
+        default=None,
+        metavar="KIND=P",
+        help=f"train under faults: {who} meets KIND with probability P, e.g. tool_error=0.5 "
+        "(the kinds of eval's --perturb; repeat for several)",
+    )
+
+
 def cmd_grpo(args):
     from .envs import perturb
     from .grpo import GRPOConfig
@@ -243,14 +255,7 @@ def add_grpo_parser(sub, fmt):
         metavar="KEY=VALUE",
         help="passed to the task, e.g. level=toy eval_size=200 max_turns=3 (as eval's)",
     )
-    g.add_argument(
-        "--perturb",
-        action="append",
-        default=None,
-        metavar="KIND=P",
-        help="train under faults: each episode meets KIND with probability P, e.g. tool_error=0.5 "
-        "(the kinds of eval's --perturb; repeat for several)",
-    )
+    add_perturb_flag(g, "each episode")
     g.add_argument("--out", default=d.out)
     g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16"])
     g.add_argument("--device", default=d.device)
@@ -517,14 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the same pipeline shrunk to about a minute (plumbing only)",
     )
     q.add_argument("--plain", action="store_true", help=PLAIN_HELP)
-    q.add_argument(
-        "--perturb",
-        action="append",
-        default=None,
-        metavar="KIND=P",
-        help="train under faults: the demonstrations and GRPO's episodes meet KIND with "
-        "probability P, e.g. tool_error=0.5 (repeat for several)",
-    )
+    add_perturb_flag(q, "each demonstration and GRPO episode")
     q.add_argument(
         "--retry-rate",
         type=float,
@@ -566,14 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="code: the share of demonstrations that make a wrong edit first and recover; "
         "calculator: the share of questions on which the demonstrator retries after a tool error",
     )
-    c.add_argument(
-        "--perturb",
-        action="append",
-        default=None,
-        metavar="KIND=P",
-        help="calculator: train under faults, the demonstrations and GRPO's episodes meeting KIND "
-        "with probability P, e.g. tool_error=0.5 (repeat for several)",
-    )
+    add_perturb_flag(c, "calculator: each demonstration and GRPO episode")
     c.add_argument(
         "--test-rate",
         type=float,
