@@ -121,17 +121,17 @@ assert flaky_accuracy["retries"] > flaky_accuracy["gives up"], "expected retryin
 # `grpo --perturb tool_error=0.5` wraps each training episode, with probability 0.5, in an
 # environment whose first call fails. The record says which perturbation fired; GRPO's
 # perturbed_success column (and eval's recovery) is the share of those episodes still solved.
-recovery, hard = {}, make_questions(40, random.Random(1), hard_fraction=1.0)
+recovery, faulty = {}, make_questions(40, random.Random(1), hard_fraction=1.0)
 for name, policy in [("retries", expert_policy), ("gives up", gives_up)]:
     wrap = perturb.training({"tool_error": 0.5}, seed=0)
-    played = [play(wrap(CalculatorEnv()), q, policy) for q in hard]
+    played = [play(wrap(CalculatorEnv()), q, policy) for q in faulty]
     hits, recovery[name] = success_where_perturbed(
         (info.get("perturbed", 0), info["correct"]) for _, _, info in played
     )
     print(
-        f"tool error in {hits} of {len(hard)} episodes, {name:9s}: recovered {recovery[name]:.2f}"
+        f"tool error in {hits} of {len(faulty)} episodes, {name:9s}: recovered {recovery[name]:.2f}"
     )
-assert 0 < hits < len(hard), "expected about half the episodes to meet the fault"
+assert 0 < hits < len(faulty), "expected about half the episodes to meet the fault"
 assert recovery["retries"] == 1.0 and recovery["gives up"] == 0.0, f"{recovery}"
 
 # %% 5. the model plays: episodes and the agent metrics that GRPO logs every step

@@ -14,8 +14,8 @@ with the same sampling seeds, and reports the drop in pass@1 against the clean r
   reworded                the item's last user message is phrased another way (REWORDINGS; "What is
                           E?" questions get calculator phrasings)
 
-The first four wrap the episode's environment (PerturbedEnv); they fire only when the policy calls a
-tool, and every episode records how many times its perturbation fired (`perturbed`), so a task
+The first four wrap the episode's environment (PerturbedEnv; in training, `reworded` does too, at
+reset); they fire only when the policy calls a tool, and every episode records how many times its perturbation fired (`perturbed`), so a task
 without tools shows a drop of 0 with 0 episodes touched rather than a robustness it never tested.
 Each episode's perturbation draws from its own seeded generator (perturbation, item, sample seed),
 so a run is replayable and two checkpoints meet the same faults as long as they make the same calls.
