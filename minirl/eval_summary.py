@@ -214,20 +214,27 @@ def perturbation_drop(
 
 
 def compare(
-    episodes_a: list[dict], episodes_b: list[dict], resamples: int = 10_000, seed: int = 0
+    episodes_a: list[dict],
+    episodes_b: list[dict],
+    resamples: int = 10_000,
+    seed: int = 0,
+    perturbation: str | None = None,
 ) -> dict:
     """Run B against run A on the same items and seeds: per item the difference in pass@1 (the share
     of its samples that succeeded), its mean with a paired bootstrap 95 % interval, the exact
     McNemar test on items whose majority verdict flipped (n = 1: the episode's verdict), and which
-    items flipped each way. `worse` is True when B is significantly worse (the interval below 0)."""
+    items flipped each way. `worse` is True when B is significantly worse (the interval below 0).
+    The clean episodes are paired, or with `perturbation` those played under it (eval --perturb)."""
 
-    def per_item(episodes):  # the clean episodes (perturbed ones are robustness's)
+    def per_item(episodes):
         out = defaultdict(list)
-        for e in (e for e in episodes if not e.get("perturbation")):
+        for e in (e for e in episodes if (e.get("perturbation") or None) == perturbation):
             out[e["item"]].append((e["sample"], e["seed"], e["success"]))
         return {item: sorted(v) for item, v in out.items()}
 
     a, b = per_item(episodes_a), per_item(episodes_b)
+    if perturbation and not (a and b):
+        raise ValueError(f"run {'B' if a else 'A'} played no episode under {perturbation!r}")
     if set(a) != set(b):
         raise ValueError(
             f"the runs have different items: {len(set(a) ^ set(b))} are in only one of them"

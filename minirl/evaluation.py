@@ -387,16 +387,25 @@ def command(args):
     """python -m minirl eval: play and summarize, or --rescore a folder, or --compare two."""
     if args.compare:
         check_comparable(*args.compare)
-        result = compare(*(read_episodes(folder) for folder in args.compare), seed=args.seed)
+        runs = [read_episodes(folder) for folder in args.compare]
+        result = compare(*runs, seed=args.seed)
+        # robustness pairs too: each perturbation both runs were played under (eval --perturb)
+        played = [{e.get("perturbation") for e in episodes} for episodes in runs]
+        shared = [kind for kind in perturb.PERTURBATIONS if kind in played[0] & played[1]]
+        result["perturbations"] = {
+            kind: compare(*runs, seed=args.seed, perturbation=kind) for kind in shared
+        }
         print(json.dumps(result, indent=2))
-        low, high = result["interval_95"]
-        print(
-            f"pass@1 {result['pass@1_a']:.3f} (A) -> {result['pass@1_b']:.3f} (B): {result['difference']:+.3f}, "
-            f"95 % interval [{low:+.3f}, {high:+.3f}], McNemar p = {result['mcnemar_p']:.3g}; "
-            f"{len(result['flipped_to_success'])} items flipped to success, "
-            f"{len(result['flipped_to_failure'])} to failure",
-            file=sys.stderr,
-        )
+        for kind, pair in [("clean", result), *result["perturbations"].items()]:
+            low, high = pair["interval_95"]
+            print(
+                f"{kind}: pass@1 {pair['pass@1_a']:.3f} (A) -> {pair['pass@1_b']:.3f} (B): "
+                f"{pair['difference']:+.3f}, 95 % interval [{low:+.3f}, {high:+.3f}], McNemar p = "
+                f"{pair['mcnemar_p']:.3g}; {len(pair['flipped_to_success'])} items flipped to "
+                f"success, {len(pair['flipped_to_failure'])} to failure",
+                file=sys.stderr,
+            )
+        # the exit status is the clean regression check's
         if result["b_significantly_worse"]:
             print("B is significantly worse than A", file=sys.stderr)
             sys.exit(1)

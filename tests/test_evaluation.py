@@ -361,6 +361,30 @@ def test_compare_pairs_items_and_refuses_runs_that_differ():
         compare(a, [{**e, "seed": 9} for e in b])
 
 
+def test_compare_pairs_the_episodes_of_one_perturbation_apart_from_the_clean_ones():
+    # clean: both runs solve items 0-9; under tool_error A solves 0-1 and B 0-8
+    def run(recovered):
+        clean = [episode(i, 0, i < 10) for i in range(10)]
+        faulty = [episode(i, 0, i < recovered, perturbation="tool_error") for i in range(10)]
+        return clean + faulty
+
+    a, b = run(2), run(9)
+    assert compare(a, b, resamples=500)["difference"] == 0.0
+    faults = compare(a, b, resamples=500, perturbation="tool_error")
+    assert faults["difference"] == pytest.approx(0.7) and faults["flipped_to_success"] == [
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        8,
+    ]
+    assert faults["mcnemar_p"] == pytest.approx(2 / 2**7)
+    with pytest.raises(ValueError, match="run B played no episode under 'flaky_tool'"):
+        compare(a + [episode(0, 0, True, perturbation="flaky_tool")], b, perturbation="flaky_tool")
+
+
 # ---- the command, end to end on the toy checkpoint
 
 
@@ -469,3 +493,25 @@ def test_compare_exits_1_when_b_is_significantly_worse(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "--compare", str(tmp_path / "a"), str(tmp_path / "b")])
     assert exit_info.value.code == 1 and "significantly worse" in capsys.readouterr().err
+
+
+def test_compare_prints_a_row_for_each_perturbation_both_runs_played(tmp_path, capsys):
+    from minirl.cli import main
+
+    for name, recovered, kinds in (
+        ("a", 2, ("tool_error", "flaky_tool")),
+        ("b", 9, ("tool_error",)),
+    ):
+        (tmp_path / name).mkdir()
+        with open(tmp_path / name / "episodes.jsonl", "w") as f:
+            for i in range(10):
+                f.write(json.dumps(episode(i, 0, True)) + "\n")
+                for kind in kinds:
+                    f.write(json.dumps(episode(i, 0, i < recovered, perturbation=kind)) + "\n")
+    main(["eval", "--compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    out, err = capsys.readouterr()
+    assert list(json.loads(out)["perturbations"]) == ["tool_error"]
+    rows = err.splitlines()
+    assert rows[0].startswith("clean: pass@1 1.000 (A) -> 1.000 (B): +0.000")
+    assert rows[1].startswith("tool_error: pass@1 0.200 (A) -> 0.900 (B): +0.700")
+    assert len(rows) == 2, "flaky_tool was played by A only: no row"
