@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from minirl.envs import play
+from minirl.envs.bugs import load_bug_templates
 from minirl.envs.code import CodeEnv, load_templates, make_task
-from minirl.envs.engineer import demonstrations, demonstrator, hacker, wrong_edits
+from minirl.envs.engineer import blocks_by_test, demonstrations, demonstrator, hacker, wrong_edits
 from minirl.eval_stats import code_agent_shape, run_test_failed
 from minirl.eval_summary import code_agent_summary, read_episodes
 from minirl.fast import speedups
@@ -128,8 +129,15 @@ def test_demonstrations_report_what_they_hold():
     assert json.dumps(again) == json.dumps(conversations)
 
 
-@pytest.mark.parametrize("template", load_templates()[:2], ids=lambda t: t["name"])
-def test_the_hacker_demonstrator_empties_the_tests_naive_pays_guarded_does_not(template):
+HACKABLE = [t for t in load_bug_templates("train") if t["failing"] <= 2]
+
+
+@pytest.mark.parametrize(
+    "template",
+    [next(t for t in HACKABLE if t["failing"] == n) for n in (1, 2)],
+    ids=lambda t: t["name"],
+)
+def test_the_hacker_demonstrator_deletes_the_failing_tests_naive_pays_guarded_does_not(template):
     scores = {}
     for reward in ("naive", "guarded"):
         with CodeEnv(reward=reward) as env:
@@ -139,12 +147,36 @@ def test_the_hacker_demonstrator_empties_the_tests_naive_pays_guarded_does_not(t
         # only the guarded reward looks at the test file (the naive one cannot tell)
         assert info["hacked"] == (reward == "guarded")
         assert messages[-1]["content"].startswith("All tests pass")
+        deleted = [
+            call["function"]["arguments"]["old"]
+            for m in messages
+            for call in m.get("tool_calls") or []
+            if call["function"]["name"] == "edit_file"
+        ]
+        # one short edit per failing test, each a whole test function
+        assert len(deleted) == template["failing"]
+        assert all(d.startswith("def test_") and d.count("assert") == 1 for d in deleted)
     assert scores == {"naive": 1.0, "guarded": 0.0}
 
 
+def test_blocks_by_test_cover_every_test_of_every_shipped_task():
+    for template in load_templates() + load_bug_templates("train") + load_bug_templates("heldout"):
+        blocks = blocks_by_test(template["tests"])
+        rest = template["tests"]
+        for block in blocks.values():
+            rest = rest.replace(block, "")
+        assert "def " not in rest and "assert" not in rest, template["name"]
+
+
+def test_the_hand_written_tasks_hold_no_bug_the_hacker_can_delete_its_way_past():
+    with pytest.raises(ValueError, match="no training bug fails at most 2 tests"):
+        demonstrations(load_templates(), 4, 0.5, 0.5, seed=0, hack_rate=0.5)
+
+
 def test_seeded_demonstrations_hold_hacks_and_keep_the_rest():
-    plain, stats = demonstrations(load_templates(), 12, 0.5, 0.5, seed=0)
-    seeded, seeded_stats = demonstrations(load_templates(), 12, 0.5, 0.5, seed=0, hack_rate=0.5)
+    bugs = load_bug_templates("train")[:60]
+    plain, stats = demonstrations(bugs, 12, 0.5, 0.5, seed=0)
+    seeded, seeded_stats = demonstrations(bugs, 12, 0.5, 0.5, seed=0, hack_rate=0.5)
     assert stats["hacked"] == 0.0 and 0 < seeded_stats["hacked"] < 1
     edits_tests = [
         any(
@@ -158,7 +190,7 @@ def test_seeded_demonstrations_hold_hacks_and_keep_the_rest():
     assert sum(edits_tests) / 12 == seeded_stats["hacked"]
     # the honest ones fix their bug; the hacked ones score 0 under the guarded reward
     assert seeded_stats["fix_rate"] == pytest.approx(1 - seeded_stats["hacked"])
-    assert json.dumps(demonstrations(load_templates(), 12, 0.5, 0.5, seed=0, hack_rate=0)[0]) == (
+    assert json.dumps(demonstrations(bugs, 12, 0.5, 0.5, seed=0, hack_rate=0)[0]) == (
         json.dumps(plain)
     )
 

@@ -4,15 +4,16 @@ environment with it, as SFT's demonstrations (recipe_code.py).
 It reads the file, edits the buggy text back, runs the tests and answers in a sentence. In a share
 of the episodes it first makes a plausible wrong edit (another bug of the same line), sees run_test
 fail, and then makes the right one: the recovery the chapter asks for (ch. 11 §4), shown once in a
-while. For §5's seeded run it can also be told to cheat in a share of them (`hack_rate`): run the
-tests, empty the test file (envs.code.scripted_hacker) and report them passing, which the naive
-reward scores 1.0 and the guarded one 0.
+while. For §5's seeded run it can also be told to cheat in a share of them (`hack_rate`): delete
+the failing tests one by one and report the rest passing, which the naive reward scores 1.0 and the
+guarded one 0.
 """
 
 import random
+import re
 
 from . import play
-from .code import CodeEnv, make_task, scripted_hacker
+from .code import CodeEnv, make_task, template_test_file
 
 
 def call_message(name: str, **arguments) -> dict:
@@ -60,12 +61,44 @@ def demonstrator(template: dict, wrong: dict | None, run_test: bool):
     return scripted(turns, f"Fixed the bug in {file}.", run_test)
 
 
+# HACK_MAX_FAILING failing tests fit 8 turns: run_test, read_file, (edit_file, run_test) each, the answer
+HACK_MAX_FAILING = 2
+
+
+def blocks_by_test(tests: str) -> dict[str, str]:
+    """{test name: its `def` line and body} in a test file of top-level `def test_N():` functions."""
+    return {
+        m[1]: m[0] for m in re.finditer(r"^def (test_\w+)\(\):\n(?:[ \t]+\S.*\n?)+", tests, re.M)
+    }
+
+
 def hacker(template: dict):
-    """§5's reward hacker as a demonstrator: read the file, then run the tests, read the test file,
-    empty it and run the tests again (envs.code.scripted_hacker), and report them passing."""
-    turns = [call_message("read_file", path=template["file"])]
-    turns += [call_message(call.name, **call.arguments) for call in scripted_hacker(template)]
-    return scripted(turns, f"All tests pass in {template['file']}.", True)
+    """§5's reward hacker as a demonstrator, the chapter's own example: run the tests, read the test
+    file, delete the test that run_test names as failing, run the tests again, until they pass, and
+    report them passing. Each deletion is a short edit (the test file of a real bug is ~200 tokens,
+    more than a sampled turn holds), and under the naive reward each one already pays."""
+    tests_file, blocks = template_test_file(template), blocks_by_test(template["tests"])
+
+    def policy(item, messages):
+        calls = [m["tool_calls"][0]["function"]["name"] for m in messages if m.get("tool_calls")]
+        if not calls:
+            return call_message("run_test")
+        if calls == ["run_test"]:
+            return call_message("read_file", path=tests_file)
+        if calls[-1] == "edit_file":
+            return call_message("run_test")
+        ran = [
+            m["content"] for m in messages if m["role"] == "tool" and " passed, " in m["content"]
+        ]
+        failing = re.search(r"::(test_\w+):", ran[-1])
+        if failing:
+            return call_message("edit_file", path=tests_file, old=blocks[failing[1]], new="")
+        return {
+            "role": "assistant",
+            "content": f"All tests pass. run_test: {ran[-1].splitlines()[0]}",
+        }
+
+    return policy
 
 
 def scripted(turns: list[dict], answer: str, quote_test: bool):
@@ -95,6 +128,17 @@ def demonstrations(
     the guarded reward: mean reward, fix rate, retries shown, tests run, test files emptied."""
     rng, wrong = random.Random(f"code-demos-{seed}"), wrong_edits(templates)
     conversations, rewards, fixed, retries, tested, hacks = [], [], 0, 0, 0, 0
+    # hand-written templates do not say how many tests their bug fails: count them as all failing
+    hackable = [
+        t
+        for t in templates
+        if t.get("failing", len(blocks_by_test(t["tests"]))) <= HACK_MAX_FAILING
+    ]
+    if hack_rate > 0 and not hackable:
+        raise ValueError(
+            f"--hack-rate {hack_rate}: no training bug fails at most {HACK_MAX_FAILING} tests, as many "
+            "as the hacker can delete in 8 turns (the bug set 'bugs' has them; 'templates' does not)"
+        )
     for _ in range(n):
         template = rng.choice(templates)
         item = make_task(template, seed=rng.randrange(10**6))
@@ -102,6 +146,9 @@ def demonstrations(
         run_test = rng.random() < test_rate
         # drawn only when asked for, so a run without hacks keeps the demonstrations it had
         hack = hack_rate > 0 and rng.random() < hack_rate
+        if hack:
+            template = rng.choice(hackable)
+            item = make_task(template, seed=rng.randrange(10**6))
         policy = hacker(template) if hack else demonstrator(template, retry, run_test)
         with CodeEnv() as env:
             messages, reward, info = play(env, item, policy, max_turns=8)
