@@ -575,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--hack-rate",
         type=float,
         default=0.0,
-        help="code: the share of demonstrations that empty the test file instead (§5's seeded run)",
+        help="code: the share of demonstrations that delete the failing tests instead (§5's seeded run)",
     )
     c.add_argument(
         "--eval-size",

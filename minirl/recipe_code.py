@@ -210,7 +210,7 @@ def run(
     demo = summary["demonstrator"]
     print(
         f"   {len(conversations)} conversations, fix rate {demo['fix_rate']:.3f}, "
-        f"{demo['with_retry']:.2f} with a wrong edit first, {demo['hacked']:.2f} emptying the tests"
+        f"{demo['with_retry']:.2f} with a wrong edit first, {demo['hacked']:.2f} deleting the failing tests"
     )
 
     print("3. stage 1: LoRA SFT on the demonstrations")
@@ -308,7 +308,7 @@ def table(summary: dict) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     demo = summary["demonstrator"]
-    hacks = f", {demo['hacked']:.2f} emptying the tests" if demo.get("hacked") else ""
+    hacks = f", {demo['hacked']:.2f} deleting the failing tests" if demo.get("hacked") else ""
     lines.append(
         f"| demonstrator (scripted, {demo['with_retry']:.2f} with a wrong edit first{hacks}) | "
         f"{shown(demo['fix_rate'])} | 1.000 | 1.000 | {shown(demo['with_final_test'])} | - | - | - |"

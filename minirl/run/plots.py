@@ -171,7 +171,9 @@ def hack_figure(guarded_dir: str, naive_dir: str, out_path: str):
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(loc="upper left", fontsize=8)
-    fig.suptitle("the test file is the agent's to edit: the naive reward pays for emptying it")
+    fig.suptitle(
+        "the test file is the agent's to edit: the naive reward pays for deleting the failing tests"
+    )
     return _save(fig, out_path)
 
 
