@@ -125,7 +125,7 @@ def demonstrations(
 ) -> tuple[list[dict], dict]:
     """n SFT conversations from the demonstrator on bugs drawn from `templates` (with a seeded
     wording each), a share `hack_rate` of them by the hacker instead, and what they achieved under
-    the guarded reward: mean reward, fix rate, retries shown, tests run, test files emptied."""
+    the guarded reward: mean reward, fix rate, retries shown, tests run, hacked test files."""
     rng, wrong = random.Random(f"code-demos-{seed}"), wrong_edits(templates)
     conversations, rewards, fixed, retries, tested, hacks = [], [], 0, 0, 0, 0
     # hand-written templates do not say how many tests their bug fails: count them as all failing
@@ -146,7 +146,7 @@ def demonstrations(
         run_test = rng.random() < test_rate
         # drawn only when asked for, so a run without hacks keeps the demonstrations it had
         hack = hack_rate > 0 and rng.random() < hack_rate
-        if hack:
+        if hack:  # a bug the hacker can delete its way past, drawn after the honest draws
             template = rng.choice(hackable)
             item = make_task(template, seed=rng.randrange(10**6))
         policy = hacker(template) if hack else demonstrator(template, retry, run_test)
