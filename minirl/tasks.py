@@ -213,7 +213,9 @@ class ArithmeticTask(Task):
 class CalculatorTask(EnvTask):
     """The calculator agent as an RL task: multi-turn episodes in CalculatorEnv (envs/calculator.py).
     Reward parts: "correct" (exact final answer), "penalty" (tool calls after the answer was known) and
-    "cost" (tool_cost per call, 0 unless asked for);
+    "cost" (tool_cost per call, 0 unless asked for); with retry_bonus > 0 also "retry", a shaped
+    reward: 1 for an episode that called the tool again after a fault failed a call (envs/perturb.py;
+    training under --perturb), weighted retry_bonus, whether or not the answer then came out right;
     the agent metrics (tool use on easy vs hard questions, recovery, calls) are logged every step."""
 
     name = "calculator"
@@ -229,6 +231,7 @@ class CalculatorTask(EnvTask):
         eval_size: int = 64,
         level: str = "full",
         tool_cost: float = 0.0,
+        retry_bonus: float = 0.0,
     ):
         self.hard_fraction, self.flaky, self.word_problems = hard_fraction, flaky, word_problems
         self.max_turns, self.tool_cost = max_turns, tool_cost
@@ -236,6 +239,19 @@ class CalculatorTask(EnvTask):
         self.reward_functions = {
             part: (lambda t, part=part: t.info[part], 1.0) for part in CalculatorEnv.reward_parts
         }
+        if (
+            isinstance(retry_bonus, bool)
+            or not isinstance(retry_bonus, (int, float))
+            or retry_bonus < 0
+        ):
+            raise ValueError(
+                f"--task-option retry_bonus: expected a number >= 0, got {retry_bonus!r}"
+            )
+        if retry_bonus:
+            self.reward_functions["retry"] = (
+                lambda t: float(t.info.get("retried", False)),
+                retry_bonus,
+            )
         self._eval = make_questions(
             eval_size,
             random.Random(f"{self.name}-eval-{seed}"),

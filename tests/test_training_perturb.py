@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import random
+from types import SimpleNamespace
 
 import pytest
 from conftest import cli_error
@@ -85,6 +86,48 @@ def test_the_calculators_flaky_option_is_the_flaky_tool_perturbation():
     )  # never got through
     assert isinstance(CalculatorTask(flaky=0.3).make_env(random.Random(0)), perturb.PerturbedEnv)
     assert isinstance(CalculatorTask().make_env(random.Random(0)), CalculatorEnv)
+
+
+def test_a_fault_records_a_retry_and_the_shaped_reward_pays_it():
+    task = make_question(random.Random(0), True)
+
+    def gives_up(task, messages):  # calls once; after an error it explains instead of calling again
+        if messages[-1]["role"] == "tool":
+            return {"role": "assistant", "content": "The calculator is down, sorry."}
+        return expert_policy(task, messages)
+
+    def faulty(kind):
+        return perturb.PerturbedEnv(CalculatorEnv(), kind, random.Random(0))
+
+    retried = {
+        (kind, policy.__name__): play(faulty(kind), task, policy)[2]["retried"]
+        for kind in ("tool_error", "noisy_observations")
+        for policy in (expert_policy, gives_up)
+    }
+    # a call after one a fault failed is a retry; a noisy log line fails nothing
+    assert retried == {
+        ("tool_error", "expert_policy"): True,
+        ("tool_error", "gives_up"): False,
+        ("noisy_observations", "expert_policy"): False,
+        ("noisy_observations", "gives_up"): False,
+    }
+    # stacked: the outer flaky tool failed nothing here, and keeps the inner tool error's retry
+    stacked = perturb.training({"tool_error": 1.0, "flaky_tool": 1.0}, 1)(CalculatorEnv())
+    info = play(stacked, task, expert_policy)[2]
+    assert info["perturbations"] == {"tool_error": 1, "flaky_tool": 0} and info["retried"] is True
+    # the shaped part: weight retry_bonus, paid for the retry whether or not the answer is right
+    assert "retry" not in CalculatorTask().reward_functions
+    shaped = CalculatorTask(retry_bonus=0.3)
+    episodes = [
+        SimpleNamespace(info=play(faulty("tool_error"), task, policy)[2], scoring_error=None)
+        for policy in (expert_policy, gives_up)
+    ]
+    shaped.score(episodes)
+    assert [e.reward_parts["retry"] for e in episodes] == [1.0, 0.0]
+    assert episodes[0].reward == pytest.approx(1.0 + 0.3) and episodes[1].reward == 0.0
+    for bad in (-0.1, "big", True):
+        with pytest.raises(ValueError, match="retry_bonus: expected a number >= 0"):
+            CalculatorTask(retry_bonus=bad)
 
 
 def test_demonstrations_meet_the_same_faults():

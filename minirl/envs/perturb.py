@@ -34,7 +34,8 @@ from . import Env
 
 FLAKY_P = 0.3
 TRUNCATE_AT = 80
-ENV_PERTURBATIONS = ("flaky_tool", "tool_error", "truncated_observations", "noisy_observations")
+FAULTS = ("flaky_tool", "tool_error")
+ENV_PERTURBATIONS = FAULTS + ("truncated_observations", "noisy_observations")
 PERTURBATIONS = ENV_PERTURBATIONS + ("reworded",)
 
 REWORDINGS = [
@@ -123,7 +124,8 @@ class PerturbedEnv(Env):
     """An environment (envs/__init__.py's protocol) whose tool results are perturbed by `kind` (or,
     "reworded", whose task is phrased another way); the reward is the wrapped environment's. Its
     info gains "perturbations", {kind: times it fired} of every wrapper around the environment,
-    and "perturbed", their sum. flaky_p: the flaky tool's failure rate per call."""
+    and "perturbed", their sum; a fault (flaky_tool, tool_error) also sets "retried" when a call came
+    after one it failed. flaky_p: the flaky tool's failure rate per call."""
 
     def __init__(self, env, kind: str, rng: random.Random, flaky_p: float = FLAKY_P):
         if kind not in PERTURBATIONS:
@@ -132,7 +134,7 @@ class PerturbedEnv(Env):
         self.reward_parts = env.reward_parts
 
     def reset(self, task: dict):
-        self.calls, self.fired = 0, 0
+        self.calls, self.fired, self.retried = 0, 0, False
         if self.kind == "reworded":
             task, changed = reword(task, self.rng)
             self.fired += changed
@@ -140,6 +142,8 @@ class PerturbedEnv(Env):
 
     def step(self, call) -> str:
         self.calls += 1
+        # a call after one this fault failed: the retry a shaped reward can pay (GRPO's retry_bonus)
+        self.retried |= self.kind in FAULTS and self.fired > 0
         if (self.kind == "flaky_tool" and self.rng.random() < self.flaky_p) or (
             self.kind == "tool_error" and self.calls == 1
         ):
@@ -160,7 +164,13 @@ class PerturbedEnv(Env):
     def reward(self, trajectory):
         reward, info = self.env.reward(trajectory)
         fired = {**info.get("perturbations", {}), self.kind: self.fired}
-        return reward, {**info, "perturbations": fired, "perturbed": sum(fired.values())}
+        retried = info.get("retried", False) or self.retried
+        return reward, {
+            **info,
+            "perturbations": fired,
+            "perturbed": sum(fired.values()),
+            "retried": retried,
+        }
 
     def close(self):
         self.env.close()
