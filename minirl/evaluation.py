@@ -47,6 +47,7 @@ from tqdm import tqdm
 from . import distributed
 from .config import Qwen2Config
 from .envs import perturb
+from .envs.bfcl import is_bfcl_file
 from .envs.program import is_program_file
 from .envs.tools import parse_assistant
 from .eval_stats import call_problems
@@ -98,9 +99,11 @@ def episode_record(
         "malformed_calls": malformed,
         "messages": t.messages,
     }
-    for key in ("difficulty", "question", "reference_calls", "test_file"):
+    for key in ("difficulty", "question", "reference_calls", "test_file", "id", "category"):
         if key in t.prompt:
             record[key] = t.prompt[key]
+    if t.info.get("why"):  # what BFCL's checks found wrong with the call (envs/bfcl.py)
+        record["why"] = t.info["why"]
     if t.info.get("test_error"):  # a program's failing test (envs/program.py)
         record["test_error"] = t.info["test_error"]
     # whether the program's verdict was one its own process handed back (envs/program.py)
@@ -413,8 +416,9 @@ def command(args):
     if args.rescore:
         print(table(rescore(args.rescore)))
         return
-    if args.data and not args.task:  # a HumanEval-format file, or questions and answers
-        args.task = "humaneval" if is_program_file(args.data) else "jsonl"
+    if args.data and not args.task:  # HumanEval's format, BFCL's, or questions and answers
+        kinds = [("humaneval", is_program_file), ("bfcl", is_bfcl_file)]
+        args.task = next((name for name, holds in kinds if holds(args.data)), "jsonl")
     if not args.model or not args.task:
         raise ValueError(
             "eval needs --model and --task or --data (or --rescore DIR, or --compare DIR_A DIR_B)"
@@ -496,13 +500,14 @@ def add_parser(sub, fmt, dtypes):
     e.add_argument(
         "--task",
         default=None,
-        help="arithmetic, calculator, code; jsonl or humaneval (with --data)",
+        help="arithmetic, calculator, code; jsonl, humaneval or bfcl (with --data)",
     )
     e.add_argument(
         "--data",
         default=None,
-        help="a HumanEval-format file (.jsonl[.gz]: prompt, entry_point, test), "
-        "or --task jsonl's items (held out: --eval-data, or 10 %%)",
+        help="a HumanEval-format file (.jsonl[.gz]: prompt, entry_point, test), a BFCL file "
+        "(BFCL_v4_*.json; its possible answers from possible_answer/ beside it, or --task-option "
+        "answers=PATH), or --task jsonl's items (held out: --eval-data, or 10 %%)",
     )
     e.add_argument("--eval-data", default=None, help="--task jsonl: the evaluation items")
     e.add_argument("-n", type=int, default=1, help="samples per item (pass@k for k <= n)")

@@ -17,6 +17,8 @@ from abc import ABC, abstractmethod
 from .answers import CONVENTIONS, lenient_answer, reference_answer, strict_answer
 from .data import read_jsonl
 from .envs.answer import AnswerEnv
+from .envs.bfcl import BFCLEnv
+from .envs.bfcl import read_items as read_bfcl
 from .envs.bugs import load_bug_templates
 from .envs.calculator import CalculatorEnv, agent_metrics, flaky_calculator, make_questions
 from .envs.code import CodeEnv, load_templates
@@ -548,14 +550,52 @@ class ProgramTask(EnvTask):
         return {"strict": passed, "lenient": passed}
 
 
+class BFCLTask(EnvTask):
+    """A Berkeley Function Calling Leaderboard file (envs/bfcl.py): one question a line, the functions
+    shown as tools, the reply's calls scored by BFCL's AST rules and never run; one turn. Accuracy
+    strict reads only Qwen's <tool_call> format, lenient any well-formed JSON call, so a model that
+    calls in another wrapper shows as their gap. `answers`: the possible-answer file, by default
+    possible_answer/<the file's name> beside it. Every question is held out; `sample` draws from
+    them too, for a user who trains on their own file."""
+
+    name = "bfcl"
+    max_turns = 1
+    metric_names = ["calls"]
+
+    def __init__(self, path: str, seed: int = 0, answers: str | None = None):
+        self._items = read_bfcl(path, answers)
+        self.reward_functions = {"correct": (lambda t: t.info["correct"], 1.0)}
+
+    def sample(self, n: int, rng: random.Random) -> list[dict]:
+        return [rng.choice(self._items) for _ in range(n)]
+
+    def eval_items(self) -> list[dict]:
+        return self._items
+
+    def make_env(self, rng):
+        return BFCLEnv()
+
+    def accuracy(self, trajectory) -> dict:
+        return {
+            "strict": bool(trajectory.info["correct"]),
+            "lenient": bool(trajectory.info["lenient"]),
+        }
+
+    def metrics(self, trajectories) -> dict:
+        return {
+            "calls": sum(t.info.get("calls", 0) for t in trajectories) / max(len(trajectories), 1)
+        }
+
+
 TASKS = {
     "arithmetic": ArithmeticTask,
     "calculator": CalculatorTask,
     "code": CodeTask,
     "jsonl": JsonlTask,
     "humaneval": ProgramTask,
+    "bfcl": BFCLTask,
 }
-DATA_TASKS = ("jsonl", "humaneval")  # read their items from --data
+DATA_TASKS = ("jsonl", "humaneval", "bfcl")  # read their items from --data
 
 
 def parse_options(pairs) -> dict:
@@ -577,15 +617,16 @@ def make_task(
     name: str, seed: int = 0, data: str | None = None, eval_data: str | None = None, **options
 ):
     """A task by name; "jsonl" reads its items from `data` (and its held-out set from `eval_data`),
-    "humaneval" its problems. `options` go to the task's constructor (e.g. CalculatorTask's
-    level="toy", eval_size=200, max_turns=3: the quickstart's world); an unknown one is an error."""
+    "humaneval" its problems, "bfcl" its questions. `options` go to the task's constructor (e.g.
+    CalculatorTask's level="toy", eval_size=200, max_turns=3: the quickstart's world); an unknown
+    one is an error."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASKS)}")
     if (name in DATA_TASKS) != bool(data):
         raise ValueError(
             f"--task {name} needs --data FILE"
             if name in DATA_TASKS
-            else f"--data is for --task jsonl or humaneval, not {name!r}"
+            else f"--data is for --task {', '.join(DATA_TASKS)}, not {name!r}"
         )
     if eval_data and name != "jsonl":
         raise ValueError(f"--eval-data is for --task jsonl, not {name!r}")
@@ -598,8 +639,8 @@ def make_task(
         raise ValueError(
             f"task {name!r} has no option {unknown[0]!r}; its options: {', '.join(known) or 'none'}"
         )
-    if name == "humaneval":
-        return ProgramTask(data, seed=seed, **options)
+    if name in ("humaneval", "bfcl"):
+        return TASKS[name](data, seed=seed, **options)
     if name == "jsonl":
         return JsonlTask(data, seed=seed, eval_path=eval_data, **options)
     return TASKS[name](seed=seed, **options)

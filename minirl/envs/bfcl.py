@@ -1,0 +1,358 @@
+"""Tool calling on the Berkeley Function Calling Leaderboard (BFCL v4): its questions, its AST scoring.
+
+BFCL asks a model to call functions it is shown and scores the call without running it. Its files
+(the `bfcl-eval` package ships them in bfcl_eval/data/; nothing here downloads) hold one question a
+line, {"id": "simple_python_0", "question": [[messages]], "function": [specs]}, and beside them
+possible_answer/<the same name>, {"id", "ground_truth": [{name: {argument: [allowed values]}}]}.
+The category is the id without its number: simple_python, multiple, parallel, parallel_multiple,
+irrelevance, live_simple, ...
+
+An item is shown as BFCL shows it to Qwen's function-calling models: the first turn's messages, the
+functions as the chat template's tools (each description ending "Note that the provided function is
+in Python 3 syntax."). The reply is decoded two ways:
+  strict   the <tool_call> blocks of Qwen's format, each {"name": ..., "arguments": {...}}, read as
+           BFCL's Qwen handler reads them (a block that is not JSON is skipped; a call without a
+           name or with arguments that are not an object fails the whole reply)
+  lenient  any well-formed JSON call in the text: <tool_call> blocks, a ```json block or a bare
+           object with "name" and "arguments" (or "parameters"), or a list of them, as BFCL's
+           prompting handlers accept a call in whatever wrapper the model chose
+so a reply in another wrapper and a wrong call are told apart.
+
+`check` is BFCL's AST checker restated for Python functions (its source:
+bfcl_eval/eval_checker/ast_eval/ast_checker.py; tests/test_bfcl.py compares the two): the number
+of calls; the function's name; every required argument present; no argument the function or the
+possible answer does not have; each value of its declared type (an integer passes for a float); each
+value among the allowed ones (strings compared without case, spaces or ",./-_*^"; lists element by
+element; dicts key by key); an optional argument left out only where "" is allowed. Parallel calls
+match the answers in any order. Irrelevance asks for no call at all; relevance for at least one.
+"""
+
+import json
+import os
+import re
+
+from . import Env
+
+HINT = " Note that the provided function is in Python 3 syntax."
+# BFCL's Python types (its PYTHON_TYPE_MAPPING: "any" is read as a string, a tuple as a list)
+TYPES = {
+    "string": str,
+    "integer": int,
+    "float": float,
+    "boolean": bool,
+    "array": list,
+    "tuple": list,
+    "dict": dict,
+    "any": str,
+}
+NESTED = ("array", "tuple")
+TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+CATEGORY = re.compile(r"^(.+?)_\d+(?:-\d+)*$")
+
+
+# ---- the files ---------------------------------------------------------------------------------------------
+def is_bfcl_file(path: str) -> bool:
+    """Whether a data file's first record is a BFCL question (for `eval --data` without --task)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.loads(next((line for line in f if line.strip()), ""))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(record, dict) and {"id", "question", "function"} <= set(record)
+
+
+def category(item_id: str) -> str:
+    """The category of a BFCL id: "simple_python_12" -> "simple_python", "live_multiple_3-1-0" ->
+    "live_multiple"."""
+    found = CATEGORY.match(item_id)
+    if not found:
+        raise ValueError(f"{item_id!r} is not a BFCL id (CATEGORY_NUMBER)")
+    return found.group(1)
+
+
+def needs_answers(name: str) -> bool:
+    return (
+        "relevance" not in name
+    )  # irrelevance and live_relevance are scored by the call's absence
+
+
+def read_items(path: str, answers: str | None = None) -> list[dict]:
+    """The questions of a BFCL file as task items, each with its possible answers. `answers`: the
+    possible-answer file, by default possible_answer/<the file's name> beside it (the package's
+    layout); irrelevance and relevance have none. A bad line stops with `file:line: what`."""
+    records = _read(path)
+    name = category(records[0][1]["id"])
+    truth = {}
+    if needs_answers(name):
+        answers = answers or os.path.join(
+            os.path.dirname(path), "possible_answer", os.path.basename(path)
+        )
+        if not os.path.exists(answers):
+            raise ValueError(
+                f"{path}: {name} is scored against possible answers, and {answers} does not exist; "
+                "give the file with --task-option answers=PATH"
+            )
+        truth = {r["id"]: (where, r.get("ground_truth")) for where, r in _read(answers)}
+    items = []
+    for where, record in records:
+        try:
+            items.append(_item(record, truth, answers))
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{where}: {e}") from None
+    return items
+
+
+def _read(path: str) -> list[tuple[str, dict]]:
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    records.append((f"{path}:{lineno}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+    if not records:
+        raise ValueError(f"{path}: no questions")
+    return records
+
+
+def _item(record: dict, truth: dict, answers: str | None) -> dict:
+    item_id = record["id"]
+    name = category(item_id)
+    turns = record["question"]
+    if not isinstance(turns, list) or not turns or not isinstance(turns[0], list):
+        raise ValueError("question: expected a list of turns, each a list of messages")
+    if len(turns) > 1:
+        raise ValueError(
+            f"{item_id}: {len(turns)} turns; only single-turn categories are scored here"
+        )
+    functions = record["function"]
+    ground_truth = None
+    if needs_answers(name):
+        if item_id not in truth:
+            raise ValueError(f"{item_id} has no possible answer in {answers}")
+        ground_truth = truth[item_id][1]
+    return {
+        "id": item_id,
+        "category": name,
+        "messages": turns[0],
+        "tools": [{"type": "function", "function": shown(f)} for f in functions],
+        "functions": functions,
+        "ground_truth": ground_truth,
+    }
+
+
+def shown(function: dict) -> dict:
+    """A function as BFCL shows it to a Python model: its description with the language hint."""
+    return {**function, "description": function.get("description", "") + HINT}
+
+
+# ---- decoding a reply -------------------------------------------------------------------------------------
+def strict_calls(text: str) -> list[dict]:
+    """The reply's calls as BFCL's Qwen handler decodes them: [{name: {argument: value}}]. Raises
+    ValueError when a <tool_call> block holds JSON that is not a call."""
+    found = []
+    for block in TOOL_CALL.findall(text):
+        try:
+            found.append(json.loads(block))
+        except json.JSONDecodeError:
+            continue
+    return [_as_call(c, ("arguments",)) for c in found]
+
+
+def lenient_calls(text: str) -> list[dict]:
+    """Every well-formed JSON call in the reply, whatever wraps it: objects with a string "name" and
+    an object "arguments" (or "parameters"), alone or in a list, in the order they appear."""
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while at < len(text):
+        start = min((i for i in (text.find("{", at), text.find("[", at)) if i >= 0), default=-1)
+        if start < 0:
+            break
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            at = start + 1
+            continue
+        found = [v for v in (value if isinstance(value, list) else [value]) if _is_call(v)]
+        calls += [_as_call(v, ("arguments", "parameters")) for v in found]
+        at = end if found else start + 1
+    return calls
+
+
+def _is_call(value) -> bool:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return False
+    return isinstance(value.get("arguments", value.get("parameters")), dict)
+
+
+def _as_call(value, keys: tuple) -> dict:
+    if not isinstance(value, dict) or "name" not in value:
+        raise ValueError(f"not a function call: {value!r}"[:200])
+    arguments = next((value[k] for k in keys if k in value), None)
+    if not isinstance(arguments, dict):
+        raise ValueError(f"the arguments of {value['name']!r} are not an object")
+    return {value["name"]: dict(arguments)}
+
+
+# ---- BFCL's AST checker, for Python -----------------------------------------------------------------------
+def check(item: dict, calls: list[dict]) -> tuple[bool, str]:
+    """(valid, why): the calls against the item's possible answers, by BFCL's rules (module doc)."""
+    name = item["category"]
+    if "irrelevance" in name:
+        return (not calls, "" if not calls else "irrelevance: a call where none was wanted")
+    if "relevance" in name:
+        return (bool(calls), "" if calls else "relevance: no call")
+    answers, functions = item["ground_truth"], item["functions"]
+    if len(calls) != len(answers):
+        return False, f"wrong count: {len(calls)} calls, {len(answers)} wanted"
+    if "parallel" in name:
+        unmatched = list(range(len(calls)))
+        for answer in answers:
+            spec = _spec(functions, answer)
+            match = next((i for i in unmatched if not check_call(spec, calls[i], answer)), None)
+            if match is None:
+                return False, f"no call matches {next(iter(answer))!r}"
+            unmatched.remove(match)
+        return True, ""
+    why = check_call(_spec(functions, answers[0]), calls[0], answers[0])
+    return not why, why
+
+
+def _spec(functions: list[dict], answer: dict) -> dict:
+    wanted = next(iter(answer))
+    return next((f for f in functions if f["name"] == wanted), functions[0])
+
+
+def check_call(spec: dict, call: dict, answer: dict) -> str:
+    """What is wrong with one call against one possible answer {name: {argument: [allowed]}}: "" if
+    nothing (BFCL's simple_function_checker)."""
+    allowed = next(iter(answer.values()))
+    if spec["name"] not in call:
+        return f"wrong function: {next(iter(call), None)!r}, wanted {spec['name']!r}"
+    arguments = call[spec["name"]]
+    params = spec["parameters"]
+    missing = [p for p in params.get("required", []) if p not in arguments]
+    if missing:
+        return f"missing required argument {missing[0]!r}"
+    for key, value in arguments.items():
+        if key not in params["properties"] or key not in allowed:
+            return f"unexpected argument {key!r}"
+        why = check_value(key, value, params["properties"][key], allowed[key])
+        if why:
+            return why
+    left_out = [p for p in allowed if p not in arguments and "" not in allowed[p]]
+    if left_out:
+        return f"optional argument {left_out[0]!r} left out, and no answer leaves it out"
+    return ""
+
+
+def check_value(key: str, value, declared: dict, allowed: list) -> str:
+    """One argument's type and value against its allowed values: "" when it passes."""
+    kind = declared["type"]
+    expected = TYPES[kind]
+    inner = TYPES[declared["items"]["type"]] if kind in NESTED else None
+    if kind == "float" and type(value) is int:
+        value = float(value)
+    # allowed values of another type than declared are a variable's name (BFCL's is_variable)
+    answer_type = next((type(a) for a in allowed if a != ""), None)
+    variable = answer_type is not None and answer_type is not expected
+    if type(value) is expected:
+        if inner is not None and not _nested_ok(value, inner, allowed):
+            return f"argument {key!r}: elements should be {inner.__name__}"
+    elif answer_type is not None and type(value) is answer_type:
+        variable = True
+    else:
+        return f"argument {key!r} should be {kind}, got {type(value).__name__}"
+    if not variable:
+        if expected is dict:
+            return "" if _dict_ok(value, allowed) else f"argument {key!r}: no allowed dict matches"
+        if expected is list and inner is dict:
+            return "" if _dicts_ok(value, allowed) else f"argument {key!r}: no allowed list matches"
+        if expected is str:
+            ok = _plain(value) in [_plain(a) for a in allowed if isinstance(a, str)]
+            return "" if ok else f"argument {key!r}: {value!r} is not among {allowed}"
+        if expected is list:
+            # BFCL reads each allowed value as a list: "" (left out) as []
+            ok = _plain_list(value) in [
+                _plain_list(list(a)) for a in allowed if isinstance(a, (list, str))
+            ]
+            return "" if ok else f"argument {key!r}: {value!r} is not among {allowed}"
+    return "" if value in allowed else f"argument {key!r}: {value!r} is not among {allowed}"
+
+
+def _nested_ok(value: list, inner: type, allowed: list) -> bool:
+    # BFCL: some allowed value (a list) whose elements' type every element of the value has; an
+    # allowed value that is not a list asks nothing of the elements
+    for answer in allowed:
+        if not isinstance(answer, list) or all(_element_ok(v, inner, answer) for v in value):
+            return True
+    return False
+
+
+def _element_ok(value, inner: type, allowed: list) -> bool:
+    # an integer element of a float array fails: BFCL converts only the top-level value
+    answer_type = next((type(a) for a in allowed if a != ""), None)
+    return type(value) is inner or (answer_type is not None and type(value) is answer_type)
+
+
+def _plain(text: str) -> str:
+    """BFCL's standardize_string: no spaces or ",./-_*^", lower case, ' as "."""
+    return re.sub(r"[ ,./\-_*^]", "", text).lower().replace("'", '"')
+
+
+def _plain_list(values: list) -> list:
+    return [_plain(v) if isinstance(v, str) else v for v in values]
+
+
+def _dict_ok(value: dict, allowed: list) -> bool:
+    for answer in allowed:
+        if answer == "":
+            continue
+        if all(
+            k in answer and (_plain(v) if isinstance(v, str) else v) in _plain_list(answer[k])
+            for k, v in value.items()
+        ) and all(k in value or "" in v for k, v in answer.items()):
+            return True
+    return False
+
+
+def _dicts_ok(value: list, allowed: list) -> bool:
+    return any(
+        len(value) == len(answer) and all(_dict_ok(v, [a]) for v, a in zip(value, answer))
+        for answer in allowed
+    )
+
+
+def score(item: dict, reply: str, lenient: bool = False) -> tuple[bool, str, int]:
+    """(valid, why, calls decoded) of one reply. A reply whose <tool_call> holds JSON that is not a
+    call decodes to nothing: wrong where a call was wanted, right for irrelevance (as in BFCL)."""
+    try:
+        calls = lenient_calls(reply) if lenient else strict_calls(reply)
+    except ValueError as e:
+        nothing = "irrelevance" in item["category"]
+        return nothing, "" if nothing else f"not decoded: {e}", 0
+    return (*check(item, calls), len(calls))
+
+
+# ---- the environment ----------------------------------------------------------------------------------------
+class BFCLEnv(Env):
+    """One BFCL question (envs/__init__.py's protocol). Nothing is run: a call's observation says so,
+    and the episode is one turn (tasks.BFCLTask). The reward reads the first reply.
+    info: "correct" (strict: Qwen's <tool_call> format, BFCL's AST checks), "lenient" (any JSON
+    call), "why" (the strict check's failure, "" when it passed), "calls" (strict calls decoded)."""
+
+    reward_parts = ("correct",)
+
+    def reset(self, item: dict):
+        self.item = item
+        return list(item["messages"]), item["tools"]
+
+    def step(self, call) -> str:
+        return "(BFCL scores the call; it is not run)"
+
+    def reward(self, trajectory) -> tuple[float, dict]:
+        reply = next((m["content"] for m in trajectory.messages if m["role"] == "assistant"), "")
+        strict, why, calls = score(self.item, reply)
+        lenient = score(self.item, reply, lenient=True)[0]
+        info = {"correct": float(strict), "lenient": float(lenient), "why": why, "calls": calls}
+        return info["correct"], info

@@ -1,0 +1,407 @@
+"""BFCL (envs/bfcl.py): reading its files, decoding a reply's calls, and its AST checks, by hand and
+against BFCL's own checker. The oracle is the `bfcl-eval` package (`pip install --no-deps bfcl-eval`:
+its checker needs none of its dependencies, and its model table, which imports every vendor's
+client, is replaced by a stub); without it those tests are skipped."""
+
+import collections
+import copy
+import json
+import os
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+
+from minirl.envs import bfcl
+from minirl.tasks import BFCLTask, make_task
+
+
+def fn(name, properties, required):
+    return {
+        "name": name,
+        "description": f"{name}.",
+        "parameters": {"type": "dict", "properties": properties, "required": required},
+    }
+
+
+AREA = fn(
+    "calculate_triangle_area",
+    {"base": {"type": "integer"}, "height": {"type": "float"}, "unit": {"type": "string"}},
+    ["base", "height"],
+)
+SEARCH = fn(
+    "search.books",
+    {
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "filters": {"type": "dict", "properties": {}},
+        "exact": {"type": "boolean"},
+    },
+    ["tags"],
+)
+SIMPLE = {
+    "id": "simple_python_0",
+    "question": [[{"role": "user", "content": "Area of a triangle, base 10 and height 5?"}]],
+    "function": [AREA],
+}
+SIMPLE_ANSWER = {
+    "id": "simple_python_0",
+    "ground_truth": [
+        {"calculate_triangle_area": {"base": [10], "height": [5.0], "unit": ["units", ""]}}
+    ],
+}
+MULTIPLE = {
+    "id": "multiple_3",
+    "question": [[{"role": "user", "content": "Find books tagged Sci-Fi, in any language."}]],
+    "function": [AREA, SEARCH],
+}
+MULTIPLE_ANSWER = {
+    "id": "multiple_3",
+    "ground_truth": [
+        {
+            "search.books": {
+                "tags": [["Sci-Fi"], ["science fiction"]],
+                "filters": [{"language": ["any", ""]}, ""],
+                "exact": [False, ""],
+            }
+        }
+    ],
+}
+PARALLEL = {
+    "id": "parallel_7",
+    "question": [[{"role": "user", "content": "Areas for bases 10 and 20, height 5."}]],
+    "function": [AREA],
+}
+PARALLEL_ANSWER = {
+    "id": "parallel_7",
+    "ground_truth": [
+        {"calculate_triangle_area": {"base": [10], "height": [5.0], "unit": [""]}},
+        {"calculate_triangle_area": {"base": [20], "height": [5.0], "unit": [""]}},
+    ],
+}
+IRRELEVANCE = {
+    "id": "irrelevance_2",
+    "question": [[{"role": "user", "content": "Who wrote Hamlet?"}]],
+    "function": [AREA],
+}
+
+
+def write(folder, name, records, answers=None):
+    path = folder / f"BFCL_v4_{name}.json"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    if answers is not None:
+        (folder / "possible_answer").mkdir(exist_ok=True)
+        (folder / "possible_answer" / path.name).write_text(
+            "".join(json.dumps(a) + "\n" for a in answers)
+        )
+    return str(path)
+
+
+def item(record, answer=None):
+    return {
+        "id": record["id"],
+        "category": bfcl.category(record["id"]),
+        "functions": record["function"],
+        "ground_truth": None if answer is None else answer["ground_truth"],
+    }
+
+
+def call(name, **arguments):
+    return {name: arguments}
+
+
+# ---- reading ------------------------------------------------------------------------------------------------
+def test_a_bfcl_file_is_read_with_its_possible_answers_beside_it(tmp_path):
+    path = write(tmp_path, "multiple", [MULTIPLE], [MULTIPLE_ANSWER])
+    assert bfcl.is_bfcl_file(path) and not bfcl.is_bfcl_file(str(tmp_path / "none.json"))
+    [read] = bfcl.read_items(path)
+    assert (
+        read["category"] == "multiple" and read["ground_truth"] == MULTIPLE_ANSWER["ground_truth"]
+    )
+    # shown as Qwen's tools, with BFCL's language hint; the functions themselves kept for the checks
+    assert read["tools"][1] == {
+        "type": "function",
+        "function": {**SEARCH, "description": "search.books. " + bfcl.HINT.strip()},
+    }
+    assert read["functions"] == [AREA, SEARCH] and read["messages"] == MULTIPLE["question"][0]
+    # irrelevance needs no possible answers
+    assert bfcl.read_items(write(tmp_path, "irrelevance", [IRRELEVANCE]))[0]["ground_truth"] is None
+    assert [bfcl.category(i) for i in ("live_multiple_3-1-0", "parallel_multiple_12")] == [
+        "live_multiple",
+        "parallel_multiple",
+    ]
+
+
+def test_bad_bfcl_files_stop_with_what_and_where(tmp_path):
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    path = write(lonely, "simple_python", [SIMPLE])
+    with pytest.raises(
+        ValueError, match="does not exist; give the file with --task-option answers"
+    ):
+        bfcl.read_items(path)
+    path = write(
+        tmp_path, "simple_python", [SIMPLE, {**SIMPLE, "id": "simple_python_1"}], [SIMPLE_ANSWER]
+    )
+    with pytest.raises(ValueError, match=r"BFCL_v4_simple_python.json:2: simple_python_1 has no"):
+        bfcl.read_items(path)
+    turns = {**SIMPLE, "question": SIMPLE["question"] * 2}
+    with pytest.raises(ValueError, match=r":1: simple_python_0: 2 turns; only single-turn"):
+        bfcl.read_items(write(tmp_path, "simple_python", [turns], [SIMPLE_ANSWER]))
+    broken = tmp_path / "BFCL_v4_irrelevance.json"
+    broken.write_text(json.dumps(IRRELEVANCE) + "\n{oops\n")
+    with pytest.raises(ValueError, match=r"BFCL_v4_irrelevance.json:2: not JSON"):
+        bfcl.read_items(str(broken))
+    with pytest.raises(ValueError, match="'simple' is not a BFCL id"):
+        bfcl.category("simple")
+
+
+# ---- decoding -----------------------------------------------------------------------------------------------
+def test_strict_reads_qwens_tool_call_blocks_lenient_any_json_call():
+    qwen = (
+        '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>'
+    )
+    assert bfcl.strict_calls(qwen) == [{"f": {"x": 1}}, {"g": {}}] == bfcl.lenient_calls(qwen)
+    # what the untrained Qwen2.5-Coder writes: a Markdown block, which only lenient reads
+    markdown = 'Sure:\n```json\n{"name": "f", "arguments": {"x": 1}}\n```'
+    assert bfcl.strict_calls(markdown) == [] and bfcl.lenient_calls(markdown) == [{"f": {"x": 1}}]
+    listed = 'I will call [{"name": "f", "parameters": {"x": 2}}, {"name": "g", "arguments": {}}].'
+    assert bfcl.lenient_calls(listed) == [{"f": {"x": 2}}, {"g": {}}]
+    # JSON that is not a call is no call; a call nested inside other JSON is found
+    assert bfcl.lenient_calls('{"answer": 3} and {"a": {"name": "h", "arguments": {}}}') == [
+        {"h": {}}
+    ]
+    # as BFCL's Qwen handler: a block that is not JSON is skipped, one that is not a call fails
+    assert bfcl.strict_calls("<tool_call>\n{name: f}\n</tool_call>") == []
+    for bad in ('{"arguments": {}}', '{"name": "f", "arguments": "x=1"}', '["f"]'):
+        with pytest.raises(ValueError):
+            bfcl.strict_calls(f"<tool_call>\n{bad}\n</tool_call>")
+
+
+# ---- the checks, by hand ----------------------------------------------------------------------------------
+SIMPLE_ITEM = item(SIMPLE, SIMPLE_ANSWER)
+AREA_CASES = [
+    ([call("calculate_triangle_area", base=10, height=5.0)], True),
+    # an integer passes for a float, "units" is allowed, and so is leaving unit out
+    ([call("calculate_triangle_area", base=10, height=5, unit="Units")], True),
+    ([call("calculate_triangle_area", base=10.0, height=5)], False),  # a float is not an integer
+    ([call("calculate_triangle_area", base=10)], False),  # height is required
+    ([call("calculate_triangle_area", base=10, height=5, color="red")], False),
+    ([call("calculate_triangle_area", base=11, height=5)], False),
+    ([call("calculate_triangle_area", base=10, height=5, unit="cm")], False),
+    ([call("triangle_area", base=10, height=5)], False),
+    ([], False),
+    ([call("calculate_triangle_area", base=10, height=5)] * 2, False),
+]
+MULTIPLE_ITEM = item(MULTIPLE, MULTIPLE_ANSWER)
+SEARCH_CASES = [
+    # strings without case, spaces or ",./-_*^"; a list element by element; a dict key by key
+    ([call("search.books", tags=["sci fi"])], True),
+    ([call("search.books", tags=["SCI_FI*"])], True),
+    ([call("search.books", tags=["Science-Fiction"], filters={"language": "ANY"})], True),
+    ([call("search.books", tags=["Sci-Fi"], filters={})], True),  # its key may be left out
+    ([call("search.books", tags=["Sci-Fi"], filters={"year": 1999})], False),
+    ([call("search.books", tags=["Sci-Fi", "space"])], False),
+    ([call("search.books", tags="Sci-Fi")], False),
+    ([call("search.books", tags=[3])], False),
+    ([call("search.books", tags=["Sci-Fi"], exact=0)], False),  # 0 is not a boolean
+    ([call("calculate_triangle_area", base=10, height=5)], False),
+]
+PARALLEL_ITEM = item(PARALLEL, PARALLEL_ANSWER)
+PARALLEL_CASES = [
+    ([call("calculate_triangle_area", base=b, height=5) for b in (10, 20)], True),
+    ([call("calculate_triangle_area", base=b, height=5) for b in (20, 10)], True),  # any order
+    ([call("calculate_triangle_area", base=b, height=5) for b in (10, 10)], False),
+    ([call("calculate_triangle_area", base=10, height=5)], False),
+]
+IRRELEVANCE_ITEM = item(IRRELEVANCE)
+CASES = (
+    [(SIMPLE_ITEM, c, v) for c, v in AREA_CASES]
+    + [(MULTIPLE_ITEM, c, v) for c, v in SEARCH_CASES]
+    + [(PARALLEL_ITEM, c, v) for c, v in PARALLEL_CASES]
+    + [(IRRELEVANCE_ITEM, [], True), (IRRELEVANCE_ITEM, AREA_CASES[0][0], False)]
+)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_the_ast_checks_by_hand(case):
+    checked, calls, valid = CASES[case]
+    verdict, why = bfcl.check(checked, calls)
+    assert verdict is valid and (why == "") is valid
+
+
+def test_a_reply_is_scored_strict_and_lenient_and_irrelevance_forgives_a_broken_call():
+    right = '<tool_call>\n{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5}}\n</tool_call>'
+    markdown = right.replace("<tool_call>", "```json").replace("</tool_call>", "```")
+    assert bfcl.score(SIMPLE_ITEM, right) == (True, "", 1)
+    assert bfcl.score(SIMPLE_ITEM, markdown)[0] is False
+    assert bfcl.score(SIMPLE_ITEM, markdown, lenient=True)[0] is True
+    broken = '<tool_call>\n{"name": "f", "arguments": "x"}\n</tool_call>'
+    assert bfcl.score(SIMPLE_ITEM, broken)[:2] == (
+        False,
+        "not decoded: the arguments of 'f' are not an object",
+    )
+    assert bfcl.score(IRRELEVANCE_ITEM, broken) == (True, "", 0)
+    assert bfcl.score(IRRELEVANCE_ITEM, "Shakespeare.") == (True, "", 0)
+    env = bfcl.BFCLEnv()
+    env.reset({**SIMPLE_ITEM, "messages": [], "tools": []})
+    episode = SimpleNamespace(messages=[{"role": "assistant", "content": markdown}])
+    assert env.reward(episode) == (
+        0.0,
+        {"correct": 0.0, "lenient": 1.0, "why": "wrong count: 0 calls, 1 wanted", "calls": 0},
+    )
+
+
+# ---- against BFCL's own checker ----------------------------------------------------------------------------
+def bfcl_checker():
+    """BFCL's ast_checker and its data folder, or a skip. Its model table imports every vendor's
+    client; the checker reads it only to rename dotted functions for some APIs (not Qwen's)."""
+    pytest.importorskip("bfcl_eval", reason="the oracle: pip install --no-deps bfcl-eval")
+    table = types.ModuleType("bfcl_eval.constants.model_config")
+    table.MODEL_CONFIG_MAPPING = collections.defaultdict(
+        lambda: SimpleNamespace(underscore_to_dot=False)
+    )
+    saved = sys.modules.get(table.__name__)
+    sys.modules[table.__name__] = table
+    try:
+        import bfcl_eval
+        from bfcl_eval.constants.enums import Language
+        from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
+    finally:
+        if saved is not None:
+            sys.modules[table.__name__] = saved
+
+    def oracle(checked, calls):
+        try:
+            return ast_checker(
+                checked["functions"],
+                calls,
+                checked["ground_truth"],
+                Language.PYTHON,
+                checked["category"],
+                "qwen",
+            )["valid"]
+        except Exception as e:  # a crash of the oracle is a disagreement, shown as such
+            return f"{type(e).__name__}: {e}"
+
+    return oracle, os.path.join(os.path.dirname(bfcl_eval.__file__), "data")
+
+
+def test_bfcls_checker_agrees_on_the_cases_by_hand():
+    oracle, _ = bfcl_checker()
+    scored = [(checked, calls) for checked, calls, _ in CASES if checked["ground_truth"]]
+    assert [bfcl.check(c, calls)[0] for c, calls in scored] == [
+        oracle(c, calls) for c, calls in scored
+    ]
+
+
+def canonical(answer: dict) -> list[dict]:
+    """A call from each possible answer: each argument's first allowed value, none where "" is
+    first (left out); dict values likewise, key by key."""
+
+    def pick(value):
+        if isinstance(value, dict):
+            return {k: pick(first) for k, v in value.items() if (first := _first(v)) is not None}
+        return [pick(v) for v in value] if isinstance(value, list) else value
+
+    return [
+        {name: {k: pick(v[0]) for k, v in args.items() if v and v[0] != ""}}
+        for one in answer
+        for name, args in one.items()
+    ]
+
+
+def _first(values):
+    return next((v for v in values if v != ""), None) if isinstance(values, list) else values
+
+
+def corruptions(calls: list[dict]) -> list[list[dict]]:
+    """The right calls made wrong one way at a time: the name, each argument missing, of another
+    type or another value (and each string restyled), an argument too many, no call, one call too
+    many."""
+    out = []
+    name = next(iter(calls[0]))
+
+    def changed(edit):
+        c = copy.deepcopy(calls)
+        edit(c[0][name])
+        return c
+
+    out.append([{name + "_v2": calls[0][name]}, *calls[1:]])
+    for key, value in calls[0][name].items():
+        out.append(changed(lambda a, k=key: a.pop(k)))
+        retyped = 7 if isinstance(value, str) else str(value)
+        out.append(changed(lambda a, k=key, r=retyped: a.update({k: r})))
+        if isinstance(value, bool):
+            other = not value
+        elif isinstance(value, (int, float)):
+            other = value + 1
+        elif isinstance(value, str):
+            other = value + " v2"
+        elif isinstance(value, list):
+            other = value + value[:1] if value else [1]
+        elif isinstance(value, dict):
+            other = {**value, "v2": 1}
+        else:  # null
+            other = "v2"
+        out.append(changed(lambda a, k=key, o=other: a.update({k: o})))
+        if isinstance(value, str):  # the same string restyled: BFCL compares it without these
+            styled = value.upper().replace(" ", "_") + "."
+            out.append(changed(lambda a, k=key, o=styled: a.update({k: o})))
+    out.append(changed(lambda a: a.update(v2_extra=1)))
+    return out + [[], calls + calls[:1]]
+
+
+AST_FILES = (
+    "simple_python",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
+)
+
+
+def test_bfcls_checker_agrees_on_every_shipped_answer_and_its_corruptions():
+    """Every possible answer BFCL ships for its single-turn Python categories (2,351), and ~26,000
+    corruptions of them: the same verdict as BFCL's checker on each. Nine shipped answers fail both:
+    their ground truth leaves out an argument the function requires, or names one it lacks."""
+    oracle, data = bfcl_checker()
+    disagreements, unpassable, checked = [], [], 0
+    for name in AST_FILES:
+        for one in bfcl.read_items(os.path.join(data, f"BFCL_v4_{name}.json")):
+            right = canonical(one["ground_truth"])
+            for calls in [right, *corruptions(right)]:
+                mine, theirs = bfcl.check(one, calls)[0], oracle(one, calls)
+                checked += 1
+                if mine != theirs:
+                    disagreements.append((one["id"], calls, mine, theirs))
+            if not bfcl.check(one, right)[0]:
+                unpassable.append(one["id"])
+    assert checked > 25_000 and disagreements == []
+    assert len(unpassable) == 9, unpassable
+
+
+# ---- the task and `minirl eval --data` --------------------------------------------------------------------
+def test_eval_reads_a_bfcl_file_without_task(tmp_path):
+    from minirl.cli import main
+    from minirl.toy import build_checkpoint
+
+    toy = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2)
+    data = write(tmp_path, "simple_python", [SIMPLE], [SIMPLE_ANSWER])
+    task = make_task("bfcl", data=data)
+    assert isinstance(task, BFCLTask) and task.max_turns == 1
+    with pytest.raises(ValueError, match="--data is for --task jsonl, humaneval, bfcl"):
+        make_task("calculator", data=data)
+    argv = ["eval", "--model", toy, "--data", data, "--max-new-tokens", "8"]
+    main([*argv, "--out", str(tmp_path / "run")])
+    [episode] = [json.loads(line) for line in open(tmp_path / "run" / "episodes.jsonl")]
+    assert episode["id"] == "simple_python_0" and episode["category"] == "simple_python"
+    # a random tiny model calls nothing: wrong both ways, and the record says why
+    assert episode["success"] is False and episode["lenient"] is False
+    assert episode["why"] == "wrong count: 0 calls, 1 wanted"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_answer"]["pass@1"] == 0.0
