@@ -366,7 +366,7 @@ AST_FILES = (
 
 
 def test_bfcls_checker_agrees_on_every_shipped_answer_and_its_corruptions():
-    """Every possible answer BFCL ships for its single-turn Python categories (2,351), and ~26,000
+    """Every possible answer BFCL ships for its single-turn Python categories (2,351), and 30,347
     corruptions of them: the same verdict as BFCL's checker on each. Nine shipped answers fail both:
     their ground truth leaves out an argument the function requires, or names one it lacks."""
     oracle, data = bfcl_checker()
@@ -381,7 +381,7 @@ def test_bfcls_checker_agrees_on_every_shipped_answer_and_its_corruptions():
                     disagreements.append((one["id"], calls, mine, theirs))
             if not bfcl.check(one, right)[0]:
                 unpassable.append(one["id"])
-    assert checked > 25_000 and disagreements == []
+    assert checked == 2_351 + 30_347 and disagreements == []
     assert len(unpassable) == 9, unpassable
 
 
@@ -405,3 +405,37 @@ def test_eval_reads_a_bfcl_file_without_task(tmp_path):
     assert episode["why"] == "wrong count: 0 calls, 1 wanted"
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["final_answer"]["pass@1"] == 0.0
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_real_model_bfcl_replies_and_scores_agree_with_transformers(real_model_dir):
+    """The first 16 simple_python questions, greedy, on the real checkpoint: the prompt ids are
+    transformers' chat template with the functions as tools, and minirl's rollout and transformers'
+    generate on them write the same replies, which score the same."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from minirl import load_pretrained
+
+    _, data = bfcl_checker()
+    task = BFCLTask(os.path.join(data, "BFCL_v4_simple_python.json"))
+    items = task.eval_items()[:16]
+    model, tokenizer = load_pretrained(real_model_dir)
+    ours = task.rollout(model, tokenizer, items, 1, 160, temperature=0, seed=0)
+    task.score(ours)
+    del model
+    peer_tokenizer = AutoTokenizer.from_pretrained(real_model_dir)
+    peer = AutoModelForCausalLM.from_pretrained(real_model_dir, torch_dtype=torch.float32).eval()
+    for t in ours:
+        ids = peer_tokenizer.apply_chat_template(
+            t.prompt["messages"], tools=t.prompt["tools"], add_generation_prompt=True
+        )
+        assert t.prompt_ids == list(ids), t.prompt["id"]
+        with torch.no_grad():
+            out = peer.generate(
+                torch.tensor([ids]), max_new_tokens=160, do_sample=False, repetition_penalty=1.0
+            )
+        reply = peer_tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+        assert reply == next(m["content"] for m in t.messages if m["role"] == "assistant")
+        assert bfcl.score(t.prompt, reply)[0] == bool(t.info["correct"])
