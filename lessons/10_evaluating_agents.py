@@ -4,7 +4,7 @@ Chapter 11 §9 ends on what comes next: evaluating an agent by its final answer,
 trajectory, its robustness, its cost, and against the checkpoint before it (regression). This lesson
 evaluates lesson 09's two toy checkpoints (SFT and GRPO) the way `python -m minirl eval` does, one
 kind at a time, each formula shown beside its numbers, and ends with the paired comparison a CI gate
-would run.
+would run, then tool calling scored as a public benchmark does (BFCL's AST checks, strict and lenient).
 
     python lessons/10_evaluating_agents.py                     # lesson 09's checkpoints (runs/lesson09), ~2 min
     python lessons/10_evaluating_agents.py --fast              # quickstart --fast checkpoints, a minute: plumbing
@@ -141,3 +141,41 @@ print(
     )
     + ": pairing by item removes the variation between questions that both checkpoints share."
 )
+
+# %% 7. tool calling on a public benchmark: BFCL's AST checks (minirl/envs/bfcl.py)
+# A BFCL question shows functions and scores the call the reply makes, without running it: the
+# function's name, its required arguments, no unknown one, each value's type and each value among
+# the allowed ones. `eval --data BFCL_v4_simple_python.json` plays the real files (docs/evaluation.md).
+from minirl.envs import bfcl  # noqa: E402
+
+question = {
+    "category": "simple_python",
+    "functions": [
+        {
+            "name": "triangle_area",
+            "parameters": {
+                "type": "dict",
+                "properties": {"base": {"type": "integer"}, "height": {"type": "float"}},
+                "required": ["base", "height"],
+            },
+        }
+    ],
+    "ground_truth": [{"triangle_area": {"base": [10], "height": [5.0]}}],
+}
+call = '{"name": "triangle_area", "arguments": {"base": 10, "height": 5}}'
+replies = {
+    "Qwen's format": f"<tool_call>\n{call}\n</tool_call>",
+    "a Markdown block": f"Here is the call:\n```json\n{call}\n```",
+    "a wrong value": f"<tool_call>\n{call.replace('10', '12')}\n</tool_call>",
+    "a string for a number": f"<tool_call>\n{call.replace('10', chr(34) + '10' + chr(34))}\n</tool_call>",
+    "prose": "The area is base times height over two: 25.",
+}
+verdicts = {}
+for what, reply in replies.items():
+    strict, why, _ = bfcl.score(question, reply)
+    lenient = bfcl.score(question, reply, lenient=True)[0]
+    verdicts[what] = (strict, lenient)
+    print(f"{what:>22}: strict {strict!s:>5}, lenient {lenient!s:>5}  {why}")
+# strict reads only Qwen's <tool_call>; lenient any JSON call: their gap is a format, not a skill
+assert verdicts["Qwen's format"] == (True, True) and verdicts["a Markdown block"] == (False, True)
+assert not any(verdicts[w][1] for w in ("a wrong value", "a string for a number", "prose"))
