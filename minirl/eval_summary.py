@@ -219,17 +219,19 @@ def compare(
     resamples: int = 10_000,
     seed: int = 0,
     perturbation: str | None = None,
+    verdict: str = "success",
 ) -> dict:
     """Run B against run A on the same items and seeds: per item the difference in pass@1 (the share
     of its samples that succeeded), its mean with a paired bootstrap 95 % interval, the exact
     McNemar test on items whose majority verdict flipped (n = 1: the episode's verdict), and which
     items flipped each way. `worse` is True when B is significantly worse (the interval below 0).
-    The clean episodes are paired, or with `perturbation` those played under it (eval --perturb)."""
+    The clean episodes are paired, or with `perturbation` those played under it (eval --perturb);
+    verdict="lenient" pairs the lenient verdicts instead of the strict ones (eval --compare --lenient)."""
 
     def per_item(episodes):
         out = defaultdict(list)
         for e in (e for e in episodes if (e.get("perturbation") or None) == perturbation):
-            out[e["item"]].append((e["sample"], e["seed"], e["success"]))
+            out[e["item"]].append((e["sample"], e["seed"], e[verdict]))
         return {item: sorted(v) for item, v in out.items()}
 
     a, b = per_item(episodes_a), per_item(episodes_b)

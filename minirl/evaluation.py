@@ -391,12 +391,14 @@ def command(args):
     if args.compare:
         check_comparable(*args.compare)
         runs = [read_episodes(folder) for folder in args.compare]
-        result = compare(*runs, seed=args.seed)
+        verdict = "lenient" if args.lenient else "success"
+        result = compare(*runs, seed=args.seed, verdict=verdict)
         # robustness pairs too: each perturbation both runs were played under (eval --perturb)
         played = [{e.get("perturbation") for e in episodes} for episodes in runs]
         shared = [kind for kind in perturb.PERTURBATIONS if kind in played[0] & played[1]]
         result["perturbations"] = {
-            kind: compare(*runs, seed=args.seed, perturbation=kind) for kind in shared
+            kind: compare(*runs, seed=args.seed, perturbation=kind, verdict=verdict)
+            for kind in shared
         }
         print(json.dumps(result, indent=2))
         for kind, pair in [("clean", result), *result["perturbations"].items()]:
@@ -559,5 +561,10 @@ def add_parser(sub, fmt, dtypes):
         default=None,
         metavar=("DIR_A", "DIR_B"),
         help="pair two eval runs on the same items; exit 1 when B is significantly worse",
+    )
+    e.add_argument(
+        "--lenient",
+        action="store_true",
+        help="--compare: pair the lenient verdicts (e.g. BFCL's any-JSON-call reading) instead",
     )
     e.set_defaults(func=command)

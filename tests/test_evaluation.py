@@ -355,6 +355,11 @@ def test_compare_pairs_items_and_refuses_runs_that_differ():
     assert result["flipped_to_failure"] == [] and result["mcnemar_p"] == pytest.approx(2 / 2**12)
     assert result["b_significantly_better"] and not result["b_significantly_worse"]
     assert compare(b, a, resamples=2000)["b_significantly_worse"]
+    # the lenient verdicts paired instead: A reads items 0-3 leniently right, B only 0-1
+    lenient_a = [{**e, "lenient": e["item"] < 4} for e in a]
+    lenient_b = [{**e, "lenient": e["item"] < 2} for e in b]
+    worse = compare(lenient_a, lenient_b, resamples=2000, verdict="lenient")
+    assert worse["difference"] == pytest.approx(-0.1) and worse["flipped_to_failure"] == [2, 3]
     with pytest.raises(ValueError, match="different items"):
         compare(a, b[:-1])
     with pytest.raises(ValueError, match="same samples and seeds"):
