@@ -429,8 +429,11 @@ def test_real_model_bfcl_replies_and_scores_agree_with_transformers(real_model_d
     peer = AutoModelForCausalLM.from_pretrained(real_model_dir, torch_dtype=torch.float32).eval()
     for t in ours:
         ids = peer_tokenizer.apply_chat_template(
-            t.prompt["messages"], tools=t.prompt["tools"], add_generation_prompt=True
-        )
+            t.prompt["messages"],
+            tools=t.prompt["tools"],
+            add_generation_prompt=True,
+            return_dict=True,
+        )["input_ids"]
         assert t.prompt_ids == list(ids), t.prompt["id"]
         with torch.no_grad():
             out = peer.generate(

@@ -71,9 +71,9 @@ def category(item_id: str) -> str:
 
 
 def needs_answers(name: str) -> bool:
-    return (
-        "relevance" not in name
-    )  # irrelevance and live_relevance are scored by the call's absence
+    """Whether a category is scored against possible answers: irrelevance and live_relevance are
+    scored by the call's absence or presence."""
+    return "relevance" not in name
 
 
 def read_items(path: str, answers: str | None = None) -> list[dict]:
