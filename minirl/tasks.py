@@ -521,12 +521,25 @@ class JsonlTask(EnvTask):
         }
 
 
-class ProgramTask(EnvTask):
+class HeldOutFileTask(EnvTask):
+    """A task read whole from a file (`_items`), every item of it held out: an evaluation set, not
+    training data; `sample` draws from them too, for a user who trains on their own file. The
+    reward is the environment's "correct"."""
+
+    reward_functions = {"correct": (lambda t: t.info["correct"], 1.0)}
+    _items: list
+
+    def sample(self, n: int, rng: random.Random) -> list[dict]:
+        return [rng.choice(self._items) for _ in range(n)]
+
+    def eval_items(self) -> list[dict]:
+        return self._items
+
+
+class ProgramTask(HeldOutFileTask):
     """HumanEval-format problems (envs/program.py): write the function, its tests are the reward. Read
-    from the file openai/human-eval ships (HumanEval.jsonl.gz) or any file of its layout; every
-    problem is held out (an evaluation set, not training data); `sample` draws from them too, for a
-    user who trains on their own problems. Accuracy strict and lenient are the same verdict: the
-    tests pass."""
+    from the file openai/human-eval ships (HumanEval.jsonl.gz) or any file of its layout. Accuracy
+    strict and lenient are the same verdict: the tests pass."""
 
     name = "humaneval"
 
@@ -534,13 +547,6 @@ class ProgramTask(EnvTask):
         self.problems = read_problems(path)
         self.timeout = timeout
         self._items = [problem_item(p) for p in self.problems]
-        self.reward_functions = {"correct": (lambda t: t.info["correct"], 1.0)}
-
-    def sample(self, n: int, rng: random.Random) -> list[dict]:
-        return [rng.choice(self._items) for _ in range(n)]
-
-    def eval_items(self) -> list[dict]:
-        return self._items
 
     def make_env(self, rng):
         return ProgramEnv(self.timeout)
@@ -550,13 +556,12 @@ class ProgramTask(EnvTask):
         return {"strict": passed, "lenient": passed}
 
 
-class BFCLTask(EnvTask):
+class BFCLTask(HeldOutFileTask):
     """A Berkeley Function Calling Leaderboard file (envs/bfcl.py): one question a line, the functions
     shown as tools, the reply's calls scored by BFCL's AST rules and never run; one turn. Accuracy
     strict reads only Qwen's <tool_call> format, lenient any well-formed JSON call, so a model that
     calls in another wrapper shows as their gap. `answers`: the possible-answer file, by default
-    possible_answer/<the file's name> beside it. Every question is held out; `sample` draws from
-    them too, for a user who trains on their own file."""
+    possible_answer/<the file's name> beside it."""
 
     name = "bfcl"
     max_turns = 1
@@ -564,13 +569,6 @@ class BFCLTask(EnvTask):
 
     def __init__(self, path: str, seed: int = 0, answers: str | None = None):
         self._items = read_bfcl(path, answers)
-        self.reward_functions = {"correct": (lambda t: t.info["correct"], 1.0)}
-
-    def sample(self, n: int, rng: random.Random) -> list[dict]:
-        return [rng.choice(self._items) for _ in range(n)]
-
-    def eval_items(self) -> list[dict]:
-        return self._items
 
     def make_env(self, rng):
         return BFCLEnv()

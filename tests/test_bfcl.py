@@ -150,7 +150,7 @@ def test_bad_bfcl_files_stop_with_what_and_where(tmp_path):
         bfcl.read_items(write(tmp_path, "simple_python", [turns], [SIMPLE_ANSWER]))
     broken = tmp_path / "BFCL_v4_irrelevance.json"
     broken.write_text(json.dumps(IRRELEVANCE) + "\n{oops\n")
-    with pytest.raises(ValueError, match=r"BFCL_v4_irrelevance.json:2: not JSON"):
+    with pytest.raises(ValueError, match=r"BFCL_v4_irrelevance.json:2: invalid JSON"):
         bfcl.read_items(str(broken))
     with pytest.raises(ValueError, match="'simple' is not a BFCL id"):
         bfcl.category("simple")

@@ -31,6 +31,7 @@ import json
 import os
 import re
 
+from ..data import read_jsonl
 from . import Env
 
 HINT = " Note that the provided function is in Python 3 syntax."
@@ -54,9 +55,8 @@ CATEGORY = re.compile(r"^(.+?)_\d+(?:-\d+)*$")
 def is_bfcl_file(path: str) -> bool:
     """Whether a data file's first record is a BFCL question (for `eval --data` without --task)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            record = json.loads(next((line for line in f if line.strip()), ""))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        _, record = next(read_jsonl(path))
+    except (OSError, ValueError, StopIteration):
         return False
     return isinstance(record, dict) and {"id", "question", "function"} <= set(record)
 
@@ -103,14 +103,7 @@ def read_items(path: str, answers: str | None = None) -> list[dict]:
 
 
 def _read(path: str) -> list[tuple[str, dict]]:
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    records.append((f"{path}:{lineno}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+    records = [(f"{path}:{lineno}", record) for lineno, record in read_jsonl(path)]
     if not records:
         raise ValueError(f"{path}: no questions")
     return records
