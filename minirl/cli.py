@@ -410,6 +410,8 @@ def cmd_recipe(args):
 
     if args.task == "code" and args.perturb:
         raise ValueError("--perturb: the code recipe does not train under faults (yet); use grpo's")
+    if args.task == "code" and args.mix:
+        raise ValueError("--mix: only the calculator recipe mixes in other conversations (yet)")
     if args.task == "code":
         from .recipe_code import run as run_code
 
@@ -440,6 +442,7 @@ def cmd_recipe(args):
         plain=args.plain,
         perturb=perturb.rates(args.perturb or []),
         retry_rate=args.retry_rate,
+        mix=args.mix,
     )
 
 
@@ -565,6 +568,13 @@ def build_parser() -> argparse.ArgumentParser:
         "calculator: the share of questions on which the demonstrator retries after a tool error",
     )
     add_perturb_flag(c, "calculator: each demonstration and GRPO episode")
+    c.add_argument(
+        "--mix",
+        action="append",
+        metavar="PATH[:N]",
+        help="calculator: more SFT conversations beside the demonstrations (repeatable): an SFT "
+        "JSONL, or a BFCL file whose items become their right replies; :N draws N of them",
+    )
     c.add_argument(
         "--test-rate",
         type=float,

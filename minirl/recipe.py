@@ -34,6 +34,8 @@ import json
 import os
 import random
 
+from .data import read_conversations
+from .envs import bfcl
 from .envs.calculator import CalculatorEnv, expert_policy, play
 from .envs.tools import foreign_tool_call, parse_assistant
 from .eval_summary import compare, read_episodes
@@ -227,6 +229,7 @@ def run(
     plain: bool = False,
     perturb: dict | None = None,
     retry_rate: float = 0.5,
+    mix: list[str] | None = None,
 ) -> dict:
     if demonstrator_kind not in ("imperfect", "expert"):
         raise ValueError(f"--demonstrator must be imperfect or expert, got {demonstrator_kind!r}")
@@ -235,6 +238,7 @@ def run(
     if not 0 <= retry_rate <= 1:
         raise ValueError(f"--retry-rate must be within 0..1, got {retry_rate}")
     perturb = perturb or {}
+    mixed, mix_counts = mix_conversations(mix or [], seed)
     s = FAST if fast else FULL
     speed, meter = speedups(plain), StageMeter()
     fresh_folder(out_dir, OUTPUTS, "recipe calculator", also=[figure])
@@ -249,6 +253,7 @@ def run(
         "eval_questions": len(task.eval_items()),
         "settings": s,
         "perturb": perturb,
+        "mix": mix_counts,
     }
 
     def measure(stage: str, adapters: list[str]) -> dict:
@@ -290,10 +295,12 @@ def run(
     }
     data = os.path.join(out_dir, "demonstrations.jsonl")
     with open(data, "w") as f:
-        f.writelines(json.dumps(c) + "\n" for c in conversations)
+        f.writelines(json.dumps(c) + "\n" for c in conversations + mixed)
     print(
         f"   {len(conversations)} conversations; the demonstrator's held-out accuracy {demo_rates['accuracy']:.3f}"
     )
+    for path, n in mix_counts.items():
+        print(f"   + {n} conversations mixed in from {path}")
 
     print("3. stage 1: LoRA SFT until the graduation test passes")
     sft_dir = os.path.join(out_dir, "sft")
@@ -374,6 +381,29 @@ def run(
         f"{os.path.join(out_dir, 'summary.json')}, {figure}"
     )
     return summary
+
+
+def mix_conversations(specs: list[str], seed: int) -> tuple[list[dict], dict]:
+    """--mix PATH[:N]: conversations SFT sees beside the calculator's demonstrations, so that one tool
+    is not all it learns. PATH is an SFT JSONL (data.py's format) or a BFCL file, whose items become
+    their right replies (envs/bfcl.demonstration); :N keeps N of them, drawn with the seed."""
+    conversations, counts = [], {}
+    for spec in specs:
+        path, _, n = spec.rpartition(":") if spec.rpartition(":")[2].isdigit() else (spec, "", "")
+        if not os.path.isfile(path):
+            raise ValueError(f"--mix {spec}: no file {path}")
+        if bfcl.is_bfcl_file(path):
+            found = [bfcl.demonstration(item) for item in bfcl.read_items(path)]
+            found = [c for c in found if c is not None]
+        else:
+            found = read_conversations(path)[0]
+        if n and int(n) > len(found):
+            raise ValueError(f"--mix {spec}: asks for {n} conversations, {path} has {len(found)}")
+        if n:
+            found = random.Random(f"recipe-mix-{seed}-{path}").sample(found, int(n))
+        conversations += found
+        counts[path] = len(found)
+    return conversations, counts
 
 
 def _scripted_metrics(policy, items) -> tuple[list, dict]:

@@ -253,6 +253,41 @@ def test_a_reply_is_scored_strict_and_lenient_and_irrelevance_forgives_a_broken_
     )
 
 
+# ---- demonstrations for SFT --------------------------------------------------------------------------------
+def test_a_demonstration_is_the_reply_the_scorer_accepts(tmp_path):
+    """Each item's demonstration, rendered by the chat template as SFT trains on it, is a reply that
+    scores right under the strict (Qwen-format) check: calls for a call, no call for irrelevance."""
+    from minirl.chat import render
+    from minirl.data import check_conversation
+    from minirl.tokenizer import Tokenizer
+    from minirl.toy import build_checkpoint
+
+    tokenizer = Tokenizer.from_dir(build_checkpoint(str(tmp_path / "tiny"), seed=0))
+    files = [
+        write(tmp_path, "simple_python", [SIMPLE], [SIMPLE_ANSWER]),
+        write(tmp_path, "multiple", [MULTIPLE], [MULTIPLE_ANSWER]),
+        write(tmp_path, "parallel", [PARALLEL], [PARALLEL_ANSWER]),
+        write(tmp_path, "irrelevance", [IRRELEVANCE]),
+    ]
+    for path in files:
+        [one] = bfcl.read_items(path)
+        shown = check_conversation(bfcl.demonstration(one))
+        assert shown["messages"][:-1] == one["messages"] and shown["tools"] == one["tools"]
+        ids, mask = render(tokenizer, shown["messages"], shown["tools"])
+        reply = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+        assert bfcl.score(one, reply) == (True, "", len(one["ground_truth"] or [])), reply
+    # an argument that may be left out is; one with a value wanted gets its first allowed value
+    [area] = bfcl.read_items(files[0])
+    [shown] = bfcl.demonstration(area)["messages"][-1]["tool_calls"]
+    assert shown["function"] == {
+        "name": "calculate_triangle_area",
+        "arguments": {"base": 10, "height": 5.0},
+    }
+    # an answer no call can pass (a required argument the ground truth leaves out) shows nothing
+    broken = item(SIMPLE, {"ground_truth": [{"calculate_triangle_area": {"height": [5.0]}}]})
+    assert bfcl.demonstration({**broken, "messages": [], "tools": []}) is None
+
+
 # ---- against BFCL's own checker ----------------------------------------------------------------------------
 def bfcl_checker():
     """BFCL's ast_checker and its data folder, or a skip. Its model table imports every vendor's
@@ -367,10 +402,12 @@ AST_FILES = (
 
 def test_bfcls_checker_agrees_on_every_shipped_answer_and_its_corruptions():
     """Every possible answer BFCL ships for its single-turn Python categories (2,351), and 30,347
-    corruptions of them: the same verdict as BFCL's checker on each. Nine shipped answers fail both:
-    their ground truth leaves out an argument the function requires, or names one it lacks."""
+    corruptions of them: the same verdict as BFCL's checker on each. Nine of these calls (each
+    argument's first allowed value) fail both: their ground truth leaves out an argument the function
+    requires, or names one it lacks. And the
+    calls of every SFT demonstration made from them (bfcl.demonstration) pass BFCL's checker."""
     oracle, data = bfcl_checker()
-    disagreements, unpassable, checked = [], [], 0
+    disagreements, unpassable, demonstrated, checked = [], [], [], 0
     for name in AST_FILES:
         for one in bfcl.read_items(os.path.join(data, f"BFCL_v4_{name}.json")):
             right = canonical(one["ground_truth"])
@@ -381,8 +418,32 @@ def test_bfcls_checker_agrees_on_every_shipped_answer_and_its_corruptions():
                     disagreements.append((one["id"], calls, mine, theirs))
             if not bfcl.check(one, right)[0]:
                 unpassable.append(one["id"])
+            shown = bfcl.demonstration(one)
+            if shown is not None:  # the SFT demonstration's calls pass BFCL's own checker too
+                calls = shown["messages"][-1]["tool_calls"]
+                demonstrated.append(one["id"])
+                if (
+                    oracle(
+                        one, [{c["function"]["name"]: c["function"]["arguments"]} for c in calls]
+                    )
+                    is not True
+                ):
+                    disagreements.append((one["id"], calls, "demonstration", False))
     assert checked == 2_351 + 30_347 and disagreements == []
     assert len(unpassable) == 9, unpassable
+    # leaving out what may be left out (unless required) passes four of the nine; five stay unshown
+    missing = {one for name in AST_FILES for one in _ids(data, name)} - set(demonstrated)
+    assert missing == {
+        "live_simple_106-63-0",
+        "live_simple_112-68-0",
+        "live_multiple_507-149-4",
+        "live_multiple_862-181-3",
+        "live_multiple_964-207-0",
+    }
+
+
+def _ids(data, name):
+    return [one["id"] for one in bfcl.read_items(os.path.join(data, f"BFCL_v4_{name}.json"))]
 
 
 # ---- the task and `minirl eval --data` --------------------------------------------------------------------

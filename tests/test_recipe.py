@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from minirl.recipe import OUTPUTS, policy_metrics, run, table
+from minirl.recipe import OUTPUTS, mix_conversations, policy_metrics, run, table
 from minirl.rollout import Trajectory
 from minirl.toy import build_checkpoint
 
@@ -51,11 +51,60 @@ def test_policy_metrics_by_hand():
     assert metrics["calls_per_episode"] == 0.5 and metrics["completion_tokens"] == 3
 
 
+LOOKUP = {
+    "name": "lookup",
+    "description": "Look a word up.",
+    "parameters": {
+        "type": "dict",
+        "properties": {"word": {"type": "string"}},
+        "required": ["word"],
+    },
+}
+
+
+def mix_files(folder) -> tuple[str, str]:
+    """A BFCL file of three questions (with its possible answers beside it) and an SFT JSONL of one."""
+    (folder / "possible_answer").mkdir(parents=True)
+    questions, answers = [], []
+    for i, word in enumerate(["cat", "dog", "owl"]):
+        ask = [[{"role": "user", "content": f"Define {word}."}]]
+        questions.append({"id": f"live_simple_{i}-0-0", "question": ask, "function": [LOOKUP]})
+        answers.append(
+            {"id": f"live_simple_{i}-0-0", "ground_truth": [{"lookup": {"word": [word]}}]}
+        )
+    for name, records in (
+        (folder / "BFCL_v4_live_simple.json", questions),
+        (folder / "possible_answer" / "BFCL_v4_live_simple.json", answers),
+    ):
+        name.write_text("".join(json.dumps(r) + "\n" for r in records))
+    sft = folder / "chat.jsonl"
+    talk = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    sft.write_text(json.dumps({"messages": talk}) + "\n")
+    return str(folder / "BFCL_v4_live_simple.json"), str(sft)
+
+
+def test_mix_reads_bfcl_files_as_their_right_replies_and_draws_n(tmp_path):
+    questions, sft = mix_files(tmp_path)
+    mixed, counts = mix_conversations([questions, sft], seed=0)
+    assert counts == {questions: 3, sft: 1} and len(mixed) == 4
+    [shown] = mixed[0]["messages"][-1]["tool_calls"]
+    assert shown["function"] == {"name": "lookup", "arguments": {"word": "cat"}}
+    assert mixed[3]["messages"][-1] == {"role": "assistant", "content": "Hello."}
+    # :N draws N with the seed: the same N for the same seed
+    drawn, counts = mix_conversations([questions + ":2"], seed=0)
+    assert counts == {questions: 2} and drawn == mix_conversations([questions + ":2"], seed=0)[0]
+    with pytest.raises(ValueError, match="asks for 5 conversations, .* has 3"):
+        mix_conversations([questions + ":5"], seed=0)
+    with pytest.raises(ValueError, match="--mix .*nowhere.jsonl: no file"):
+        mix_conversations([str(tmp_path / "nowhere.jsonl")], seed=0)
+
+
 @pytest.mark.slow
 def test_fast_recipe_runs_every_stage_on_the_toy_model(tmp_path):
     model = build_checkpoint(str(tmp_path / "toy"), initializer_range=0.2)
     out = tmp_path / "recipe"
-    summary = run(model, out_dir=str(out), fast=True, perturb={"tool_error": 0.5})
+    mix = list(mix_files(tmp_path / "mix"))
+    summary = run(model, out_dir=str(out), fast=True, perturb={"tool_error": 0.5}, mix=mix)
     for stage in ("base", "sft", "grpo"):
         assert set(summary[stage]) == {"greedy", "sampled", "robustness"}
         assert 0 <= summary[stage]["greedy"]["accuracy"] <= 1
@@ -96,7 +145,9 @@ def test_fast_recipe_runs_every_stage_on_the_toy_model(tmp_path):
         json.loads((out / "summary.json").read_text())
     )
     rows = [json.loads(line) for line in open(out / "demonstrations.jsonl")]
-    assert len(rows) == 40 and all(r["tools"] for r in rows)
+    # the 40 demonstrations, then what --mix added: three BFCL questions' replies and one chat
+    assert len(rows) == 40 + 3 + 1 and all(r["tools"] for r in rows[:43])
+    assert summary["mix"] == {mix[0]: 3, mix[1]: 1}
 
 
 def test_recipe_refuses_bad_settings(tmp_path):
