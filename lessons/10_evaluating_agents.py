@@ -179,3 +179,23 @@ for what, reply in replies.items():
 # strict reads only Qwen's <tool_call>; lenient any JSON call: their gap is a format, not a skill
 assert verdicts["Qwen's format"] == (True, True) and verdicts["a Markdown block"] == (False, True)
 assert not any(verdicts[w][1] for w in ("a wrong value", "a string for a number", "prose"))
+
+# %% 8. the regression check on BFCL: what SFT on one tool did to the others, and what keeps them
+# The calculator recipe's SFT taught the real Qwen2.5 its one tool and to stop calling any other
+# (docs/evaluation.md). `recipe calculator --mix BFCL_FILE:N` puts other functions into SFT: each
+# BFCL question of categories the evaluation does not use becomes its right reply, which is what
+# `bfcl.demonstration` builds: the call of the first possible answer, or for irrelevance a reply
+# that calls nothing. SFT learns only the masked tokens, and those are a reply the checker accepts.
+from minirl.chat import render  # noqa: E402
+
+item = {
+    **question,
+    "messages": [{"role": "user", "content": "A triangle has base 10 and height 5. Its area?"}],
+    "tools": [{"type": "function", "function": bfcl.shown(f)} for f in question["functions"]],
+}
+for shown_item in (item, {**item, "category": "irrelevance", "ground_truth": None}):
+    conversation = bfcl.demonstration(shown_item)
+    ids, mask = render(tokenizer, conversation["messages"], conversation["tools"])
+    learned = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    print(f"{shown_item['category']:>13}, SFT learns: {learned!r}")
+    assert bfcl.score(shown_item, learned)[0]
