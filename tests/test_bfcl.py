@@ -446,6 +446,76 @@ def _ids(data, name):
     return [one["id"] for one in bfcl.read_items(os.path.join(data, f"BFCL_v4_{name}.json"))]
 
 
+def bfcl_qwen_decoder():
+    """BFCL's Qwen function-calling handler's decode_ast, read from its source: the handler module
+    imports the serving stack (openai, requests), which the oracle is installed without."""
+    import ast
+
+    import bfcl_eval
+
+    path = os.path.join(
+        os.path.dirname(bfcl_eval.__file__), "model_handler", "local_inference", "qwen_fc.py"
+    )
+    tree = ast.parse(open(path).read())
+    wanted = {"decode_ast", "_extract_tool_calls"}
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in wanted]
+    for node in functions:
+        node.decorator_list = []
+    namespace = {"json": json, "re": __import__("re")}
+    exec(compile(ast.Module(body=functions, type_ignores=[]), path, "exec"), namespace)
+    handler = SimpleNamespace(_extract_tool_calls=namespace["_extract_tool_calls"])
+    return lambda reply: namespace["decode_ast"](handler, reply, None, False)
+
+
+def test_bfcls_own_pipeline_agrees_on_the_real_models_replies():
+    """The real Qwen2.5-Coder-0.5B-Instruct's replies to BFCL questions (tests/data/
+    bfcl_real_replies.jsonl.gz, from the eval folders of docs/evaluation.md: untrained, and with
+    the calculator recipe's adapters) scored by minirl and by BFCL's own path for a Qwen FC model:
+    the handler's decode_ast, then the runner's rules (irrelevance: no call decoded; otherwise a
+    call list in BFCL's format, then ast_checker). The same verdict on every reply; and lenient's
+    calls, whatever wrapped them, get ast_checker's verdict too."""
+    from bfcl_eval.utils import is_empty_output, is_function_calling_format_output
+
+    from minirl.data import read_jsonl
+
+    oracle, data = bfcl_checker()
+    decode = bfcl_qwen_decoder()
+    replies = [
+        r
+        for _, r in read_jsonl(
+            os.path.join(os.path.dirname(__file__), "data", "bfcl_real_replies.jsonl.gz")
+        )
+    ]
+    items = {}
+    for name in {bfcl.category(r["id"]) for r in replies}:
+        items.update(
+            {one["id"]: one for one in bfcl.read_items(os.path.join(data, f"BFCL_v4_{name}.json"))}
+        )
+
+    def theirs(one, reply):
+        try:
+            decoded = decode(reply)
+        except Exception:
+            decoded = None
+        if "irrelevance" in one["category"]:
+            return decoded is None or is_empty_output(decoded)
+        if decoded is None or not is_function_calling_format_output(decoded):
+            return False
+        return oracle(one, decoded)
+
+    disagreements, lenient_calls = [], 0
+    for r in replies:
+        one = items[r["id"]]
+        if bfcl.score(one, r["reply"])[0] != theirs(one, r["reply"]):
+            disagreements.append(("strict", r))
+        calls = bfcl.lenient_calls(r["reply"])
+        if calls and "irrelevance" not in one["category"]:
+            lenient_calls += 1
+            if bfcl.check(one, calls)[0] != oracle(one, calls):
+                disagreements.append(("lenient", r))
+    assert len(replies) >= 400 and lenient_calls >= 100 and disagreements == []
+
+
 # ---- the task and `minirl eval --data` --------------------------------------------------------------------
 def test_eval_reads_a_bfcl_file_without_task(tmp_path):
     from minirl.cli import main
