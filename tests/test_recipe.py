@@ -99,6 +99,15 @@ def test_mix_reads_bfcl_files_as_their_right_replies_and_draws_n(tmp_path):
         mix_conversations([str(tmp_path / "nowhere.jsonl")], seed=0)
 
 
+def test_mix_is_refused_by_the_code_recipe(tmp_path, capsys):
+    from minirl.cli import main
+
+    questions, _ = mix_files(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["recipe", "code", "--model", "unused", "--mix", questions])
+    assert "--mix: only the calculator recipe" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_fast_recipe_runs_every_stage_on_the_toy_model(tmp_path):
     model = build_checkpoint(str(tmp_path / "toy"), initializer_range=0.2)
