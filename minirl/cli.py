@@ -410,8 +410,8 @@ def cmd_recipe(args):
 
     if args.task == "code" and args.perturb:
         raise ValueError("--perturb: the code recipe does not train under faults (yet); use grpo's")
-    if args.task == "code" and args.mix:
-        raise ValueError("--mix: only the calculator recipe mixes in other conversations (yet)")
+    if args.task == "code" and (args.mix or args.sft_steps):
+        raise ValueError("--mix, --sft-steps: calculator only (the code recipe has its own)")
     if args.task == "code":
         from .recipe_code import run as run_code
 
@@ -443,6 +443,7 @@ def cmd_recipe(args):
         perturb=perturb.rates(args.perturb or []),
         retry_rate=args.retry_rate,
         mix=args.mix,
+        sft_steps=args.sft_steps,
     )
 
 
@@ -574,6 +575,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH[:N]",
         help="calculator: more SFT conversations beside the demonstrations (repeatable): an SFT "
         "JSONL, or a BFCL file whose items become their right replies; :N draws N of them",
+    )
+    c.add_argument(
+        "--sft-steps",
+        type=int,
+        default=0,
+        help="calculator: stop SFT after this many steps if it has not graduated (0: until it has)",
     )
     c.add_argument(
         "--test-rate",

@@ -230,6 +230,7 @@ def run(
     perturb: dict | None = None,
     retry_rate: float = 0.5,
     mix: list[str] | None = None,
+    sft_steps: int = 0,
 ) -> dict:
     if demonstrator_kind not in ("imperfect", "expert"):
         raise ValueError(f"--demonstrator must be imperfect or expert, got {demonstrator_kind!r}")
@@ -237,6 +238,8 @@ def run(
         raise ValueError(f"--tool-rate must be within 0..1, got {tool_rate}")
     if not 0 <= retry_rate <= 1:
         raise ValueError(f"--retry-rate must be within 0..1, got {retry_rate}")
+    if sft_steps < 0:
+        raise ValueError(f"--sft-steps must be 0 (until graduated) or more, got {sft_steps}")
     perturb = perturb or {}
     mixed, mix_counts = mix_conversations(mix or [], seed)
     s = FAST if fast else FULL
@@ -254,6 +257,7 @@ def run(
         "settings": s,
         "perturb": perturb,
         "mix": mix_counts,
+        "sft_steps": sft_steps,
     }
 
     def measure(stage: str, adapters: list[str]) -> dict:
@@ -302,7 +306,10 @@ def run(
     for path, n in mix_counts.items():
         print(f"   + {n} conversations mixed in from {path}")
 
-    print("3. stage 1: LoRA SFT until the graduation test passes")
+    print(
+        "3. stage 1: LoRA SFT until the graduation test passes"
+        + (f", at most {sft_steps} steps" if sft_steps else "")
+    )
     sft_dir = os.path.join(out_dir, "sft")
     graduation = _graduation_data(out_dir, task, policy_fn, s["sft_eval_prompts"], seed)
     with meter.stage("sft", memory=True):
@@ -324,6 +331,7 @@ def run(
                 memory_limit=memory_limit,
                 plain=plain,
                 eval_data=graduation,
+                stop_after=sft_steps,
             )
         )
     with meter.stage("sft_eval"):

@@ -105,7 +105,7 @@ def test_mix_is_refused_by_the_code_recipe(tmp_path, capsys):
     questions, _ = mix_files(tmp_path)
     with pytest.raises(SystemExit):
         main(["recipe", "code", "--model", "unused", "--mix", questions])
-    assert "--mix: only the calculator recipe" in capsys.readouterr().err
+    assert "--mix, --sft-steps: calculator only" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -166,6 +166,8 @@ def test_recipe_refuses_bad_settings(tmp_path):
         run("unused", out_dir=str(tmp_path / "x"), tool_rate=1.5)
     with pytest.raises(ValueError, match="--retry-rate must be within 0..1"):
         run("unused", out_dir=str(tmp_path / "x"), retry_rate=-0.1)
+    with pytest.raises(ValueError, match="--sft-steps must be 0 .* or more"):
+        run("unused", out_dir=str(tmp_path / "x"), sft_steps=-1)
     assert not (tmp_path / "x").exists()
 
 
@@ -199,7 +201,7 @@ def test_real_recipe_fast_teaches_the_tool_call_tag(real_model_dir, tmp_path):
 @pytest.mark.slow
 def test_fast_recipe_honours_plain(tmp_path, monkeypatch):
     """recipe --fast --plain: every stage on the plain versions (no Decoder is ever built, the
-    model's layers stay plain), and the run folders record it."""
+    model's layers stay plain), and the run folders record it; and --sft-steps."""
     import minirl.fast.decoder
     from minirl.fast import cpu_matmul
 
@@ -207,7 +209,9 @@ def test_fast_recipe_honours_plain(tmp_path, monkeypatch):
     monkeypatch.setattr(minirl.fast.decoder.Decoder, "__init__", lambda *a, **k: made.append(a))
     monkeypatch.setattr(cpu_matmul, "use_fast_products", lambda m: made.append(m) or m)
     model = build_checkpoint(str(tmp_path / "toy"), initializer_range=0.2)
-    summary = run(model, out_dir=str(tmp_path / "recipe"), fast=True, plain=True)
+    summary = run(model, out_dir=str(tmp_path / "recipe"), fast=True, plain=True, sft_steps=2)
     assert summary["plain"] is True and summary["grpo_run"]["steps"] == 2 and made == []
+    # --sft-steps stops SFT early (5 steps in --fast), graduated or not
+    assert summary["sft_run"]["steps"] == 2 and summary["sft_run"]["total_steps"] == 5
     for stage in ("sft", "grpo"):
         assert json.loads((tmp_path / "recipe" / stage / "run.json").read_text())["plain"] is True
