@@ -21,6 +21,10 @@ library's own command, run in this process:
     python -m minirl recipe calculator --model DIR --fast                      # plumbing only, seconds on the toy model
     python -m minirl recipe calculator --model DIR --perturb tool_error=0.5   # train under faults
 
+--mix PATH[:N] adds other conversations to SFT's data (an SFT JSONL, or a BFCL file read as its
+right replies), so that one tool is not all the model learns to call (docs/evaluation.md measures
+it); --sft-steps N stops SFT after N steps if it has not graduated by then.
+
 --perturb KIND=P trains under faults: the demonstrations and GRPO's episodes meet each with
 probability P, and the demonstrator retries after a tool error on --retry-rate of the questions
 (else it answers from memory, as it always does without faults).

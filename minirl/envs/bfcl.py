@@ -335,8 +335,8 @@ def demonstration(item: dict) -> dict | None:
     """One BFCL item as an SFT conversation (data.py's format) showing the right reply: the calls of
     its first possible answer in Qwen's format, each argument its first allowed value (left out where
     the answer allows that and the function does not require it), or for irrelevance a short reply
-    that calls nothing. None when that call
-    would not pass `check` (an answer no call can pass), so every demonstration is one BFCL accepts."""
+    that calls nothing. None when that call would not pass `check` (5 of BFCL's 2,351 answers), so
+    every demonstration is a reply BFCL accepts."""
     if "irrelevance" in item["category"]:
         reply = {"role": "assistant", "content": DECLINE}
     elif item["ground_truth"] is None:
