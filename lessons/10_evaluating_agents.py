@@ -184,8 +184,9 @@ assert not any(verdicts[w][1] for w in ("a wrong value", "a string for a number"
 # The calculator recipe's SFT taught the real Qwen2.5 its one tool and to stop calling any other
 # (docs/evaluation.md). `recipe calculator --mix BFCL_FILE:N` puts other functions into SFT: each
 # BFCL question of categories the evaluation does not use becomes its right reply, which is what
-# `bfcl.demonstration` builds: the call of the first possible answer, or for irrelevance a reply
+# `sft_mix.demonstration` builds: the call of the first possible answer, or for irrelevance a reply
 # that calls nothing. SFT learns only the masked tokens, and those are a reply the checker accepts.
+from minirl import sft_mix  # noqa: E402
 from minirl.chat import render  # noqa: E402
 
 item = {
@@ -194,7 +195,7 @@ item = {
     "tools": [{"type": "function", "function": bfcl.shown(f)} for f in question["functions"]],
 }
 for shown_item in (item, {**item, "category": "irrelevance", "ground_truth": None}):
-    conversation = bfcl.demonstration(shown_item)
+    conversation = sft_mix.demonstration(shown_item)
     ids, mask = render(tokenizer, conversation["messages"], conversation["tools"])
     learned = tokenizer.decode([i for i, m in zip(ids, mask) if m])
     print(f"{shown_item['category']:>13}, SFT learns: {learned!r}")

@@ -38,8 +38,6 @@ import json
 import os
 import random
 
-from .data import read_conversations
-from .envs import bfcl
 from .envs.calculator import CalculatorEnv, expert_policy, play
 from .envs.tools import foreign_tool_call, parse_assistant
 from .eval_summary import compare, read_episodes
@@ -52,6 +50,7 @@ from .run.plots import recipe_figure
 from .run.sft import train as sft_train
 from .run.stages import StageMeter, load_policy
 from .sft import SFTConfig
+from .sft_mix import mix_conversations
 from .tasks import CalculatorTask
 from .toy import demonstrations, demonstrator
 
@@ -393,29 +392,6 @@ def run(
         f"{os.path.join(out_dir, 'summary.json')}, {figure}"
     )
     return summary
-
-
-def mix_conversations(specs: list[str], seed: int) -> tuple[list[dict], dict]:
-    """--mix PATH[:N]: conversations SFT sees beside the calculator's demonstrations, so that one tool
-    is not all it learns. PATH is an SFT JSONL (data.py's format) or a BFCL file, whose items become
-    their right replies (envs/bfcl.demonstration); :N keeps N of them, drawn with the seed."""
-    conversations, counts = [], {}
-    for spec in specs:
-        path, _, n = spec.rpartition(":") if spec.rpartition(":")[2].isdigit() else (spec, "", "")
-        if not os.path.isfile(path):
-            raise ValueError(f"--mix {spec}: no file {path}")
-        if bfcl.is_bfcl_file(path):
-            found = [bfcl.demonstration(item) for item in bfcl.read_items(path)]
-            found = [c for c in found if c is not None]
-        else:
-            found = read_conversations(path)[0]
-        if n and int(n) > len(found):
-            raise ValueError(f"--mix {spec}: asks for {n} conversations, {path} has {len(found)}")
-        if n:
-            found = random.Random(f"recipe-mix-{seed}-{path}").sample(found, int(n))
-        conversations += found
-        counts[path] = len(found)
-    return conversations, counts
 
 
 def _scripted_metrics(policy, items) -> tuple[list, dict]:

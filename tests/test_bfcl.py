@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from minirl import sft_mix
 from minirl.envs import bfcl
 from minirl.tasks import BFCLTask, make_task
 
@@ -271,21 +272,21 @@ def test_a_demonstration_is_the_reply_the_scorer_accepts(tmp_path):
     ]
     for path in files:
         [one] = bfcl.read_items(path)
-        shown = check_conversation(bfcl.demonstration(one))
+        shown = check_conversation(sft_mix.demonstration(one))
         assert shown["messages"][:-1] == one["messages"] and shown["tools"] == one["tools"]
         ids, mask = render(tokenizer, shown["messages"], shown["tools"])
         reply = tokenizer.decode([i for i, m in zip(ids, mask) if m])
         assert bfcl.score(one, reply) == (True, "", len(one["ground_truth"] or [])), reply
     # an argument that may be left out is; one with a value wanted gets its first allowed value
     [area] = bfcl.read_items(files[0])
-    [shown] = bfcl.demonstration(area)["messages"][-1]["tool_calls"]
+    [shown] = sft_mix.demonstration(area)["messages"][-1]["tool_calls"]
     assert shown["function"] == {
         "name": "calculate_triangle_area",
         "arguments": {"base": 10, "height": 5.0},
     }
     # an answer no call can pass (a required argument the ground truth leaves out) shows nothing
     broken = item(SIMPLE, {"ground_truth": [{"calculate_triangle_area": {"height": [5.0]}}]})
-    assert bfcl.demonstration({**broken, "messages": [], "tools": []}) is None
+    assert sft_mix.demonstration({**broken, "messages": [], "tools": []}) is None
 
 
 # ---- against BFCL's own checker ----------------------------------------------------------------------------
@@ -405,7 +406,7 @@ def test_bfcls_checker_agrees_on_every_shipped_answer_and_its_corruptions():
     corruptions of them: the same verdict as BFCL's checker on each. Nine of these calls (each
     argument's first allowed value) fail both: their ground truth leaves out an argument the function
     requires, or names one it lacks. And the
-    calls of every SFT demonstration made from them (bfcl.demonstration) pass BFCL's checker."""
+    calls of every SFT demonstration made from them (sft_mix.demonstration) pass BFCL's checker."""
     oracle, data = bfcl_checker()
     disagreements, unpassable, demonstrated, checked = [], [], [], 0
     for name in AST_FILES:
@@ -418,7 +419,7 @@ def test_bfcls_checker_agrees_on_every_shipped_answer_and_its_corruptions():
                     disagreements.append((one["id"], calls, mine, theirs))
             if not bfcl.check(one, right)[0]:
                 unpassable.append(one["id"])
-            shown = bfcl.demonstration(one)
+            shown = sft_mix.demonstration(one)
             if shown is not None:  # the SFT demonstration's calls pass BFCL's own checker too
                 calls = shown["messages"][-1]["tool_calls"]
                 demonstrated.append(one["id"])

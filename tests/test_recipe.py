@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from minirl.recipe import OUTPUTS, mix_conversations, policy_metrics, run, table
+from minirl.recipe import OUTPUTS, policy_metrics, run, table
 from minirl.rollout import Trajectory
+from minirl.sft_mix import mix_conversations
 from minirl.toy import build_checkpoint
 
 

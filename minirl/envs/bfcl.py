@@ -201,17 +201,18 @@ def check(item: dict, calls: list[dict]) -> tuple[bool, str]:
     if "parallel" in name:
         unmatched = list(range(len(calls)))
         for answer in answers:
-            spec = _spec(functions, answer)
+            spec = function_for(functions, answer)
             match = next((i for i in unmatched if not check_call(spec, calls[i], answer)), None)
             if match is None:
                 return False, f"no call matches {next(iter(answer))!r}"
             unmatched.remove(match)
         return True, ""
-    why = check_call(_spec(functions, answers[0]), calls[0], answers[0])
+    why = check_call(function_for(functions, answers[0]), calls[0], answers[0])
     return not why, why
 
 
-def _spec(functions: list[dict], answer: dict) -> dict:
+def function_for(functions: list[dict], answer: dict) -> dict:
+    """The shown function a possible answer calls (the first one when it names none shown)."""
     wanted = next(iter(answer))
     return next((f for f in functions if f["name"] == wanted), functions[0])
 
@@ -325,67 +326,6 @@ def score(item: dict, reply: str, lenient: bool = False) -> tuple[bool, str, int
         nothing = "irrelevance" in item["category"]
         return nothing, "" if nothing else f"not decoded: {e}", 0
     return (*check(item, calls), len(calls))
-
-
-# ---- demonstrations for SFT ------------------------------------------------------------------------------
-DECLINE = "None of the functions I was given can do this, so I will not call one."
-
-
-def demonstration(item: dict) -> dict | None:
-    """One BFCL item as an SFT conversation (data.py's format) showing the right reply: the calls of
-    its first possible answer in Qwen's format, each argument its first allowed value (left out where
-    the answer allows that and the function does not require it), or for irrelevance a short reply
-    that calls nothing. None when that call would not pass `check` (5 of BFCL's 2,351 answers), so
-    every demonstration is a reply BFCL accepts."""
-    if "irrelevance" in item["category"]:
-        reply = {"role": "assistant", "content": DECLINE}
-    elif item["ground_truth"] is None:
-        return None
-    else:
-        calls = [
-            {name: _first_allowed(allowed, _spec(item["functions"], answer)["parameters"])}
-            for answer in item["ground_truth"]
-            for name, allowed in answer.items()
-        ]
-        if not check(item, calls)[0]:
-            return None
-        reply = {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {"type": "function", "function": {"name": name, "arguments": arguments}}
-                for call in calls
-                for name, arguments in call.items()
-            ],
-        }
-    return {"messages": [*item["messages"], reply], "tools": item["tools"]}
-
-
-def _first_allowed(allowed: dict, parameters: dict | None = None) -> dict:
-    # an argument the answer lets be left out is, unless the function requires it
-    required = (parameters or {}).get("required", [])
-    return {
-        key: _first([v for v in values if v != ""] if key in required else values)
-        for key, values in allowed.items()
-        if key in required or not (isinstance(values, list) and "" in values)
-    }
-
-
-def _first(values):
-    # an argument's allowed values are a list; a dict's are {key: [allowed]} inside it, and a list of
-    # dicts a list of those; deeper down a value may stand alone
-    if isinstance(values, dict):
-        return _first_allowed(values)
-    if not isinstance(values, list):
-        return values
-    if not values:  # nothing allowed: `check` refuses whatever stands here
-        return None
-    value = values[0]
-    if isinstance(value, dict):
-        return _first_allowed(value)
-    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        return [_first_allowed(v) for v in value]
-    return value
 
 
 # ---- the environment ----------------------------------------------------------------------------------------
