@@ -157,8 +157,8 @@ def test_gpu_suite_skips_what_its_time_budget_cannot_fit(tmp_path):
     assert len(rows) == 6 and all("SKIPPED (suite budget spent)" in row for row in rows)
 
 
-def test_humaneval_peer_agrees_with_an_eval_run_on_a_tiny_model(tmp_path):
-    """bench/humaneval_peer.py rebuilds the run's prompt ids and decodes them with transformers: on a toy
+def test_eval_peer_agrees_with_a_humaneval_run_on_a_tiny_model(tmp_path):
+    """bench/eval_peer.py rebuilds the run's prompt ids and decodes them with transformers: on a toy
     checkpoint the greedy replies are the same ones minirl's eval wrote, so the verdicts agree."""
     import json
 
@@ -197,7 +197,7 @@ def test_humaneval_peer_agrees_with_an_eval_run_on_a_tiny_model(tmp_path):
     result = subprocess.run(
         [
             sys.executable,
-            os.path.join(ROOT, "bench", "humaneval_peer.py"),
+            os.path.join(ROOT, "bench", "eval_peer.py"),
             "--model",
             model,
             "--run",
@@ -211,6 +211,6 @@ def test_humaneval_peer_agrees_with_an_eval_run_on_a_tiny_model(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert (
-        "3 problems: pass@1 minirl 0.000, transformers 0.000 (+0.0 points); identical replies 3"
+        "3 items: pass@1 minirl 0.000, transformers 0.000 (+0.0 points); identical replies 3"
         in result.stdout
     )

@@ -540,6 +540,50 @@ def test_eval_reads_a_bfcl_file_without_task(tmp_path):
     assert summary["final_answer"]["pass@1"] == 0.0
 
 
+def test_eval_peer_agrees_with_a_bfcl_run_on_a_tiny_model(tmp_path):
+    """bench/eval_peer.py on a BFCL eval folder: the prompt ids are rebuilt with the questions'
+    functions as tools, transformers' greedy replies are the ones minirl's eval wrote, and both are
+    scored strict and lenient the same way."""
+    import subprocess
+
+    from minirl.cli import main
+    from minirl.toy import build_checkpoint
+
+    toy = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2)
+    data = write(
+        tmp_path,
+        "simple_python",
+        [SIMPLE, {**SIMPLE, "id": "simple_python_1"}],
+        [SIMPLE_ANSWER, {**SIMPLE_ANSWER, "id": "simple_python_1"}],
+    )
+    main(
+        [
+            "eval",
+            "--model",
+            toy,
+            "--data",
+            data,
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    peer = [sys.executable, os.path.join(root, "bench", "eval_peer.py"), "--model", toy]
+    result = subprocess.run([*peer, "--run", str(tmp_path / "run")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (
+        "2 items: pass@1 minirl 0.000, transformers 0.000 (+0.0 points); lenient pass@1 minirl "
+        "0.000, transformers 0.000 (+0.0 points); identical replies 2; verdicts differ on 0"
+    ) in result.stdout
+    # a run with an adapter is not the model alone: refused, with the folder named
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    (tmp_path / "run" / "run.json").write_text(json.dumps({**meta, "adapters": ["sft/adapter"]}))
+    result = subprocess.run([*peer, "--run", str(tmp_path / "run")], capture_output=True, text=True)
+    assert result.returncode == 1 and "ran with adapters" in result.stderr
+
+
 @pytest.mark.real
 @pytest.mark.slow
 def test_real_model_bfcl_replies_and_scores_agree_with_transformers(real_model_dir):
