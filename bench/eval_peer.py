@@ -17,7 +17,8 @@ each reply as the task does:
   (envs/bfcl.py).
 It prints both pass@1 (and both lenient pass@1 for BFCL), the items whose verdicts differ and the
 difference in points. Exit code 1 when the two differ by more than --tolerance points.
-Expected time on 2 CPU cores, Qwen2.5-Coder-0.5B fp32: HumanEval's 164 problems about 25 minutes, 4 GB.
+Expected time on 2 CPU cores, Qwen2.5-Coder-0.5B fp32: HumanEval's 164 problems about 25 minutes, 4 GB;
+BFCL about 4 s a question for simple_python, 7 s for multiple, 3.3 GB.
 """
 
 import argparse
@@ -93,7 +94,10 @@ def main():
     verdicts = VERDICTS[meta["task"]]
     ours = {e["item"]: e for e in read_episodes(args.run)}
     task = make_task(
-        meta["task"], seed=meta.get("task_seed", 0), data=meta["data"], **meta["task_options"]
+        meta["task"],
+        seed=meta.get("task_seed", 0),
+        data=meta["data"],
+        **(meta.get("task_options") or {}),
     )
     items = task.eval_items()
     ids = sorted(ours)[: args.limit or None]
