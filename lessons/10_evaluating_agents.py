@@ -184,8 +184,10 @@ assert not any(verdicts[w][1] for w in ("a wrong value", "a string for a number"
 # The calculator recipe's SFT taught the real Qwen2.5 its one tool and to stop calling any other
 # (docs/evaluation.md). `recipe calculator --mix BFCL_FILE:N` puts other functions into SFT: each
 # BFCL question of categories the evaluation does not use becomes its right reply, which is what
-# `sft_mix.demonstration` builds: the call of the first possible answer, or for irrelevance a reply
-# that calls nothing. SFT learns only the masked tokens, and those are a reply the checker accepts.
+# `sft_mix.demonstration` builds: the call of the first possible answer (every argument it gives a
+# value for written, optional or not, so that SFT does not teach leaving out what was asked for), or
+# for irrelevance a reply that calls nothing. SFT learns only the masked tokens, and those are a
+# reply the checker accepts.
 from minirl import sft_mix  # noqa: E402
 from minirl.chat import render  # noqa: E402
 

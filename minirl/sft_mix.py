@@ -42,25 +42,20 @@ DECLINE = "None of the functions I was given can do this, so I will not call one
 
 def demonstration(item: dict) -> dict | None:
     """One BFCL item as an SFT conversation (data.py's format) showing the right reply: the calls of
-    its first possible answer in Qwen's format, each argument its first allowed value (left out where
-    the answer allows that and the function does not require it), or for irrelevance a short reply
-    that calls nothing. None when that call would not pass `bfcl.check` (5 of BFCL's 2,351 answers), so
-    every demonstration is a reply BFCL accepts."""
+    its first possible answer in Qwen's format, or for irrelevance a short reply that calls nothing.
+    Each argument the answer gives a value for is written with its first one, optional or not, so
+    that SFT does not teach leaving out what a question asked for; an argument whose only allowed
+    value is "" (left out) is left out. Where that call fails `bfcl.check`, every argument the answer
+    lets be left out is, unless the function requires it. None when neither call passes (5 of
+    BFCL's 2,351 answers), so every demonstration is a reply BFCL accepts."""
     if "irrelevance" in item["category"]:
         reply = {"role": "assistant", "content": DECLINE}
     elif item["ground_truth"] is None:
         return None
     else:
-        calls = [
-            {
-                name: _first_allowed(
-                    allowed, bfcl.function_for(item["functions"], answer)["parameters"]
-                )
-            }
-            for answer in item["ground_truth"]
-            for name, allowed in answer.items()
-        ]
-        if not bfcl.check(item, calls)[0]:
+        tries = [_calls(item, write_optional) for write_optional in (True, False)]
+        calls = next((c for c in tries if bfcl.check(item, c)[0]), None)
+        if calls is None:
             return None
         reply = {
             "role": "assistant",
@@ -74,28 +69,46 @@ def demonstration(item: dict) -> dict | None:
     return {"messages": [*item["messages"], reply], "tools": item["tools"]}
 
 
-def _first_allowed(allowed: dict, parameters: dict | None = None) -> dict:
-    # an argument the answer lets be left out is, unless the function requires it
+def _calls(item: dict, write_optional: bool) -> list[dict]:
+    # write_optional: every argument with a value allowed gets its first one; else what may be left
+    # out is
+    return [
+        {
+            name: _first_allowed(
+                allowed, write_optional, bfcl.function_for(item["functions"], answer)["parameters"]
+            )
+        }
+        for answer in item["ground_truth"]
+        for name, allowed in answer.items()
+    ]
+
+
+def _first_allowed(allowed: dict, write_optional: bool, parameters: dict | None = None) -> dict:
     required = (parameters or {}).get("required", [])
-    return {
-        key: _first([v for v in values if v != ""] if key in required else values)
-        for key, values in allowed.items()
-        if key in required or not (isinstance(values, list) and "" in values)
-    }
+    arguments = {}
+    for key, values in allowed.items():
+        # "" among an argument's allowed values: it may be left out (unless the function requires it)
+        may_leave_out = isinstance(values, list) and "" in values and key not in required
+        if isinstance(values, list):
+            values = [v for v in values if v != ""]
+        if may_leave_out and not (write_optional and values):
+            continue
+        arguments[key] = _first(values, write_optional)
+    return arguments
 
 
-def _first(values):
+def _first(values, write_optional: bool):
     # an argument's allowed values are a list; a dict's are {key: [allowed]} inside it, and a list of
     # dicts a list of those; deeper down a value may stand alone
     if isinstance(values, dict):
-        return _first_allowed(values)
+        return _first_allowed(values, write_optional)
     if not isinstance(values, list):
         return values
     if not values:  # nothing allowed: `check` refuses whatever stands here
         return None
     value = values[0]
     if isinstance(value, dict):
-        return _first_allowed(value)
+        return _first_allowed(value, write_optional)
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        return [_first_allowed(v) for v in value]
+        return [_first_allowed(v, write_optional) for v in value]
     return value

@@ -277,13 +277,20 @@ def test_a_demonstration_is_the_reply_the_scorer_accepts(tmp_path):
         ids, mask = render(tokenizer, shown["messages"], shown["tools"])
         reply = tokenizer.decode([i for i, m in zip(ids, mask) if m])
         assert bfcl.score(one, reply) == (True, "", len(one["ground_truth"] or [])), reply
-    # an argument that may be left out is; one with a value wanted gets its first allowed value
+    # every argument the answer gives a value for is written, optional or not, with its first one
     [area] = bfcl.read_items(files[0])
     [shown] = sft_mix.demonstration(area)["messages"][-1]["tool_calls"]
     assert shown["function"] == {
         "name": "calculate_triangle_area",
-        "arguments": {"base": 10, "height": 5.0},
+        "arguments": {"base": 10, "height": 5.0, "unit": "units"},
     }
+    # one whose only allowed value is "" is left out; and where writing every value fails the checker
+    # (as parallel_multiple_12's answer, which names an argument its function lacks), what may be
+    # left out is
+    for extra in {"unit": [""]}, {"colour": ["", "red"]}:
+        answer = {"calculate_triangle_area": {"base": [10], "height": [5.0], **extra}}
+        shown = sft_mix.demonstration({**area, "ground_truth": [answer]})["messages"][-1]
+        assert shown["tool_calls"][0]["function"]["arguments"] == {"base": 10, "height": 5.0}
     # an answer no call can pass (a required argument the ground truth leaves out) shows nothing
     broken = item(SIMPLE, {"ground_truth": [{"calculate_triangle_area": {"height": [5.0]}}]})
     assert sft_mix.demonstration({**broken, "messages": [], "tools": []}) is None
