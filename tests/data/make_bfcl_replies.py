@@ -4,7 +4,8 @@ the real outputs tests/test_bfcl.py scores with minirl's checks and with BFCL's 
     python tests/data/make_bfcl_replies.py runs/bfcl/simple_python-base runs/bfcl/simple_python-sft ...
 
 Each line: {"id": BFCL's question id, "reply": the first assistant message, "run": the folder's name}.
-Identical replies to the same question are kept once."""
+The replies already in the file stay, so folders since deleted keep theirs; identical replies to the
+same question are kept once."""
 
 import gzip
 import json
@@ -13,7 +14,8 @@ import sys
 
 OUT = os.path.join(os.path.dirname(__file__), "bfcl_real_replies.jsonl.gz")
 
-seen, rows = set(), []
+rows = [json.loads(line) for line in gzip.open(OUT, "rt")] if os.path.exists(OUT) else []
+seen = {(r["id"], r["reply"]) for r in rows}
 for folder in sys.argv[1:]:
     for line in open(os.path.join(folder, "episodes.jsonl")):
         episode = json.loads(line)
