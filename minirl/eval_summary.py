@@ -226,7 +226,8 @@ def compare(
     McNemar test on items whose majority verdict flipped (n = 1: the episode's verdict), and which
     items flipped each way. `worse` is True when B is significantly worse (the interval below 0).
     The clean episodes are paired, or with `perturbation` those played under it (eval --perturb);
-    verdict="lenient" pairs the lenient verdicts instead of the strict ones (eval --compare A B --lenient)."""
+    verdict="lenient" pairs the lenient verdicts instead of the strict ones (eval --compare A B
+    --lenient)."""
 
     def per_item(episodes):
         out = defaultdict(list)

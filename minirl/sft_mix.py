@@ -53,7 +53,7 @@ def demonstration(item: dict) -> dict | None:
     elif item["ground_truth"] is None:
         return None
     else:
-        tries = [_calls(item, write_optional) for write_optional in (True, False)]
+        tries = (_calls(item, write_optional) for write_optional in (True, False))  # lazily
         calls = next((c for c in tries if bfcl.check(item, c)[0]), None)
         if calls is None:
             return None

@@ -480,8 +480,9 @@ def test_bfcls_own_pipeline_agrees_on_the_real_models_replies():
     bfcl_real_replies.jsonl.gz: 1,659 distinct replies from the eval folders of docs/evaluation.md,
     untrained and with the adapters of the calculator recipe, plain and with each --mix) scored by
     minirl and by BFCL's own path for a Qwen FC model: the handler's decode_ast, then the runner's
-    rules (irrelevance: no call decoded; otherwise a call list in BFCL's format, then ast_checker). The same verdict on every reply; and lenient's
-    calls, whatever wrapped them, get ast_checker's verdict too."""
+    rules (irrelevance: no call decoded; otherwise a call list in BFCL's format, then ast_checker).
+    The same verdict on every reply; and lenient's calls, whatever wrapped them, get ast_checker's
+    verdict too."""
     from minirl.data import read_jsonl
 
     oracle, data = bfcl_checker()  # skips without bfcl-eval
