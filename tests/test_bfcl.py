@@ -477,7 +477,7 @@ def bfcl_qwen_decoder():
 
 def test_bfcls_own_pipeline_agrees_on_the_real_models_replies():
     """The real Qwen2.5-Coder-0.5B-Instruct's replies to BFCL questions (tests/data/
-    bfcl_real_replies.jsonl.gz: 1,659 distinct replies from the eval folders of docs/evaluation.md,
+    bfcl_real_replies.jsonl.gz: 2,234 distinct replies from the eval folders of docs/evaluation.md,
     untrained and with the adapters of the calculator recipe, plain and with each --mix) scored by
     minirl and by BFCL's own path for a Qwen FC model: the handler's decode_ast, then the runner's
     rules (irrelevance: no call decoded; otherwise a call list in BFCL's format, then ast_checker).
