@@ -16,7 +16,7 @@ adapter is added, and the run's sampler FAST.decoder(model, compile=--compile), 
 run as `minirl grpo` holds it); --plain runs the plain pipeline instead (fast=PLAIN, PLAIN.apply,
 no decoder: sampling.generate), as `minirl grpo --plain` does. The prompts are random token ids, so
 grpo_step is handed a small task of this script's own (EvenTokens): its rollout calls
-`minirl.generate` for G completions of each prompt (every row decoded to --new-tokens: no stop
+`minirl.sampling.generate` (with the run's decoder) for G completions of each prompt (every row decoded to --new-tokens: no stop
 token, so the length is fixed; with LoRA on a GPU grpo_step folds the adapters into the weights
 meanwhile, as grpo --merge-lora auto does), and its verifiable toy reward is the share of even token
 ids (cheap, and different within a group). Then grpo_step computes the group advantages, the
@@ -98,6 +98,7 @@ from sft_step import (  # noqa: E402  (bench/ is on the path: this script's fold
 )
 
 import minirl  # noqa: E402
+import minirl.sampling  # noqa: E402
 from minirl import grpo  # noqa: E402
 from minirl import learner as plain_learner  # noqa: E402
 from minirl.config import preset  # noqa: E402
@@ -175,7 +176,7 @@ class BenchTask(Task):
 
 
 class EvenTokens(BenchTask):
-    """An item is a prompt of token ids; rollout samples G completions of each with minirl.generate
+    """An item is a prompt of token ids; rollout samples G completions of each with sampling.generate
     and no stop token (every row runs to max_new_tokens). It measures the peak memory of grpo_step's
     two phases: `sampling` inside rollout, `learning` from score on (the caller stops it when
     grpo_step returns)."""
@@ -186,7 +187,7 @@ class EvenTokens(BenchTask):
 
     def rollout(self, model, tokenizer, items, group_size, max_new_tokens, **options):
         with self.sampling:
-            outs = minirl.generate(
+            outs = minirl.sampling.generate(
                 model,
                 items,
                 max_new_tokens=max_new_tokens,

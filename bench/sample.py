@@ -1,9 +1,11 @@
 """Batched sampling: minirl.generate against transformers' generate, same weights, same prompts,
 same process. Prints tokens/s of both and their ratio (median of --repeats alternating runs).
-minirl's side is what its commands run by default: the model's layers with the fast CPU products
-(FAST.apply, after any adapter is added) and the Decoder that FAST.decoder(model, compile=--compile)
-builds (fast/decoder.py: one prefill per distinct prompt, stopped rows leave the batch, the
-inverse-CDF draw), held across the runs as a GRPO run holds it.
+minirl's side is `minirl.generate(model, prompts, ...)` called as docs/usage.md calls it: every
+drop-in on for the call (the fast CPU products of fast/cpu_matmul.py, and a Decoder: one prefill per
+distinct prompt, prompts in passes of similar lengths, stopped rows leave the batch, the inverse-CDF
+draw). With --compile (or --lora) it is handed the Decoder that FAST.decoder(model, compile=) builds,
+held across the runs as a GRPO run holds it. --plain adds a third side, the plain loop the lessons
+show (minirl.sampling.generate, plain layers), timed in the same alternation.
 
     python bench/sample.py                       # Qwen2.5-0.5B shape, random weights, B=8, 32 new tokens
     python bench/sample.py --model DIR           # real weights from a checkpoint folder
@@ -52,8 +54,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import minirl  # noqa: E402
+import minirl.sampling  # noqa: E402
 from minirl.config import preset  # noqa: E402
-from minirl.fast import FAST  # noqa: E402
+from minirl.fast import FAST, cpu_matmul  # noqa: E402
 from minirl.lora import add_lora, lora_layers, merged_adapters  # noqa: E402
 from minirl.toy import build_checkpoint, tiny_config  # noqa: E402
 
@@ -135,11 +138,13 @@ def cut_at_stop(rows: list[list[int]], stop_ids: list[int]) -> list[list[int]]:
     ]
 
 
-def run_minirl(model, decoder, prompts, new_tokens, group=1, stop_ids=()):
+def run_minirl(model, decoder, prompts, new_tokens, group=1, stop_ids=(), sampler=minirl.generate):
+    """sampler: minirl.generate (decoder None: a Decoder of its own for the call) or the plain
+    minirl.sampling.generate (decoder None)."""
     sampling = (
         dict(temperature=1.0, num_samples=group, seed=0) if group > 1 else dict(temperature=0)
     )
-    outs = minirl.generate(
+    outs = sampler(
         model,
         prompts,
         max_new_tokens=new_tokens,
@@ -170,6 +175,19 @@ def run_transformers(twin, prompts, new_tokens, group=1, stop_ids=()):
             **sampling,
         )
     return cut_at_stop(out[:, T:].tolist(), stop_ids) if stop_ids else out[:, T:].tolist()
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]]) -> str:
+    """How many greedy rows are identical, and for the others the first token where they part
+    (a near tie that the two sides' float rounding broke differently)."""
+    same = sum(a == b for a, b in zip(ours, theirs))
+    parted = [
+        next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        for a, b in zip(ours, theirs)
+        if a != b
+    ]
+    where = f" (the others part at token {', '.join(map(str, sorted(parted)))})" if parted else ""
+    return f"identical greedy outputs: {same}/{len(ours)} rows{where}"
 
 
 BANDWIDTH_GBS = {
@@ -228,11 +246,27 @@ def main():
     parser.add_argument(
         "--bandwidth-gbs", type=float, default=None, help="GPU memory bandwidth for the roofline"
     )
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="also time the plain loop (minirl.sampling.generate, plain layers) in the alternation",
+    )
+    parser.add_argument(
+        "--bf16-products",
+        default="auto",
+        choices=["auto", "torch", "blocks"],
+        help="bfloat16 on a CPU: the product cpu_matmul picks for this CPU (auto), torch's own, or "
+        "the float32 blocks, whatever the CPU (to check the pick on a machine)",
+    )
     parser.add_argument("--table", default=None, help="append one markdown table row to this file")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
     dtype, device = getattr(torch, args.dtype), torch.device(args.device)
+    if args.bf16_products != "auto":
+        # what emulated_bfloat16() answers decides the product (fast/cpu_matmul.py)
+        cpu_matmul.emulated_bfloat16 = lambda: args.bf16_products == "blocks"
+    products = "blocks" if cpu_matmul.emulated_bfloat16() else "torch"
     tokenizer = None
     if args.new_tokens is None:
         args.new_tokens = 256 if args.realistic else 32
@@ -248,7 +282,10 @@ def main():
         model, tokenizer = minirl.load_pretrained(args.model, dtype=dtype, device=device)
         name = os.path.basename(os.path.normpath(args.model))
     else:
-        config = tiny_config(512) if args.tiny else preset(args.preset)
+        # --tiny: a wider init, so every greedy pick wins by a margin far above float32 rounding
+        # and two correct samplers agree on any CPU (at 0.02 the LoRA fold's rows met a top-1/top-2
+        # gap of 1.4e-5, within reach of another CPU's summation order; at 0.1 the least is 1.4e-3)
+        config = tiny_config(512, initializer_range=0.1) if args.tiny else preset(args.preset)
         model = minirl.random_model(config, dtype=dtype, device=device, seed=args.seed)
         name = "tiny" if args.tiny else f"Qwen2.5-{args.preset} shape, random weights"
     prompts = (
@@ -257,7 +294,6 @@ def main():
         else make_prompts(model, tokenizer, args.batch, args.seed)
     )
     stop_ids = list(model.eos_token_ids) if args.realistic else []
-    rows = args.batch * args.group
     if args.lora:
         add_lora(model, r=args.lora, alpha=2 * args.lora)
         g = torch.Generator().manual_seed(args.seed)
@@ -267,13 +303,21 @@ def main():
                 layer.lora_B.weight.copy_(
                     torch.randn(layer.lora_B.weight.shape, generator=g) * 0.01
                 )
-    # what the commands run: the fast products once the adapter is in, and the run's Decoder, held
-    # across the runs (with --compile: one cache and graph)
-    FAST.apply(model)
-    decoder = FAST.decoder(model, compile=args.compile)
+    # minirl.generate as a user calls it (the model stays plain; every drop-in is on for the call),
+    # or, with --compile or --lora, as the commands run it: the fast products once the adapter is
+    # in, and the run's Decoder held across the runs (with --compile: one cache and graph)
+    decoder = None
+    if args.compile or args.lora:
+        FAST.apply(model)
+        decoder = FAST.decoder(model, compile=args.compile)
 
     def run_ours(new_tokens):
         return run_minirl(model, decoder, prompts, new_tokens, args.group, stop_ids)
+
+    def run_plain(new_tokens):
+        return run_minirl(
+            model, None, prompts, new_tokens, args.group, stop_ids, minirl.sampling.generate
+        )
 
     if args.lora:
 
@@ -288,7 +332,9 @@ def main():
             "minirl": run_ours,
             "transformers": lambda n: run_transformers(twin, prompts, n, args.group, stop_ids),
         }
-    ours_label, peer_label = runners
+        if args.plain:
+            runners["minirl --plain"] = run_plain
+    ours_label, peer_label = list(runners)[:2]
 
     # warm-up: first-call allocations, kernel selection, and with --compile the compilation itself
     # (the same lengths as the timed runs, so the compiled step is reused, not recompiled)
@@ -326,7 +372,12 @@ def main():
         f"model: {name}; {args.dtype} on {where}; {mode}; prompts {min(map(len, prompts))}-"
         f"{max(map(len, prompts))} tokens, up to {args.new_tokens} new tokens; "
         f"compile {args.compile}; "
-        f"median of {args.repeats}"
+        + (
+            f"bfloat16 products: {products} ({args.bf16_products}); "
+            if args.dtype == "bfloat16"
+            else ""
+        )
+        + f"median of {args.repeats}"
     )
     for label in times:
         print(
@@ -334,13 +385,15 @@ def main():
             + " ".join(f"{t:.2f}s" for t in times[label])
         )
     ratio = rate[ours_label] / rate[peer_label]
-    same = sum(a == b for a, b in zip(outputs[ours_label], outputs[peer_label]))
-    check = (
-        f"identical greedy outputs: {same}/{rows} rows"
-        if args.group == 1
-        else "sampled: outputs differ"
-    )
+    check = agreement(outputs[ours_label], outputs[peer_label]) if args.group == 1 else None
+    check = check or "sampled: outputs differ"
     print(f"  ratio {ours_label} / {peer_label}: {ratio:.2f}x   {check}")
+    if "minirl --plain" in rate:
+        plain_check = agreement(outputs["minirl --plain"], outputs[peer_label]) or "sampled"
+        print(
+            f"  ratio minirl --plain / {peer_label}: "
+            f"{rate['minirl --plain'] / rate[peer_label]:.2f}x   {plain_check}"
+        )
     roofline = ""
     if device.type == "cuda" and args.batch * args.group == 1:
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

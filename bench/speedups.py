@@ -45,6 +45,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import minirl  # noqa: E402
+import minirl.sampling  # noqa: E402
 from minirl.config import preset  # noqa: E402
 from minirl.fast import FAST, PLAIN, Speedups  # noqa: E402
 from minirl.fast.decoder import Decoder  # noqa: E402
@@ -88,7 +89,7 @@ class RandomPromptsTask(Task):
 
     def rollout(self, model, tokenizer, items, group_size, max_new_tokens, **options):
         options.pop("wrap_env", None)
-        outs = minirl.generate(
+        outs = minirl.sampling.generate(
             model,
             items,
             max_new_tokens=max_new_tokens,

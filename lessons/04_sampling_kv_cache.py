@@ -6,12 +6,14 @@ forward pass over all t previous tokens; with a cache allocated once and written
 one token's worth. We decode the same prompts both ways, check that they agree token for token, time
 them, and look at the two details that make batching correct: left padding with positions counted
 over real tokens, and the G samples of a group. Last, the drop-in the commands sample with
-(fast/decoder.py): the same tokens, with less work.
+(fast/decoder.py): the same tokens, with less work; `minirl.generate`, what a library user calls,
+is this lesson's generate with that drop-in and the fast products switched on.
 
     python lessons/04_sampling_kv_cache.py               # toy world, ~20 s on 2 CPU cores
     python lessons/04_sampling_kv_cache.py --model DIR   # a real Qwen2.5-Instruct folder
 
-Departure from the chapter: none; minirl.generate is the function every later lesson samples with.
+Departure from the chapter: none; sampling.generate, the plain loop shown here, is the sampler the
+drop-ins are checked against.
 """
 
 # %% setup
@@ -22,9 +24,11 @@ import time
 
 import torch
 
-from minirl import generate, load_pretrained
+import minirl
+from minirl import load_pretrained
 from minirl.fast.decoder import Decoder
 from minirl.kv_cache import KVCache
+from minirl.sampling import generate
 from minirl.toy import build_checkpoint
 
 parser = argparse.ArgumentParser(description="Lesson 04: sampling and the KV cache")
@@ -61,7 +65,7 @@ start = time.perf_counter()
 slow = [greedy_without_cache(model, p, args.new_tokens) for p in prompts]
 no_cache = time.perf_counter() - start
 
-# %% 2. the same with minirl.generate: one batched prefill, then one token per step from the cache
+# %% 2. the same with sampling.generate: one batched prefill, then one token per step from the cache
 start = time.perf_counter()
 fast = generate(model, prompts, max_new_tokens=args.new_tokens, temperature=0, stop_token_ids=[])
 with_cache = time.perf_counter() - start
@@ -124,3 +128,10 @@ dropin = generate(
 with_decoder = time.perf_counter() - start
 print(f"Decoder: {with_decoder:.2f}s, the same greedy tokens: {[o.tokens for o in dropin] == slow}")
 assert [o.tokens for o in dropin] == slow, "expected the drop-in to sample the same tokens"
+# minirl.generate is the same call with every drop-in on (fast/__init__.py): a Decoder, and the
+# CPU products of fast/cpu_matmul.py while it runs. The model is handed back with its plain layers.
+library = minirl.generate(
+    model, prompts, max_new_tokens=args.new_tokens, temperature=0, stop_token_ids=[]
+)
+print(f"minirl.generate, the same greedy tokens: {[o.tokens for o in library] == slow}")
+assert [o.tokens for o in library] == slow, "expected minirl.generate to sample the same tokens"

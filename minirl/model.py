@@ -6,7 +6,8 @@ Shape letters (README glossary): B batch, T tokens, S key slots (cache), C hidde
 K kv heads, D head dim, V vocab, F MLP width.
 
 Numerics follow transformers' Qwen2 line by line (RMSNorm in float32, RoPE angles in float32, the
-same rotate-half layout), so float32 logits agree to 1e-5.
+same rotate-half layout), so float32 logits agree to 1e-5 (plus 1e-5 of the logit, where the two
+order a sum differently).
 
 Every product is a plain nn.Linear. On a CPU without bfloat16 instructions (AVX2, no AVX-512-BF16 or
 AMX) torch emulates bfloat16 products row by row, and a bfloat16 model is then unusably slow to train

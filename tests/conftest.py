@@ -14,9 +14,27 @@ from minirl.cli import main
 from minirl.tasks import Task
 from minirl.toy import arithmetic_corpus, train_tokenizer
 
+# Float32 results of one formula computed two ways: a drop-in against its plain version, a batch
+# against each row alone, a cache against a full forward. Another batch shape, kernel, thread count
+# or CPU sums the same products in another order, so they differ by rounding: up to 3.7e-5 on these
+# tiny models' log-probs (seen with one thread instead of two, and with another CPU's kernels).
+# A wrong mask, position or cached slot moves them by 1e-2 and more.
+SUM_ORDER = dict(atol=3e-4, rtol=1e-4)
+
 # Every tiny config the parity tests use: (tie_word_embeddings, num_key_value_heads).
 # 4 heads: kv 4 is plain multi-head attention, kv 2 two query heads per kv head, kv 1 all share one.
 TINY_VARIANTS = [(True, 2), (False, 2), (True, 1), (False, 4)]
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (pyproject.toml's addopts: -n), the workers share the machine's cores:
+    each one's torch, and the processes its tests start, take its share of them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        share = max(1, (cores or 1) // workers)
+        torch.set_num_threads(share)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
 
 
 def snapshot(folder) -> dict:
@@ -104,6 +122,18 @@ def hf_tiny_model(
             elif "norm" in name:
                 p.normal_(1.0, 0.1)
     return model
+
+
+def cpu_compiler_missing() -> str | None:
+    """Why torch.compile cannot build CPU kernels on this machine, or None. Inductor writes C++ and
+    builds it with the system's compiler (g++ unless configured), which a fresh machine may lack."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as error:  # inductor raises its own error types for a missing compiler
+        return f"torch.compile on a CPU needs a C++ compiler, none found ({error})"
+    return None
 
 
 def processes_with(marker: str) -> list[int]:

@@ -56,18 +56,21 @@ def test_bench_speedups_tiny_prints_every_configuration():
 
 
 def test_bench_sample_realistic_tiny_stops_rows_at_eos_like_transformers():
-    """sample.py --realistic on a toy checkpoint: chat-templated HumanEval prompts of mixed lengths,
-    rows stopping at the checkpoint's eos, greedy tokens compared with transformers'."""
+    """sample.py --realistic --plain on a toy checkpoint: chat-templated HumanEval prompts of mixed
+    lengths, rows stopping at the checkpoint's eos, greedy tokens compared with transformers'."""
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "sample.py"), "--tiny", "--realistic"]
-        + ["--batch", "3", "--new-tokens", "8", "--repeats", "1"],
+        + ["--batch", "3", "--new-tokens", "8", "--repeats", "1", "--plain"],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "realistic (stop at eos" in result.stdout, result.stdout
-    assert "identical greedy outputs: 3/3 rows" in result.stdout, result.stdout
+    ours, plain = (line for line in result.stdout.splitlines() if "ratio minirl" in line)
+    # minirl.generate as a user calls it, and the plain loop, each against transformers
+    assert "minirl / transformers" in ours and "identical greedy outputs: 3/3 rows" in ours
+    assert "minirl --plain / transformers" in plain and "3/3 rows" in plain
     lengths = result.stdout.split("prompts ")[1].split(" tokens")[0].split("-")
     assert int(lengths[0]) < int(lengths[1]), "the prompts should differ in length"
 
@@ -112,7 +115,8 @@ def test_bench_sandbox_compares_verdicts_judged_here_with_tokens():
 @pytest.mark.slow
 def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
     """bench/gpu_suite.sh --tiny: every script of the GPU suite on a tiny model, sample.py's smoke runs
-    among them (greedy against transformers, LoRA folded in against unmerged: the same tokens)."""
+    among them (greedy against transformers, LoRA folded in against unmerged: the same tokens; the
+    group row uncompiled, whose compiled step tests/test_sampling.py checks)."""
     table = tmp_path / "suite.md"
     result = subprocess.run(
         ["bash", os.path.join(ROOT, "bench", "gpu_suite.sh"), "--tiny", str(table)],
@@ -137,7 +141,7 @@ def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
     ]
     assert not any("FAILED" in row for row in rows)
     assert "identical greedy outputs: 8/8 rows" in rows[0] and "transformers" in rows[0]
-    assert "compile" in rows[1] and "LoRA r=4" in rows[2] and "minirl merged" in rows[2]
+    assert "4 samples" in rows[1] and "LoRA r=4" in rows[2] and "minirl merged" in rows[2]
     # float32: folding B A into W changes the sums' rounding only, so greedy tokens agree
     assert "identical greedy outputs: 8/8 rows" in rows[2]
     assert "full fine-tuning" in rows[4] and "estimate" in rows[5]
@@ -214,3 +218,32 @@ def test_eval_peer_agrees_with_a_humaneval_run_on_a_tiny_model(tmp_path):
         "3 items: pass@1 minirl 0.000, transformers 0.000 (+0.0 points); identical replies 3"
         in result.stdout
     )
+
+
+def test_quickstart_seeds_reads_the_runs_into_mean_range_and_the_claim(tmp_path):
+    """bench/quickstart_seeds.py --read: the README's table (mean [min, max] over the seeds) and,
+    per seed, whether the claim holds, from each run's summary.json."""
+    import json
+
+    runs = {0: (0.725, 0.525, 0.925), 1: (0.705, 0.5, 0.6)}
+    for seed, (demo, sft, grpo) in runs.items():
+        folder = tmp_path / ("quickstart" if seed == 0 else f"quickstart-seed{seed}")
+        folder.mkdir()
+        summary = dict(demonstrator_accuracy=demo, sft_accuracy=sft, grpo_accuracy=grpo)
+        summary.update(tool_use_rate_sft=0.0, tool_use_easy_sft=0.0, tool_use_easy_grpo=0.0)
+        summary.update(tool_use_rate_grpo=1.0 if seed == 0 else 0.5, seconds=360.0)
+        (folder / "summary.json").write_text(json.dumps(summary))
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "quickstart_seeds.py"), "--read"]
+        + ["--runs", str(tmp_path), "--seeds", "0", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "| GRPO from SFT | 0.762 [0.600, 0.925] | 0.75 [0.50, 1.00] | 0.00 [0.00, 0.00] |" in out
+    assert "| demonstrator (scripted, measured) | 0.715 [0.705, 0.725] | - | - |" in out
+    assert "seed 0: demonstrator 0.725, SFT 0.525, GRPO 0.925 (GRPO - SFT +0.400); the claim" in out
+    assert "holds" in out.split("seed 0:")[1].split("\n")[0]
+    assert "does NOT hold" in out.split("seed 1:")[1]

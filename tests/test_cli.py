@@ -5,8 +5,9 @@ import io
 import pytest
 import torch
 
-from minirl import generate, load_pretrained, random_model, save_pretrained
+from minirl import generate, load_pretrained, random_model, sampling, save_pretrained
 from minirl.cli import main, print_stream
+from minirl.fast.decoder import Decoder
 from minirl.toy import tiny_config
 
 
@@ -85,7 +86,9 @@ def test_real_model_static_cache_decodes_the_same_text(real_model_dir):
         )
         for q in ("What is the capital of France?", "Write a haiku about the sea, then explain it.")
     ]
-    dynamic = generate(model, prompts, max_new_tokens=24, temperature=0)
-    static = generate(model, prompts, max_new_tokens=24, temperature=0, static_cache=True)
+    dynamic = sampling.generate(model, prompts, max_new_tokens=24, temperature=0)
+    static = sampling.generate(
+        model, prompts, max_new_tokens=24, temperature=0, decoder=Decoder(model, static_cache=True)
+    )
     assert [o.tokens for o in static] == [o.tokens for o in dynamic]
     assert "Paris" in tok.decode(static[0].tokens)

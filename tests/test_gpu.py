@@ -7,10 +7,11 @@ import sys
 import pytest
 import torch
 
-from minirl import generate, random_model
+from minirl import random_model
 from minirl.config import preset
 from minirl.fast.decoder import Decoder
 from minirl.run.memory import estimate
+from minirl.sampling import generate
 
 pytestmark = [
     pytest.mark.gpu,

@@ -392,7 +392,8 @@ def test_bf16_base_keeps_fp32_adapters():
 def test_real_weights_sample_alike_with_the_adapters_folded_in(real_model_dir):
     """Qwen2.5 in bfloat16 (as grpo samples on a GPU) with an adapter of a trained size: folded in,
     greedy decoding starts the same, and the base weights come back bit for bit."""
-    from minirl import generate, load_pretrained
+    from minirl import load_pretrained
+    from minirl.sampling import generate
 
     model, tokenizer = load_pretrained(real_model_dir, dtype=torch.bfloat16)
     add_lora(model, r=16, alpha=32)

@@ -13,6 +13,7 @@ from minirl import load_pretrained
 from minirl.chat import render
 from minirl.envs import perturb
 from minirl.envs.calculator import CalculatorEnv, flaky_calculator, make_questions, play
+from minirl.quickstart import CLAIM_MARGIN, claim_holds
 from minirl.run.viewer import write_page
 from minirl.tokenizer import chat_pieces, render_chat_template
 from minirl.toy import demonstrations, demonstrator, train_tokenizer
@@ -141,3 +142,32 @@ def test_quickstart_fast_runs_on_the_plain_versions_only(tmp_path, monkeypatch, 
     assert summary["perturb"] == json.load(open(out / "grpo" / "run.json"))["perturb"]
     assert summary["perturb"] == {"tool_error": 0.5}
     assert "temporarily unavailable" in (out / "demonstrations.jsonl").read_text()
+
+
+def test_the_claim_is_grpo_a_margin_over_sft_and_above_the_demonstrator():
+    """README's claim, by hand: GRPO >= SFT + 0.15 and GRPO > demonstrator (held-out accuracies)."""
+    assert CLAIM_MARGIN == 0.15
+    assert claim_holds(demonstrator=0.725, sft=0.525, grpo=0.925)
+    # a margin of exactly 0.15, as counts over 200 questions give it (0.675 - 0.525 in floats)
+    assert claim_holds(demonstrator=0.6, sft=0.525, grpo=135 / 200)
+    assert not claim_holds(demonstrator=0.725, sft=0.53, grpo=0.675)  # 0.145 over SFT
+    assert not claim_holds(demonstrator=0.725, sft=0.5, grpo=0.725)  # only equals the teacher
+    assert not claim_holds(demonstrator=0.95, sft=0.5, grpo=0.9)
+
+
+@pytest.mark.quickstart
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_full_quickstart_shows_the_claim(seed, tmp_path):
+    """python -m minirl quickstart --seed N, the whole main job (about 6 min each on 2 cores): the
+    README's claim holds for each of the three seeds its table reports. The digits are not checked:
+    they move with the seed and the CPU's floating-point kernels (docs/results.md)."""
+    from minirl.quickstart import run
+
+    summary = run(out_dir=str(tmp_path / "quickstart"), seed=seed, figure=None)
+    demonstrator, sft, grpo = (
+        summary[k] for k in ("demonstrator_accuracy", "sft_accuracy", "grpo_accuracy")
+    )
+    assert summary["claim_holds"] == claim_holds(demonstrator, sft, grpo)
+    assert summary["claim_holds"], (
+        f"seed {seed}: demonstrator {demonstrator}, SFT {sft}, GRPO {grpo}"
+    )

@@ -3,6 +3,7 @@ prefill): the same hidden states, log-probs, gradients and samples as running ev
 
 import pytest
 import torch
+from conftest import SUM_ORDER
 
 from minirl.fast.decoder import Decoder
 from minirl.fast.prefix_learner import completion_logprobs, learning_batch, shared_prefix
@@ -89,7 +90,7 @@ def test_rows_after_a_shared_prefix_match_whole_rows_values_and_gradients(checkp
         got += [h.detach() for h in states]
     prefix.backward()
     for g, e in zip(got, expected):
-        torch.testing.assert_close(g, e.detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(g, e.detach(), **SUM_ORDER)
     for p, g in zip(
         params, expected_grads
     ):  # float32 sums in another order: ~5e-6 of the largest entry
@@ -128,9 +129,7 @@ def test_grpo_learning_batch_keeps_the_prefix_once_and_scores_the_same():
             expected = torch.log_softmax(logits, -1).gather(
                 -1, torch.tensor(t.completion_ids)[:, None]
             )[:, 0]
-            torch.testing.assert_close(
-                ours[i, : len(t.completion_ids)], expected, atol=1e-5, rtol=1e-5
-            )
+            torch.testing.assert_close(ours[i, : len(t.completion_ids)], expected, **SUM_ORDER)
             assert (ours[i, len(t.completion_ids) :] == 0).all()
 
 
@@ -176,7 +175,7 @@ def test_groups_of_samples_share_their_prompt_once_with_the_same_logprobs_and_gr
         logp = completion_logprobs(model, batch, rows, 1.0, prefix)
         for j, i in enumerate(rows.tolist()):
             n = len(completions[i])
-            torch.testing.assert_close(logp[j, :n], expected[i].detach(), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logp[j, :n], expected[i].detach(), **SUM_ORDER)
             assert (logp[j, n:] == 0).all()
         (logp * weights[rows]).sum().backward()
     prefix.backward()
@@ -234,7 +233,7 @@ def test_sampling_after_a_shared_prefill_equals_each_prompt_alone():
         alone = generate(model, [prompt], max_new_tokens=8, temperature=0, stop_token_ids=[])[0]
         assert out.tokens == alone.tokens
         torch.testing.assert_close(
-            torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-5, rtol=1e-5
+            torch.tensor(out.logprobs), torch.tensor(alone.logprobs), **SUM_ORDER
         )
     grouped = decoder.generate(
         prompts[:2], max_new_tokens=8, temperature=0, stop_token_ids=[], num_samples=3

@@ -10,9 +10,8 @@ import math
 
 import pytest
 import torch
-from conftest import FixedRollouts
+from conftest import SUM_ORDER, FixedRollouts
 
-from minirl import generate
 from minirl.fast import FAST, PLAIN, Speedups, cpu_matmul, prefix_learner
 from minirl.fast.chunked_logprobs import chunked_sft_loss, chunked_token_logprobs
 from minirl.fast.decoder import Decoder
@@ -24,6 +23,7 @@ from minirl.lora import add_lora
 from minirl.losses import IGNORE_INDEX
 from minirl.model import random_model
 from minirl.rollout import Trajectory
+from minirl.sampling import generate
 from minirl.sft import SFTConfig, lm_head_sft_loss, sft_step
 from minirl.toy import tiny_config
 from minirl.trainable_tokens import add_trainable_tokens
@@ -143,10 +143,10 @@ def test_chunked_heads_equal_the_plain_heads_with_trained_token_rows(temperature
             )
         )
     (plain_logp, plain_loss, plain_h, plain_g), (logp, loss, h, g) = results
-    torch.testing.assert_close(logp, plain_logp, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logp, plain_logp, **SUM_ORDER)
     assert (logp[mask == 0] == 0).all() and (plain_logp[mask == 0] == 0).all()
-    torch.testing.assert_close(loss, plain_loss, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(h, plain_h, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, plain_loss, **SUM_ORDER)
+    torch.testing.assert_close(h, plain_h, **SUM_ORDER)
     assert "model.embed_tokens.token_adapter.trainable_tokens_delta" in plain_g
     assert_close_grads(g, plain_g)
 
@@ -172,8 +172,8 @@ def test_prefix_learner_gives_the_plain_learners_logprobs_and_gradients(checkpoi
         grads = {n: p.grad.clone() for n, p in trainable(model).items()}
         results[layout] = (frozen, seen, batch["action_mask"], grads)
     frozen, seen, mask, grads = results["prefixes"]
-    torch.testing.assert_close(frozen, results["plain"][0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(seen, frozen, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(frozen, results["plain"][0], **SUM_ORDER)
+    torch.testing.assert_close(seen, frozen, **SUM_ORDER)
     assert torch.equal(mask, results["plain"][2]) and (frozen[mask == 0] == 0).all()
     assert_close_grads(grads, results["plain"][3])
 
@@ -212,9 +212,7 @@ def test_one_grpo_step_on_a_fixed_batch_is_the_same_with_and_without_the_drop_in
         for key, value in plain.stats.items():
             assert math.isclose(done.stats[key], value, rel_tol=1e-4, abs_tol=1e-6), (fast, key)
         for key in ("logprob", "old_logprob", "ref_logprob"):
-            torch.testing.assert_close(
-                done.per_token[key], plain.per_token[key], atol=1e-5, rtol=1e-5
-            )
+            torch.testing.assert_close(done.per_token[key], plain.per_token[key], **SUM_ORDER)
         for name, p in params.items():
             torch.testing.assert_close(p, plain_params[name], atol=1e-6, rtol=1e-5)
 
@@ -286,9 +284,40 @@ def test_the_decoder_samples_the_plain_greedy_tokens(share_prefill, compact):
     assert {o.finish_reason for o in plain} == {"stop", "length"}
     for p, f in zip(plain, fast):
         assert (f.tokens, f.finish_reason) == (p.tokens, p.finish_reason)
-        torch.testing.assert_close(
-            torch.tensor(f.logprobs), torch.tensor(p.logprobs), atol=1e-5, rtol=0
-        )
+        torch.testing.assert_close(torch.tensor(f.logprobs), torch.tensor(p.logprobs), **SUM_ORDER)
+
+
+def test_minirl_generate_is_the_plain_call_with_every_drop_in(monkeypatch):
+    """minirl.generate / minirl.stream (what a library user calls): the plain loop's greedy tokens,
+    sampled by a Decoder with the fast products on during the call, and the model handed back with
+    the layers it came with (plain stays plain, fast stays fast)."""
+    import minirl
+
+    model = lora_model(tokens=False).eval()
+    prompts = [PREFIX + q for q in QUESTIONS]
+    plain = generate(model, prompts, max_new_tokens=12, temperature=0, stop_token_ids=[])
+    seen = []
+    decoding = Decoder.generate
+    monkeypatch.setattr(
+        Decoder,
+        "generate",
+        lambda self, *a, **k: (
+            seen.append(cpu_matmul.uses_fast_products(self.model)) or decoding(self, *a, **k)
+        ),
+    )
+    ours = minirl.generate(model, prompts, max_new_tokens=12, temperature=0, stop_token_ids=[])
+    assert [o.tokens for o in ours] == [o.tokens for o in plain]
+    assert seen == [True] and not cpu_matmul.uses_fast_products(model)
+    streamed = list(minirl.stream(model, prompts[2], max_new_tokens=12, temperature=0))
+    assert streamed == plain[2].tokens[: len(streamed)] and not cpu_matmul.uses_fast_products(model)
+    FAST.apply(model)
+    minirl.generate(model, prompts[:1], max_new_tokens=2, temperature=0)
+    assert cpu_matmul.uses_fast_products(model)
+    # a Decoder the caller holds is the one that samples
+    held = Decoder(model, compact=False)
+    minirl.generate(model, prompts[:1], max_new_tokens=2, decoder=held)
+    with pytest.raises(ValueError, match="another model"):
+        minirl.generate(lora_model(tokens=False), prompts[:1], max_new_tokens=2, decoder=held)
 
 
 def test_speedups_build_what_they_name():

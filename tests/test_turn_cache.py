@@ -12,9 +12,10 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from conftest import SUM_ORDER
 
 import minirl.rollout as rollout_module
-from minirl import generate, load_pretrained
+from minirl import load_pretrained
 from minirl.envs import Env
 from minirl.envs.calculator import CalculatorEnv
 from minirl.envs.tools import AssistantTurn, ToolCall
@@ -22,6 +23,7 @@ from minirl.fast import FAST, PLAIN
 from minirl.fast.decoder import Decoder
 from minirl.model import random_model
 from minirl.rollout import run_episodes
+from minirl.sampling import generate
 from minirl.tasks import CalculatorTask, CodeTask
 from minirl.toy import tiny_config, tool_policy, tool_policy_tasks
 
@@ -45,9 +47,7 @@ def assert_same_episodes(ours, plain):
         fields = ("completion_ids", "action_mask", "finish_reason", "turns", "messages")
         fields += ("tool_calls", "tool_errors", "text", "info")
         assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
-        torch.testing.assert_close(
-            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0
-        )
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), **SUM_ORDER)
 
 
 @contextmanager

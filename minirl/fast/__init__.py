@@ -13,12 +13,16 @@ Each computes what its plain version computes, up to the order of a sum (tests/t
 tests/test_turn_cache.py); docs/speedups.md says what each buys in a GRPO step on the real 0.5B
 shape, and the turn cache in a batch of episodes (bench/episodes.py). A run picks them with a
 `Speedups`: all on by default (FAST), all off with --plain (PLAIN), one at a time in the benchmark.
+`generate` and `stream` below are what `minirl.generate` and `minirl.stream` are: the plain
+sampler's call with every drop-in on, for a library user who calls it on a model of their own.
 """
 
 from dataclasses import dataclass, fields
 
+from .. import sampling
 from ..next_token import multinomial_draw
-from .cpu_matmul import use_fast_products, use_plain_products
+from ..sampling import Completion
+from .cpu_matmul import fast_products, use_fast_products, use_plain_products
 from .decoder import Decoder
 from .inverse_cdf import inverse_cdf_draw
 
@@ -64,3 +68,65 @@ PLAIN_HELP = "run the plain versions only, none of the drop-ins in minirl/fast/ 
 def speedups(plain: bool) -> Speedups:
     """What a run's `plain` flag (--plain) means: PLAIN, or FAST."""
     return PLAIN if plain else FAST
+
+
+def generate(
+    model,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    stop_token_ids: list[int] | None = None,
+    seed: int | None = None,
+    num_samples: int = 1,
+    decoder: Decoder | None = None,
+) -> list[Completion]:
+    """minirl.generate: sampling.generate (same arguments, same completions) with every drop-in on
+    for this call. The model's layers compute with cpu_matmul's products while it runs and are
+    handed back as they were; a Decoder samples (each distinct prompt prefilled once, prompts in
+    passes of similar lengths, stopped rows leave the batch, the inverse-CDF draw). Greedy tokens
+    are the plain loop's; a seed draws another stream than the plain loop's (another draw).
+    decoder: one you hold instead, e.g. Decoder(model, compile=True) kept across calls."""
+    with fast_products(model):
+        return sampling.generate(
+            model,
+            prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop_token_ids=stop_token_ids,
+            seed=seed,
+            num_samples=num_samples,
+            decoder=FAST.decoder(model) if decoder is None else decoder,
+        )
+
+
+def stream(
+    model,
+    prompt: list[int],
+    *,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    stop_token_ids: list[int] | None = None,
+    seed: int | None = None,
+    decoder: Decoder | None = None,
+):
+    """minirl.stream: sampling.stream with every drop-in on, as generate above. The model computes
+    with the fast products until the stream ends (or is dropped)."""
+    with fast_products(model):
+        yield from sampling.stream(
+            model,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop_token_ids=stop_token_ids,
+            seed=seed,
+            decoder=FAST.decoder(model) if decoder is None else decoder,
+        )

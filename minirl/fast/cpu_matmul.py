@@ -25,6 +25,7 @@ Shapes: C_in, C_out the layer's widths, N the rows.
 
 import functools
 import platform
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -179,6 +180,20 @@ def use_plain_products(model: nn.Module) -> nn.Module:
     for layer in model.modules():
         layer.__class__ = PLAIN_TWIN.get(type(layer), type(layer))
     return model
+
+
+@contextmanager
+def fast_products(model: nn.Module):
+    """The model's layers with their fast twins while the block runs, then each back to the class
+    it had (a model already fast stays fast): how minirl.generate speeds up a model it was handed
+    without changing it for the caller."""
+    classes = [(layer, type(layer)) for layer in model.modules()]
+    use_fast_products(model)
+    try:
+        yield model
+    finally:
+        for layer, cls in classes:
+            layer.__class__ = cls
 
 
 def uses_fast_products(model: nn.Module) -> bool:
