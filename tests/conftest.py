@@ -4,6 +4,7 @@ reliability probes."""
 
 import copy
 import os
+import re
 import subprocess
 import sys
 
@@ -24,6 +25,15 @@ SUM_ORDER = dict(atol=3e-4, rtol=1e-4)
 # Every tiny config the parity tests use: (tie_word_embeddings, num_key_value_heads).
 # 4 heads: kv 4 is plain multi-head attention, kv 2 two query heads per kv head, kv 1 all share one.
 TINY_VARIANTS = [(True, 2), (False, 2), (True, 1), (False, 4)]
+
+
+def pytest_xdist_auto_num_workers(config):
+    """-n auto (pyproject.toml's addopts) runs the GPU tier in one process: its tests share one
+    device and measure its memory. Otherwise None: pytest-xdist's count, one worker per core."""
+    markexpr = config.option.markexpr or ""
+    if re.search(r"(?<!not )\bgpu\b", markexpr):
+        return 0
+    return None
 
 
 def pytest_configure(config):

@@ -247,3 +247,18 @@ def test_quickstart_seeds_reads_the_runs_into_mean_range_and_the_claim(tmp_path)
     assert "seed 0: demonstrator 0.725, SFT 0.525, GRPO 0.925 (GRPO - SFT +0.400); the claim" in out
     assert "holds" in out.split("seed 0:")[1].split("\n")[0]
     assert "does NOT hold" in out.split("seed 1:")[1]
+
+
+def test_the_gpu_tier_runs_in_one_process():
+    """pyproject.toml's -n auto spreads tests over one worker per core, but the GPU tier's tests
+    share one device and measure its memory: conftest gives it none (one process)."""
+    from types import SimpleNamespace
+
+    from conftest import pytest_xdist_auto_num_workers as workers
+
+    def config(markexpr):
+        return SimpleNamespace(option=SimpleNamespace(markexpr=markexpr))
+
+    assert workers(config("gpu")) == 0 and workers(config("gpu and not slow")) == 0
+    assert workers(config("not real and not gpu and not data and not quickstart")) is None
+    assert workers(config("")) is None and workers(config("real")) is None
