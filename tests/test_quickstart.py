@@ -158,9 +158,10 @@ def test_the_claim_is_grpo_a_margin_over_sft_and_above_the_demonstrator():
 @pytest.mark.quickstart
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_full_quickstart_shows_the_claim(seed, tmp_path):
-    """python -m minirl quickstart --seed N, the whole main job (about 6 min each on 2 cores): the
-    README's claim holds for each of the three seeds its table reports. The digits are not checked:
-    they move with the seed and the CPU's floating-point kernels (docs/results.md)."""
+    """python -m minirl quickstart --seed N, the whole main job (the three took 13.7 min in two
+    workers on 2 cores): the README's claim holds for each of the three seeds its table reports.
+    The digits are not checked: they move with the seed and the CPU's floating-point kernels
+    (docs/results.md)."""
     from minirl.quickstart import run
 
     summary = run(out_dir=str(tmp_path / "quickstart"), seed=seed, figure=None)
