@@ -8,7 +8,7 @@
 # Rows: sample.py (batch 1 and group sampling, 0.5B and 7B, vs transformers generate; LoRA folded in
 # vs unmerged, the measurement behind grpo --merge-lora auto), grpo_step.py
 # (a GRPO step's time split and peak: 0.5B and 1.5B full fine-tuning, capped to 40 GB), memory.py (the
-# 7B LoRA step: measured peak vs minirl.run.memory's estimate, capped to 40 GB); then pytest -m gpu.
+# 7B LoRA step: measured peak vs minirl.run.memory's estimate, capped to 40 GB), after pytest -m gpu.
 # The rows run most important first under one time budget (SUITE_BUDGET seconds, default 480): a row
 # gets at most what is left, and rows that no longer fit are written as skipped, so the suite ends
 # in time with every row it managed. PYTHON picks the interpreter (default: python3).
@@ -57,7 +57,13 @@ if [ "$tiny" = 1 ]; then
     run 300 bench/memory.py --tiny
 else
     gpu="--device cuda --dtype bfloat16"
-    # most important first: the targets, then the correctness tests, then the LoRA fold's speed
+    # the correctness tests first (a wrong CUDA path makes every speed moot), then the issue's
+    # targets, then the LoRA fold's speed
+    echo "+ pytest -m gpu  (limit 150s)" >&2
+    if ! timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py >&2; then
+        echo "| pytest -m gpu | FAILED or over 150s (the log has which) | | | | | |" >> "$out"
+        status=1
+    fi
     run 120 bench/sample.py $gpu --preset 0.5b --batch 1 --new-tokens 256 --repeats 3 --compile
     run 150 bench/sample.py $gpu --preset 7b --batch 1 --new-tokens 128 --repeats 2 --compile
     run 150 bench/sample.py $gpu --preset 0.5b --batch 8 --group 8 --new-tokens 512 --repeats 2 --compile
@@ -65,16 +71,6 @@ else
     run 150 bench/memory.py --device cuda --preset 7b --group 8 --prompts 1 --prompt-len 256 --new-tokens 768 --minibatch 8 --cap-gb 40
     run 100 bench/grpo_step.py --device cuda --preset 0.5b --full --group 8 --prompts 2 --new-tokens 512 --minibatch 4 --cap-gb 40 --repeats 1
     run 120 bench/grpo_step.py --device cuda --preset 1.5b --full --group 8 --prompts 1 --new-tokens 512 --minibatch 2 --cap-gb 40 --repeats 1
-    left=$((deadline - SECONDS))
-    if [ "$left" -ge 30 ]; then
-        echo "+ pytest -m gpu  (limit $((left < 200 ? left : 200))s)" >&2
-        if ! timeout $((left < 200 ? left : 200)) "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py >&2; then
-            status=1
-        fi
-    else
-        echo "pytest -m gpu: SKIPPED (suite budget spent)" >&2
-        status=1
-    fi
     run 120 bench/sample.py $gpu --preset 0.5b --batch 2 --group 8 --new-tokens 256 --repeats 2 --compile --lora 16
 fi
 cat "$out"

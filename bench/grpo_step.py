@@ -563,10 +563,10 @@ def append_row(path, *cells):
 
 def apply_cap(args):
     if args.cap_gb and args.device.startswith("cuda"):
-        total = torch.cuda.get_device_properties(torch.device(args.device)).total_memory
-        torch.cuda.set_per_process_memory_fraction(
-            min(1.0, args.cap_gb * 1e9 / total), torch.device(args.device)
-        )
+        device = torch.device(args.device)  # "cuda" names no index, which the call needs
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * 1e9 / total), index)
 
 
 def main():

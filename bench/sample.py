@@ -338,8 +338,11 @@ def main():
 
     # warm-up: first-call allocations, kernel selection, and with --compile the compilation itself
     # (the same lengths as the timed runs, so the compiled step is reused, not recompiled)
+    # (on a GPU every side warms up at full length: transformers' first long run there was 2-4x
+    # slower than its next, which a median of 2 would have counted)
     for label, run in runners.items():
-        run(args.new_tokens if args.compile and label.startswith("minirl") else 2)
+        full = device.type == "cuda" or (args.compile and label.startswith("minirl"))
+        run(args.new_tokens if full else 2)
     times, outputs, rates = {label: [] for label in runners}, {}, {label: [] for label in runners}
     for _ in range(args.repeats):
         for label, run in runners.items():
@@ -354,6 +357,7 @@ def main():
         torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else f"{torch.get_num_threads()} CPU threads"
+        + (f", {products} products" if args.dtype == "bfloat16" else "")
     )
     mode = (
         f"{args.batch} prompts x {args.group} samples, temperature 1"

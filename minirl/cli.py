@@ -427,8 +427,11 @@ def cmd_recipe(args):
             plain=args.plain,
             eval_size=args.eval_size,
             grpo_steps=args.grpo_steps,
+            episode=args.episode,
         )
         return
+    if args.episode != "full":
+        raise ValueError("--episode: code only (the calculator recipe has one kind of episode)")
     from .recipe import run
 
     run(
@@ -441,7 +444,7 @@ def cmd_recipe(args):
         memory_limit=args.memory_limit,
         plain=args.plain,
         perturb=perturb.rates(args.perturb or []),
-        retry_rate=args.retry_rate,
+        retry_rate=0.5 if args.retry_rate is None else args.retry_rate,
         mix=args.mix,
         sft_steps=args.sft_steps,
     )
@@ -564,9 +567,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--retry-rate",
         type=float,
-        default=0.5,
-        help="code: the share of demonstrations that make a wrong edit first and recover; "
-        "calculator: the share of questions on which the demonstrator retries after a tool error",
+        default=None,
+        help="code: the share of demonstrations that make a wrong edit first and recover (0.5; "
+        "--episode lean: 0); calculator: the share of questions on which the demonstrator retries "
+        "after a tool error (0.5)",
     )
     add_perturb_flag(c, "calculator: each demonstration and GRPO episode")
     c.add_argument(
@@ -602,6 +606,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--grpo-steps", type=int, default=None, help="code: GRPO steps (default: the recipe's)"
+    )
+    c.add_argument(
+        "--episode",
+        default="full",
+        choices=["full", "lean"],
+        help="code: lean shows the buggy file and the failing tests in the opening message "
+        "(edit -> run_test -> answer), with GRPO on the all-or-nothing outcome",
     )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument(

@@ -6,7 +6,7 @@
   redundant_calls, longest_identical_run, reference_match   the trajectory
   code_agent_shape, run_test_failed   a code agent's trajectory: read before edit, test after it
   success_where_perturbed   robustness: how many episodes a perturbation touched, and how many of those won
-  mcnemar_exact, paired_bootstrap                            regression: two runs on the same items
+  mcnemar_exact, paired_bootstrap, cluster_bootstrap         regression: two runs on the same items
 
 Calls are {"name", "arguments"} dicts; n samples per item, c of them successes.
 """
@@ -140,14 +140,21 @@ def longest_identical_run(calls: list[dict]) -> int:
     return best
 
 
-def code_agent_shape(calls: list[dict], test_file: str) -> dict:
+def code_agent_shape(calls: list[dict], test_file: str, bug_line: str | None = None) -> dict:
     """The shape of one code-agent episode (envs/code.py) from its calls ({"name", "arguments",
     "error", "result"}, as eval records keep them): whether it changed a file (an edit_file that
     did not fail), read that file before the first such edit, ran the tests after the last one,
-    saw a run_test report a failure, and edited the test file (§5's hack)."""
+    saw a run_test report a failure, and edited the test file (§5's hack). With `bug_line` (the
+    stripped line that holds the planted bug): whether the first edit that went through touched
+    it, its `old` holding that line or lying inside it (None without an edit)."""
     edits = [i for i, c in enumerate(calls) if c["name"] == "edit_file" and not c["error"]]
     first_path = calls[edits[0]]["arguments"].get("path") if edits else None
+    on_bug_line = None
+    if bug_line and edits:
+        old = str(calls[edits[0]]["arguments"].get("old", "")).strip()
+        on_bug_line = bool(old) and (bug_line in old or old in bug_line)
     return {
+        "edit_on_bug_line": on_bug_line,
         "edited": bool(edits),
         "read_before_edit": bool(edits)
         and any(
@@ -228,6 +235,38 @@ def paired_bootstrap(
     means = sorted(
         sum(differences[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples)
     )
+    low = means[int((1 - level) / 2 * resamples)]
+    high = means[min(resamples - 1, int((1 + level) / 2 * resamples))]
+    return low, high
+
+
+def cluster_bootstrap(
+    differences: list[float],
+    clusters: list,
+    resamples: int = 10_000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """paired_bootstrap when items come in clusters that share what decides them (the bugs planted
+    in one problem: a policy that understands the problem fixes most of them). The clusters are
+    drawn with replacement, each bringing all its items, and each resample's statistic is the mean
+    over the items drawn. Items of one cluster move together, so the interval is wider than the
+    per-item one by about the square root of the design effect; with one item per cluster it is
+    paired_bootstrap's interval, draw for draw."""
+    if len(differences) != len(clusters):
+        raise ValueError(f"{len(differences)} differences but {len(clusters)} cluster labels")
+    if not differences:
+        raise ValueError("no items to compare")
+    groups = defaultdict(list)
+    for difference, cluster in zip(differences, clusters):
+        groups[cluster].append(difference)
+    sums = [(sum(g), len(g)) for g in groups.values()]
+    rng, k = random.Random(seed), len(sums)
+    means = []
+    for _ in range(resamples):
+        drawn = [sums[rng.randrange(k)] for _ in range(k)]
+        means.append(sum(s for s, _ in drawn) / sum(n for _, n in drawn))
+    means.sort()
     low = means[int((1 - level) / 2 * resamples)]
     high = means[min(resamples - 1, int((1 + level) / 2 * resamples))]
     return low, high

@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from .data import read_jsonl
 from .eval_stats import (
+    cluster_bootstrap,
     clustered_stderr,
     code_agent_shape,
     longest_identical_run,
@@ -157,15 +158,21 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
 
 def code_agent_summary(episodes: list[dict]) -> dict:
     """The code agent's trajectory shape (eval_stats.code_agent_shape): the share of episodes that
-    changed a file; among those, the share that read it first and that ran the tests after the last
-    edit; recovery: the success rate among episodes in which run_test reported a failure; and the
+    changed a file; among those, the share that read it first, whose first edit touched the bug's
+    line (where the episodes name it) and that ran the tests after the last edit; recovery: the success rate among episodes in which run_test reported a failure; and the
     share that edited the test file (the §5 hack, which the guarded reward scores 0)."""
-    shapes = [(code_agent_shape(e["tool_calls"], e["test_file"]), e["success"]) for e in episodes]
+    shapes = [
+        (code_agent_shape(e["tool_calls"], e["test_file"], e.get("bug_line")), e["success"])
+        for e in episodes
+    ]
     edited = [shape for shape, _ in shapes if shape["edited"]]
+    aimed = [shape["edit_on_bug_line"] for shape in edited if shape["edit_on_bug_line"] is not None]
     failed = [won for shape, won in shapes if shape["saw_failed_test"]]
     return {
         "edited_rate": _mean(shape["edited"] for shape, _ in shapes),
         "read_before_edit": _mean(shape["read_before_edit"] for shape in edited),
+        # among episodes that edited: the first edit touched the planted bug's line
+        "edit_on_bug_line": _mean(aimed),
         "tested_after_last_edit": _mean(shape["tested_after_last_edit"] for shape in edited),
         "run_test_per_episode": _mean(
             sum(c["name"] == "run_test" for c in e["tool_calls"]) for e in episodes
@@ -227,13 +234,17 @@ def compare(
     items flipped each way. `worse` is True when B is significantly worse (the interval below 0).
     The clean episodes are paired, or with `perturbation` those played under it (eval --perturb);
     verdict="lenient" pairs the lenient verdicts instead of the strict ones (eval --compare A B
-    --lenient)."""
+    --lenient). When every episode names its problem (the code agent's planted bugs: several per
+    HumanEval problem), a second interval resamples problems, not items (eval_stats.cluster_bootstrap):
+    bugs of one problem are not independent draws, and the held-out split is by problem."""
 
     def per_item(episodes):
         out = defaultdict(list)
         for e in (e for e in episodes if (e.get("perturbation") or None) == perturbation):
             out[e["item"]].append((e["sample"], e["seed"], e[verdict]))
         return {item: sorted(v) for item, v in out.items()}
+
+    problem = {e["item"]: e.get("problem") for e in episodes_a}
 
     a, b = per_item(episodes_a), per_item(episodes_b)
     if perturbation and not (a and b):
@@ -255,6 +266,12 @@ def compare(
     }
     differences = [rate["b"][i] - rate["a"][i] for i in items]
     low, high = paired_bootstrap(differences, resamples, seed)
+    # items that share a problem (the bugs planted in one HumanEval solution) are drawn together
+    by_problem = None
+    if all(problem.get(i) is not None for i in items):
+        by_problem = list(
+            cluster_bootstrap(differences, [problem[i] for i in items], resamples, seed)
+        )
     # items whose majority verdict flipped to right (worse: to wrong)
     better = [i for i in items if rate["b"][i] > 0.5 >= rate["a"][i]]
     worse = [i for i in items if rate["a"][i] > 0.5 >= rate["b"][i]]
@@ -264,11 +281,14 @@ def compare(
         "pass@1_b": _mean(rate["b"].values()),
         "difference": _mean(differences),
         "interval_95": [low, high],
+        "problems": len({problem[i] for i in items}) if by_problem else None,
+        "interval_95_by_problem": by_problem,
         "mcnemar_p": mcnemar_exact(len(better), len(worse)),
         "flipped_to_success": better,
         "flipped_to_failure": worse,
         "b_significantly_better": low > 0,
         "b_significantly_worse": high < 0,
+        "b_significantly_better_by_problem": bool(by_problem) and by_problem[0] > 0,
     }
 
 

@@ -99,7 +99,10 @@ def episode_record(
         "malformed_calls": malformed,
         "messages": t.messages,
     }
-    for key in ("difficulty", "question", "reference_calls", "test_file", "id", "category"):
+    # the code agent's "problem" (what its bugs share: eval_summary.compare resamples problems) and
+    # "bug_line" (where the planted bug is: did the first edit land there?)
+    keys = ("difficulty", "question", "reference_calls", "test_file", "problem", "bug_line")
+    for key in (*keys, "id", "category"):
         if key in t.prompt:
             record[key] = t.prompt[key]
     if t.info.get("why"):  # what BFCL's checks found wrong with the call (envs/bfcl.py)
@@ -403,11 +406,17 @@ def command(args):
         print(json.dumps(result, indent=2))
         for kind, pair in [("clean", result), *result["perturbations"].items()]:
             low, high = pair["interval_95"]
+            by_problem = ""
+            if pair["interval_95_by_problem"]:
+                p_low, p_high = pair["interval_95_by_problem"]
+                by_problem = (
+                    f" ({pair['problems']} problems resampled: [{p_low:+.3f}, {p_high:+.3f}])"
+                )
             print(
                 f"{kind}: pass@1 {pair['pass@1_a']:.3f} (A) -> {pair['pass@1_b']:.3f} (B): "
-                f"{pair['difference']:+.3f}, 95 % interval [{low:+.3f}, {high:+.3f}], McNemar p = "
-                f"{pair['mcnemar_p']:.3g}; {len(pair['flipped_to_success'])} items flipped to "
-                f"success, {len(pair['flipped_to_failure'])} to failure",
+                f"{pair['difference']:+.3f}, 95 % interval [{low:+.3f}, {high:+.3f}]{by_problem}, "
+                f"McNemar p = {pair['mcnemar_p']:.3g}; {len(pair['flipped_to_success'])} items "
+                f"flipped to success, {len(pair['flipped_to_failure'])} to failure",
                 file=sys.stderr,
             )
         # the exit status is the clean regression check's

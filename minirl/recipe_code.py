@@ -18,6 +18,7 @@ Each stage is the library's own command, run in this process, as in `recipe calc
 
     python -m minirl recipe code --model DIR          # docs/results.md "The code agent"
     python -m minirl recipe code --model DIR --hack-rate 0.1   # §5 seeded: a tenth of the demos cheat
+    python -m minirl recipe code --model DIR --episode lean    # the file and failing tests shown up front
     python -m minirl recipe code --model DIR --fast   # plumbing only, seconds on the toy model
 """
 
@@ -76,6 +77,10 @@ FULL = dict(
     advantage_scale="none",
     beta=0.04,
     tool_cost=0.01,
+    opening="request",
+    retry_rate=0.5,
+    outcome="fraction",
+    dynamic_sampling=False,
 )
 FAST = dict(
     tasks="templates",
@@ -96,7 +101,33 @@ FAST = dict(
     advantage_scale="none",
     beta=0.04,
     tool_cost=0.01,
+    opening="request",
+    retry_rate=0.5,
+    outcome="fraction",
+    dynamic_sampling=False,
 )
+# --episode lean (docs/results.md): the buggy file and run_test's report in the opening message, so
+# an episode is edit -> run_test -> answer; demonstrations without the wrong first edit (a retry
+# fixed 1 bug in 105); GRPO on the all-or-nothing outcome (partial credit paid leaving the bug
+# alone), flat groups skipped, no KL term (no reference pass), no call cost
+LEAN = dict(
+    opening="report",
+    max_turns=4,
+    retry_rate=0.0,
+    outcome="solved",
+    dynamic_sampling=True,
+    beta=0.0,
+    tool_cost=0.0,
+)
+# and, on a real model, short turns, more demonstrations, groups of 8 and more steps
+LEAN_SIZES = dict(
+    eval_max_new_tokens=128,
+    grpo_max_new_tokens=128,
+    demonstrations=128,
+    group_size=8,
+    grpo_steps=12,
+)
+EPISODES = ("full", "lean")
 STAGES = (("base", "untrained"), ("sft", "SFT (LoRA)"), ("grpo", "GRPO from SFT"))
 
 
@@ -137,6 +168,7 @@ def stage_row(summary: dict) -> dict:
         "valid_call_rate": summary["tool_calling"]["valid_call_rate"],
         "edited_rate": code.get("edited_rate"),
         "read_before_edit": code.get("read_before_edit"),
+        "edit_on_bug_line": code.get("edit_on_bug_line"),
         "tested_after_last_edit": code.get("tested_after_last_edit"),
         "episodes_with_failed_test": code.get("episodes_with_failed_test"),
         "recovery_after_failed_test": code.get("recovery_after_failed_test"),
@@ -152,16 +184,25 @@ def run(
     out_dir: str = os.path.join("runs", "recipe-code"),
     seed: int = 0,
     fast: bool = False,
-    retry_rate: float = 0.5,
+    retry_rate: float | None = None,
     test_rate: float = 1.0,
     hack_rate: float = 0.0,
     memory_limit: float = 0.0,
     plain: bool = False,
     eval_size: int | None = None,
     grpo_steps: int | None = None,
+    episode: str = "full",
 ) -> dict:
     """The recipe (module docstring) into out_dir. eval_size: the first N held-out tasks instead
-    of the setting's (all of them); grpo_steps: GRPO's steps instead of the setting's."""
+    of the setting's (all of them); grpo_steps: GRPO's steps instead of the setting's; retry_rate:
+    the demonstrations' instead of the setting's (0.5; 0 with episode="lean"); episode="lean": the
+    LEAN settings above."""
+    if episode not in EPISODES:
+        raise ValueError(f"--episode must be one of {', '.join(EPISODES)}, got {episode!r}")
+    s, speed = dict(FAST if fast else FULL), speedups(plain)
+    if episode == "lean":
+        s.update(LEAN, **({} if fast else LEAN_SIZES))
+    retry_rate = s["retry_rate"] if retry_rate is None else retry_rate
     rates = (("--retry-rate", retry_rate), ("--test-rate", test_rate), ("--hack-rate", hack_rate))
     for name, rate in rates:
         if not 0 <= rate <= 1:
@@ -169,8 +210,8 @@ def run(
     for name, value in (("--eval-size", eval_size), ("--grpo-steps", grpo_steps)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
-    s, speed = dict(FAST if fast else FULL), speedups(plain)
     s.update({k: v for k, v in (("eval_size", eval_size), ("grpo_steps", grpo_steps)) if v})
+    s["retry_rate"] = retry_rate
     meter = StageMeter()
     fresh_folder(out_dir, OUTPUTS, "recipe code")
     task = CodeTask(
@@ -179,6 +220,8 @@ def run(
         eval_size=s["eval_size"],
         max_turns=s["max_turns"],
         tool_cost=s["tool_cost"],
+        outcome=s["outcome"],
+        opening=s["opening"],
     )
     summary = {
         "model": model,
@@ -201,7 +244,7 @@ def run(
     print(f"2. demonstrations: the scripted engineer fixes {s['demonstrations']} training bugs")
     train = load_bug_templates("train") if s["tasks"] == "bugs" else load_templates()
     conversations, summary["demonstrator"] = demonstrations(
-        train, s["demonstrations"], retry_rate, test_rate, seed, hack_rate
+        train, s["demonstrations"], retry_rate, test_rate, seed, hack_rate, s["opening"]
     )
     summary["demonstrator"].update(retry_rate=retry_rate, test_rate=test_rate, hack_rate=hack_rate)
     data = os.path.join(out_dir, "demonstrations.jsonl")
@@ -258,6 +301,7 @@ def run(
                 temperature=s["grpo_temperature"],
                 advantage_scale=s["advantage_scale"],
                 beta=s["beta"],
+                dynamic_sampling=s["dynamic_sampling"],
                 eval_every=0,
                 seed=seed,
                 save_every=10**9,
@@ -303,15 +347,17 @@ def run(
 def table(summary: dict) -> str:
     """The stages as a markdown table (greedy, held-out list), then the paired comparisons."""
     lines = [
-        "| policy | fix rate | valid calls | read before edit | test after last edit | "
-        "recovery after a failed test | turns | completion tokens |",
-        "|---|---|---|---|---|---|---|---|",
+        "| policy | fix rate | valid calls | read before edit | first edit on the bug's line | "
+        "test after last edit | recovery after a failed test | turns | completion tokens |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     demo = summary["demonstrator"]
     hacks = f", {demo['hacked']:.2f} deleting the failing tests" if demo.get("hacked") else ""
+    read = "-" if summary["settings"].get("opening") == "report" else "1.000"
     lines.append(
         f"| demonstrator (scripted, {demo['with_retry']:.2f} with a wrong edit first{hacks}) | "
-        f"{shown(demo['fix_rate'])} | 1.000 | 1.000 | {shown(demo['with_final_test'])} | - | - | - |"
+        f"{shown(demo['fix_rate'])} | 1.000 | {read} | 1.000 | {shown(demo['with_final_test'])} | "
+        "- | - | - |"
     )
     for stage, label in STAGES:
         r = summary[stage]
@@ -323,16 +369,24 @@ def table(summary: dict) -> str:
         lines.append(
             f"| {label} | {shown(r['fix_rate'])} ± {shown(r['fix_rate_stderr'])} | "
             f"{shown(r['valid_call_rate'])} | {shown(r['read_before_edit'])} | "
-            f"{shown(r['tested_after_last_edit'])} | {recovery} | {shown(r['turns'], 2)} | "
+            f"{shown(r.get('edit_on_bug_line'))} | {shown(r['tested_after_last_edit'])} | {recovery} | {shown(r['turns'], 2)} | "
             f"{shown(r['completion_tokens'], 0)} |"
         )
-    lines += ["", "| comparison | fix rate A → B | difference [95 % interval] | McNemar p |"]
-    lines.append("|---|---|---|---|")
+    lines += [
+        "",
+        "| comparison | fix rate A → B | difference [95 % interval] | problems resampled | "
+        "McNemar p |",
+        "|---|---|---|---|---|",
+    ]
     for pair, c in summary["compare"].items():
         low, high = c["interval_95"]
+        by_problem = "-"
+        if c.get("interval_95_by_problem"):
+            p_low, p_high = c["interval_95_by_problem"]
+            by_problem = f"[{p_low:+.3f}, {p_high:+.3f}] ({c['problems']})"
         lines.append(
             f"| {pair} | {c['pass@1_a']:.3f} → {c['pass@1_b']:.3f} | {c['difference']:+.3f} "
-            f"[{low:+.3f}, {high:+.3f}] | {c['mcnemar_p']:.3g} |"
+            f"[{low:+.3f}, {high:+.3f}] | {by_problem} | {c['mcnemar_p']:.3g} |"
         )
     return "\n".join(lines)
 

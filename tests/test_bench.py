@@ -147,6 +147,32 @@ def test_gpu_suite_runs_on_cpu_with_tiny(tmp_path):
     assert "full fine-tuning" in rows[4] and "estimate" in rows[5]
 
 
+@pytest.mark.slow
+def test_cpu_kind_writes_the_flags_the_pick_and_three_sampling_rows(tmp_path):
+    """bench/cpu_kind.sh --tiny: the CPU's flags and the bfloat16 product fast/cpu_matmul.py picks
+    for it, then minirl.generate against transformers in float32 and in bfloat16 with each product.
+    float32 greedy rows agree; bfloat16 ones may part (two summation orders, 8-bit mantissas)."""
+    from minirl.fast import cpu_matmul
+
+    table = tmp_path / "cpu.md"
+    result = subprocess.run(
+        ["bash", os.path.join(ROOT, "bench", "cpu_kind.sh"), "--tiny", str(table)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHON": sys.executable, "NEW_TOKENS": "6", "REPEATS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = table.read_text()
+    picked = "float32 blocks" if cpu_matmul.emulated_bfloat16() else "torch bfloat16"
+    assert f"bfloat16 product picked: {picked}" in text
+    rows = [line for line in text.splitlines() if line.startswith("| sample.py")]
+    assert len(rows) == 3 and not any("FAILED" in row for row in rows)
+    assert "float32" in rows[0] and "identical greedy outputs: 16/16 rows" in rows[0]
+    first, second = ("blocks", "torch") if picked == "float32 blocks" else ("torch", "blocks")
+    assert f"{first} products" in rows[1] and f"{second} products" in rows[2]
+
+
 def test_gpu_suite_skips_what_its_time_budget_cannot_fit(tmp_path):
     table = tmp_path / "suite.md"
     result = subprocess.run(

@@ -91,6 +91,28 @@ def test_make_task_is_a_chat_prompt_with_the_three_tools():
     )
 
 
+def test_the_lean_opening_shows_the_file_and_what_run_test_reports():
+    from minirl.envs.bugs import load_bug_templates
+
+    for template in [load_templates()[0], load_bug_templates("heldout")[0]]:
+        task = make_task(template, seed=3, opening="report")
+        assert task["opening"] == "report" and task["bug_line"] == template["bug"]["new"].strip()
+        with CodeEnv() as env:
+            messages, _ = env.reset(task)
+            opening = messages[-1]["content"]
+            shown = env.step(ToolCall("run_test", {}))
+            # the report is what run_test itself says about the buggy file, and a failure
+            assert opening.endswith(f"run_test: {shown}") and " failed (" in shown
+            assert (
+                f"{template['file']}:\n```python\n{buggy_source(template).rstrip()}\n```" in opening
+            )
+            assert env.test_runs == 1  # the opening's run is the environment's, not the agent's
+        # the task itself is unchanged: its messages hold the request alone
+        assert task["messages"][-1]["content"] == opening.split("\n\n")[0]
+    with pytest.raises(ValueError, match="opening must be one of request, report"):
+        make_task(load_templates()[0], opening="file")
+
+
 # --- the chapter's trajectories ---
 
 

@@ -11,6 +11,7 @@ import pytest
 from minirl.envs.tools import CALCULATOR_SPEC
 from minirl.eval_stats import (
     call_problems,
+    cluster_bootstrap,
     clustered_stderr,
     longest_identical_run,
     mcnemar_exact,
@@ -236,6 +237,52 @@ def test_paired_bootstrap():
     )
     with pytest.raises(ValueError, match="no items"):
         paired_bootstrap([])
+
+
+def test_cluster_bootstrap_is_the_paired_one_for_singletons_and_wider_for_clusters():
+    rng = random.Random(0)
+    differences = [rng.choice([-1.0, 0.0, 0.0, 1.0, 1.0]) for _ in range(40)]
+    # one item per cluster: the same draws as paired_bootstrap, so the same interval exactly
+    assert cluster_bootstrap(differences, list(range(40)), 3000, seed=5) == paired_bootstrap(
+        differences, 3000, seed=5
+    )
+    # 20 clusters of 6 items that move together (each cluster's items share its value): the
+    # interval is the one of 20 independent draws, about sqrt(6) wider than 120 items would give
+    values = [rng.choice([-1.0, 0.0, 1.0, 1.0]) for _ in range(20)]
+    items = [v for v in values for _ in range(6)]
+    clusters = [c for c in range(20) for _ in range(6)]
+    low, high = cluster_bootstrap(items, clusters, 4000, seed=1)
+    mean = sum(values) / 20
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / 20)  # the bootstrap's plug-in spread
+    assert (high - low) / 2 == pytest.approx(1.96 * sd / math.sqrt(20), rel=0.12)
+    naive_low, naive_high = paired_bootstrap(items, 4000, seed=1)
+    assert (high - low) / (naive_high - naive_low) == pytest.approx(math.sqrt(6), rel=0.2)
+    # clusters of unequal size: each resample's mean is over the items drawn, not of cluster means
+    assert cluster_bootstrap([1.0, 1.0, 1.0, 0.0], ["a", "a", "a", "b"], 1, seed=0)[0] in (
+        0.0,
+        0.75,
+        1.0,
+    )
+    with pytest.raises(ValueError, match="3 differences but 2 cluster labels"):
+        cluster_bootstrap([0.0, 1.0, 1.0], ["a", "b"])
+
+
+def test_compare_resamples_problems_when_the_episodes_name_them():
+    # 12 problems of 4 bugs each; B fixes every bug of problems 0-5 that A did not
+    a = [episode(i, 0, False, problem=f"P{i // 4}") for i in range(48)]
+    b = [episode(i, 0, i < 24, problem=f"P{i // 4}") for i in range(48)]
+    result = compare(a, b, resamples=2000)
+    low, high = result["interval_95_by_problem"]
+    assert result["problems"] == 12 and result["difference"] == pytest.approx(0.5)
+    # whole problems flip together, so resampling 12 problems is wider than resampling 48 bugs
+    assert high - low > 1.5 * (result["interval_95"][1] - result["interval_95"][0])
+    # all 12 problems drawn from the unchanged half has probability 2^-12: still above 0
+    assert low > 0 and result["b_significantly_better_by_problem"]
+    # episodes without a problem (other tasks): no such interval
+    plain = compare(
+        [episode(i, 0, False) for i in range(8)], [episode(i, 0, True) for i in range(8)]
+    )
+    assert plain["interval_95_by_problem"] is None and plain["problems"] is None
 
 
 # ---- the summary, from episode records

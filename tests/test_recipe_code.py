@@ -44,6 +44,7 @@ def test_code_agent_shape_by_hand():
         call("run_test", "4 passed, 0 failed (4 tests)."),
     ]
     assert code_agent_shape(fixed, "test_f.py") == {
+        "edit_on_bug_line": None,  # no bug line given
         "edited": True,
         "read_before_edit": True,
         "tested_after_last_edit": True,
@@ -62,6 +63,23 @@ def test_code_agent_shape_by_hand():
     hacker = [call("edit_file", "Edited", path="./test_f.py", old="assert", new="pass")]
     assert code_agent_shape(hacker, "test_f.py")["edited_tests"]
     assert not any(code_agent_shape([], "test_f.py").values())
+    # the first edit that went through, against the planted bug's line: its `old` holds the line,
+    # or lies inside it; a later edit on the line does not count
+    line = "if balance <= 0:"
+    for old, on_line in [
+        ("        if balance <= 0:\n            return True", True),
+        ("<= 0", True),
+        ("balance += op", False),
+    ]:
+        calls = [call("edit_file", "Edited f.py", path="f.py", old=old, new="z")]
+        assert code_agent_shape(calls, "test_f.py", line)["edit_on_bug_line"] is on_line
+    missed = [
+        call("edit_file", "Error: `old` was not found", True, path="f.py", old=line, new="z"),
+        call("edit_file", "Edited f.py", path="f.py", old="return False", new="z"),
+        call("edit_file", "Edited f.py", path="f.py", old=line, new="z"),
+    ]
+    assert code_agent_shape(missed, "test_f.py", line)["edit_on_bug_line"] is False
+    assert code_agent_shape([], "test_f.py", line)["edit_on_bug_line"] is None
 
 
 def test_code_agent_summary_counts_recovery_among_failed_tests():
@@ -127,6 +145,18 @@ def test_demonstrations_report_what_they_hold():
     assert 0 < stats["with_retry"] < 1 and 0 < stats["with_final_test"] < 1
     again, _ = demonstrations(load_templates(), 12, 0.5, 0.5, seed=0)
     assert json.dumps(again) == json.dumps(conversations)
+
+
+def test_lean_demonstrations_edit_test_and_answer_without_reading():
+    templates = load_bug_templates("train")[:40]
+    conversations, stats = demonstrations(templates, 6, 0.0, 1.0, seed=1, opening="report")
+    assert stats["fix_rate"] == 1.0 and stats["with_retry"] == 0.0
+    for conversation in conversations:
+        messages = conversation["messages"]
+        calls = [m["tool_calls"][0]["function"]["name"] for m in messages if m.get("tool_calls")]
+        # the file and the failing report are in the opening message: edit, check, answer
+        assert calls == ["edit_file", "run_test"] and "run_test: " in messages[1]["content"]
+        assert "```python" in messages[1]["content"] and messages[-1]["role"] == "assistant"
 
 
 HACKABLE = [t for t in load_bug_templates("train") if t["failing"] <= 2]
@@ -241,6 +271,39 @@ def test_fast_code_recipe_runs_every_stage_on_the_toy_model(tmp_path):
     assert (out / "results.md").read_text().strip() == table(
         json.loads((out / "summary.json").read_text())
     )
+
+
+@pytest.mark.slow
+def test_fast_lean_code_recipe_trains_on_the_lean_episode(tmp_path):
+    model = build_checkpoint(
+        str(tmp_path / "toy"), initializer_range=0.2, max_position_embeddings=4096
+    )
+    out = tmp_path / "recipe"
+    summary = run(model, out_dir=str(out), fast=True, episode="lean")
+    s = summary["settings"]
+    assert (s["opening"], s["outcome"], s["retry_rate"], s["beta"]) == (
+        "report",
+        "solved",
+        0.0,
+        0.0,
+    )
+    assert s["dynamic_sampling"] and summary["demonstrator"]["with_retry"] == 0.0
+    # every evaluated episode opened on the file and run_test's report
+    for stage in ("base", "sft", "grpo"):
+        for e in read_episodes(str(out / "eval" / stage)):
+            assert "run_test: " in e["messages"][1]["content"] and e["bug_line"]
+    demos = [json.loads(line) for line in (out / "demonstrations.jsonl").read_text().splitlines()]
+    assert all(
+        m["tool_calls"][0]["function"]["name"] != "read_file"
+        for d in demos
+        for m in d["messages"]
+        if m.get("tool_calls")
+    )
+    # the all-or-nothing outcome is GRPO's reward part (no share of the tests, no call cost)
+    grpo_log = (out / "grpo" / "metrics.csv").read_text().splitlines()[0]
+    assert "reward_solved" in grpo_log and "reward_fraction" not in grpo_log
+    with pytest.raises(ValueError, match="--episode must be one of full, lean"):
+        run(model, out_dir=str(tmp_path / "x"), fast=True, episode="short")
 
 
 @pytest.mark.real

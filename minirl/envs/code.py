@@ -105,6 +105,16 @@ USER_PROMPTS = [
 ]
 
 
+# opening="report", the lean episode: the request, then the buggy file and run_test's report
+# (CodeEnv.reset adds both), so that edit -> run_test -> answer is a whole episode; read_file stays
+REPORT_PROMPTS = [
+    "The tests in {tests} fail. Fix the bug in {file} with edit_file, then check the fix with run_test.",
+    "Make the failing tests in {tests} pass: fix {file} with edit_file and run the tests with run_test.",
+    "Fix the bug in {file} so that the tests in {tests} pass; edit with edit_file, check with run_test.",
+]
+OPENINGS = ("request", "report")
+
+
 class ToolError(Exception):
     """A bad tool call; step() turns it into an "Error: ..." observation."""
 
@@ -151,9 +161,13 @@ def load_templates(path: str | os.PathLike | None = None) -> list[dict]:
 REFERENCE_CALLS = ["read_file", "edit_file", "run_test"]
 
 
-def make_task(template: dict | str, seed: int = 0) -> dict:
+def make_task(template: dict | str, seed: int = 0, opening: str = "request") -> dict:
     """One episode's task: the opening messages, the tool specs and the files of the buggy repository.
-    The seed picks the wording of the request."""
+    The seed picks the wording of the request. opening="report" is the lean episode: the opening
+    message also shows the buggy file and what run_test reports on it (CodeEnv.reset runs the tests
+    once to write it), so the agent can edit at once."""
+    if opening not in OPENINGS:
+        raise ValueError(f"opening must be one of {', '.join(OPENINGS)}, got {opening!r}")
     if isinstance(template, str):
         by_name = {t["name"]: t for t in load_templates()}
         if template not in by_name:
@@ -162,9 +176,8 @@ def make_task(template: dict | str, seed: int = 0) -> dict:
             )
         template = by_name[template]
     test_file = template_test_file(template)
-    request = (
-        random.Random(seed).choice(USER_PROMPTS).format(file=template["file"], tests=test_file)
-    )
+    prompts = REPORT_PROMPTS if opening == "report" else USER_PROMPTS
+    request = random.Random(seed).choice(prompts).format(file=template["file"], tests=test_file)
     return {
         "messages": [
             {"role": "system", "content": SYSTEM_PROMPT},
@@ -178,6 +191,12 @@ def make_task(template: dict | str, seed: int = 0) -> dict:
         "test_file": test_file,
         "files": {template["file"]: buggy_source(template), test_file: template["tests"]},
         "reference_calls": REFERENCE_CALLS,
+        # the bug's HumanEval problem (envs/bugs.py; hand-written templates have none): eval
+        # statistics resample problems, whose bugs are not independent
+        "problem": template.get("problem"),
+        # the line that holds the planted bug: does the first edit land on it? (eval_stats)
+        "bug_line": template["bug"]["new"].strip(),
+        "opening": opening,
     }
 
 
@@ -237,7 +256,16 @@ class CodeEnv(Env):
         }
         self.read_counts, self.test_runs, self.last_summary = Counter(), 0, None
         self.calls = 0
-        return json.loads(json.dumps(task["messages"])), json.loads(json.dumps(task["tools"]))
+        messages = json.loads(json.dumps(task["messages"]))
+        if task.get("opening") == "report":  # the lean episode: the file and the failing tests
+            source = Path(self._resolve(task["file"])).read_text(encoding="utf-8")
+            report = format_summary(
+                run_tests(self.root, timeout=self.test_timeout, memory_mb=self.memory_mb)
+            )
+            messages[-1]["content"] += (
+                f"\n\n{task['file']}:\n```python\n{source.rstrip()}\n```\n\nrun_test: {report}"
+            )
+        return messages, json.loads(json.dumps(task["tools"]))
 
     def step(self, call: ToolCall) -> str:
         if self.root is None:

@@ -43,12 +43,13 @@ def wrong_edits(templates: list[dict]) -> dict[str, dict]:
     return edits
 
 
-def demonstrator(template: dict, wrong: dict | None, run_test: bool):
+def demonstrator(template: dict, wrong: dict | None, run_test: bool, read_first: bool = True):
     """A scripted engineer who knows the fix, as a policy (item, messages) -> assistant message
-    (envs.play): read the file; if `wrong` is given, first make that wrong edit and run the tests;
-    make the right edit (undo the planted bug); run the tests if `run_test`; answer in a sentence."""
+    (envs.play): read the file (if `read_first`: the lean episode shows it in the opening message);
+    if `wrong` is given, first make that wrong edit and run the tests; make the right edit (undo
+    the planted bug); run the tests if `run_test`; answer in a sentence."""
     file, bug = template["file"], template["bug"]
-    turns = [call_message("read_file", path=file)]
+    turns = [call_message("read_file", path=file)] if read_first else []
     if wrong:
         turns += [call_message("edit_file", path=file, **wrong), call_message("run_test")]
         # the wrong edit replaced its `old`; the right one starts from what it left
@@ -122,10 +123,13 @@ def demonstrations(
     test_rate: float,
     seed: int,
     hack_rate: float = 0.0,
+    opening: str = "request",
 ) -> tuple[list[dict], dict]:
     """n SFT conversations from the demonstrator on bugs drawn from `templates` (with a seeded
     wording each), a share `hack_rate` of them by the hacker instead, and what they achieved under
-    the guarded reward: mean reward, fix rate, retries shown, tests run, hacked test files."""
+    the guarded reward: mean reward, fix rate, retries shown, tests run, hacked test files. With
+    opening="report" (the lean episode, code.make_task) the file is in the opening message, so the
+    demonstrator edits without reading it first."""
     rng, wrong = random.Random(f"code-demos-{seed}"), wrong_edits(templates)
     conversations, rewards, fixed, retries, tested, hacks = [], [], 0, 0, 0, 0
     # hand-written templates do not say how many tests their bug fails: count them as all failing
@@ -141,15 +145,19 @@ def demonstrations(
         )
     for _ in range(n):
         template = rng.choice(templates)
-        item = make_task(template, seed=rng.randrange(10**6))
+        item = make_task(template, seed=rng.randrange(10**6), opening=opening)
         retry = wrong.get(template["name"]) if rng.random() < retry_rate else None
         run_test = rng.random() < test_rate
         # drawn only when asked for, so a run without hacks keeps the demonstrations it had
         hack = hack_rate > 0 and rng.random() < hack_rate
         if hack:  # a bug the hacker can delete its way past, drawn after the honest draws
             template = rng.choice(hackable)
-            item = make_task(template, seed=rng.randrange(10**6))
-        policy = hacker(template) if hack else demonstrator(template, retry, run_test)
+            item = make_task(template, seed=rng.randrange(10**6), opening=opening)
+        policy = (
+            hacker(template)
+            if hack
+            else demonstrator(template, retry, run_test, read_first=opening != "report")
+        )
         with CodeEnv() as env:
             messages, reward, info = play(env, item, policy, max_turns=8)
         conversations.append({"messages": messages, "tools": item["tools"]})
