@@ -159,8 +159,9 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
 def code_agent_summary(episodes: list[dict]) -> dict:
     """The code agent's trajectory shape (eval_stats.code_agent_shape): the share of episodes that
     changed a file; among those, the share that read it first, whose first edit touched the bug's
-    line (where the episodes name it) and that ran the tests after the last edit; recovery: the success rate among episodes in which run_test reported a failure; and the
-    share that edited the test file (the §5 hack, which the guarded reward scores 0)."""
+    line (where the episodes name it) and that ran the tests after the last edit; recovery: the
+    success rate among episodes in which run_test reported a failure; and the share that edited the
+    test file (the §5 hack, which the guarded reward scores 0)."""
     shapes = [
         (code_agent_shape(e["tool_calls"], e["test_file"], e.get("bug_line")), e["success"])
         for e in episodes
