@@ -232,11 +232,16 @@ def paired_bootstrap(
     if not differences:
         raise ValueError("no items to compare")
     rng, n = random.Random(seed), len(differences)
-    means = sorted(
-        sum(differences[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples)
-    )
-    low = means[int((1 - level) / 2 * resamples)]
-    high = means[min(resamples - 1, int((1 + level) / 2 * resamples))]
+    means = [sum(differences[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples)]
+    return percentile_interval(means, level)
+
+
+def percentile_interval(means: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The percentile interval of bootstrap resamples' statistics: the (1 - level)/2 and
+    (1 + level)/2 quantiles of the sorted values."""
+    means = sorted(means)
+    low = means[int((1 - level) / 2 * len(means))]
+    high = means[min(len(means) - 1, int((1 + level) / 2 * len(means)))]
     return low, high
 
 
@@ -266,7 +271,4 @@ def cluster_bootstrap(
     for _ in range(resamples):
         drawn = [sums[rng.randrange(k)] for _ in range(k)]
         means.append(sum(s for s, _ in drawn) / sum(n for _, n in drawn))
-    means.sort()
-    low = means[int((1 - level) / 2 * resamples)]
-    high = means[min(resamples - 1, int((1 + level) / 2 * resamples))]
-    return low, high
+    return percentile_interval(means, level)

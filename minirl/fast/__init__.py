@@ -71,62 +71,25 @@ def speedups(plain: bool) -> Speedups:
 
 
 def generate(
-    model,
-    prompts: list[list[int]],
-    *,
-    max_new_tokens: int = 64,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    stop_token_ids: list[int] | None = None,
-    seed: int | None = None,
-    num_samples: int = 1,
-    decoder: Decoder | None = None,
+    model, prompts: list[list[int]], *, decoder: Decoder | None = None, **options
 ) -> list[Completion]:
     """minirl.generate: sampling.generate (same arguments, same completions) with every drop-in on
     for this call. The model's layers compute with cpu_matmul's products while it runs and are
     handed back as they were; a Decoder samples (each distinct prompt prefilled once, prompts in
     passes of similar lengths, stopped rows leave the batch, the inverse-CDF draw). Greedy tokens
     are the plain loop's; a seed draws another stream than the plain loop's (another draw).
-    decoder: one you hold instead, e.g. Decoder(model, compile=True) kept across calls."""
+    decoder: one you hold instead, e.g. Decoder(model, compile=True) kept across calls; options:
+    sampling.generate's (max_new_tokens, temperature, top_k, top_p, stop_token_ids, seed,
+    num_samples)."""
     with fast_products(model):
-        return sampling.generate(
-            model,
-            prompts,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            stop_token_ids=stop_token_ids,
-            seed=seed,
-            num_samples=num_samples,
-            decoder=FAST.decoder(model) if decoder is None else decoder,
-        )
+        decoder = FAST.decoder(model) if decoder is None else decoder
+        return sampling.generate(model, prompts, decoder=decoder, **options)
 
 
-def stream(
-    model,
-    prompt: list[int],
-    *,
-    max_new_tokens: int = 64,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    stop_token_ids: list[int] | None = None,
-    seed: int | None = None,
-    decoder: Decoder | None = None,
-):
-    """minirl.stream: sampling.stream with every drop-in on, as generate above. The model computes
-    with the fast products until the stream ends (or is dropped)."""
+def stream(model, prompt: list[int], *, decoder: Decoder | None = None, **options):
+    """minirl.stream: sampling.stream with every drop-in on, as generate above (options:
+    sampling.stream's). The model computes with the fast products until the stream ends (or is
+    dropped)."""
     with fast_products(model):
-        yield from sampling.stream(
-            model,
-            prompt,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            stop_token_ids=stop_token_ids,
-            seed=seed,
-            decoder=FAST.decoder(model) if decoder is None else decoder,
-        )
+        decoder = FAST.decoder(model) if decoder is None else decoder
+        yield from sampling.stream(model, prompt, decoder=decoder, **options)
