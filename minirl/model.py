@@ -110,18 +110,22 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.write(self.layer_idx, k, v)  # (B, K, S, D): every slot filled so far
-        if self.implementation == "eager":
-            y = eager_attention(q, k, v, mask)  # (B, H, T, D)
-        else:  # the same formula in one fused kernel; each group of H/K query heads reads one kv head
-            y = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                is_causal=mask is None,
-                enable_gqa=self.num_heads != self.num_kv_heads,
-            )  # (B, H, T, D)
+        y = self.attend(q, k, v, mask)  # (B, H, T, D)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
+
+    def attend(self, q, k, v, mask):
+        """q (B, H, T, D), k and v (B, K, S, D), mask (B, 1, T, S) or None -> (B, H, T, D)."""
+        if self.implementation == "eager":
+            return eager_attention(q, k, v, mask)
+        # the same formula in one fused kernel; each group of H/K query heads reads one kv head
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=mask is None,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
 
 
 class MLP(nn.Module):

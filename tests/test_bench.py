@@ -44,6 +44,7 @@ def test_bench_speedups_tiny_prints_every_configuration():
     assert names == [
         "plain",
         "cpu_matmul",
+        "decode_attention",
         "chunked_logprobs",
         "prefixes",
         "shared_prefill",

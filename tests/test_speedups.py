@@ -10,20 +10,23 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import SUM_ORDER, FixedRollouts
 
 from minirl.fast import FAST, PLAIN, Speedups, cpu_matmul, prefix_learner
 from minirl.fast.chunked_logprobs import chunked_sft_loss, chunked_token_logprobs
+from minirl.fast.decode_attention import DecodeAttention, use_decode_attention
 from minirl.fast.decoder import Decoder
 from minirl.grpo import GRPOConfig, grpo_step
+from minirl.kv_cache import KVCache
 from minirl.learner import fixed_logprobs, lm_head_logprobs
 from minirl.learner import learning_batch as plain_batch
 from minirl.learner import logprobs as plain_logprobs
 from minirl.lora import add_lora
 from minirl.losses import IGNORE_INDEX
-from minirl.model import random_model
+from minirl.model import Attention, random_model
 from minirl.rollout import Trajectory
-from minirl.sampling import generate
+from minirl.sampling import generate, left_padded
 from minirl.sft import SFTConfig, lm_head_sft_loss, sft_step
 from minirl.toy import tiny_config
 from minirl.trainable_tokens import add_trainable_tokens
@@ -112,6 +115,104 @@ def test_fast_products_swap_classes_only_and_compute_the_same():
     cpu_matmul.use_plain_products(fast)
     assert not any(type(m) in cpu_matmul.PLAIN_TWIN for m in fast.modules())
     assert type(fast.model.layers[0].mlp.gate_proj).__name__ == "LoRALinear"
+
+
+@pytest.mark.skipif(
+    not cpu_matmul.native_bfloat16(),
+    reason="packs weights only on a CPU with bfloat16 instructions",
+)
+def test_packed_weights_give_torchs_product_and_are_dropped_when_stale():
+    model = lora_model(tokens=False).eval()
+    for dtype in (torch.float32, torch.bfloat16):
+        layer = cpu_matmul.use_fast_products(copy.deepcopy(model).to(dtype)).model.layers[0]
+        layer = layer.self_attn.q_proj
+        x = torch.randn(5, layer.weight.shape[1]).to(dtype)
+        packed = cpu_matmul.Packed(layer.weight)
+        with torch.no_grad():
+            ours = cpu_matmul.linear(x, layer.weight, layer.bias, packed)
+            theirs = F.linear(x, layer.weight, layer.bias)
+            if dtype == torch.bfloat16:
+                # bfloat16: oneDNN's product is torch's, bit for bit
+                assert torch.equal(ours, theirs)
+            torch.testing.assert_close(ours, theirs, **SUM_ORDER)
+            # changed in place since it was packed (a merged adapter): the plain product again
+            layer.weight.add_(1.0)
+            assert packed.product(x, layer.weight, layer.bias) is None
+            torch.testing.assert_close(
+                cpu_matmul.linear(x, layer.weight, layer.bias, packed),
+                F.linear(x, layer.weight, layer.bias),
+                **SUM_ORDER,
+            )
+
+
+def test_packed_weights_live_only_inside_the_block(monkeypatch):
+    for native in (False, True):
+        if native and not cpu_matmul.native_bfloat16():
+            continue
+        monkeypatch.setattr(cpu_matmul, "native_bfloat16", lambda: native)
+        model = cpu_matmul.use_fast_products(lora_model(tokens=False))
+        with cpu_matmul.packed_weights(model):
+            packed = [getattr(m, "packed", None) for m in model.modules() if hasattr(m, "weight")]
+            assert any(p is not None for p in packed) == native
+        assert all(getattr(m, "packed", None) is None for m in model.modules())
+    # no room for the copy: it says so and samples unpacked
+    monkeypatch.setattr(cpu_matmul, "native_bfloat16", lambda: True)
+    monkeypatch.setattr(cpu_matmul, "available_bytes", lambda device: 1000)
+    with pytest.warns(UserWarning, match="without packed weights"):
+        with cpu_matmul.packed_weights(model):
+            assert all(getattr(m, "packed", None) is None for m in model.modules())
+
+
+# ---- a decoding step's attention: fast/decode_attention.py ------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (14, 2)])
+def test_decode_attention_is_the_plain_attention(heads, kv_heads, dtype):
+    """One query token per row against a cache with padding (masked slots): the query heads of each
+    kv head read as one sequence give the grouped kernel's output; more than one token is the plain
+    kernel itself."""
+    config = tiny_config(
+        V, num_attention_heads=heads, num_key_value_heads=kv_heads, hidden_size=16 * heads
+    )
+    plain = Attention(config, 0)
+    fast = copy.deepcopy(plain)
+    use_decode_attention(fast)
+    assert type(fast) is DecodeAttention
+    g = torch.Generator().manual_seed(0)
+    B, S, D = 3, 11, config.head_dim
+    for T in (1, 4):
+        q = torch.randn(B, heads, T, D, generator=g).to(dtype)
+        k, v = (torch.randn(B, kv_heads, S, D, generator=g).to(dtype) for _ in range(2))
+        mask = torch.ones(B, 1, T, S, dtype=torch.bool).tril(S - T)
+        # row 1 left-padded by 4 slots, row 2 sees only its last key
+        mask[1, ..., :4] = False
+        mask[2, ..., :-T] = False
+        ours, theirs = fast.attend(q, k, v, mask), plain.attend(q, k, v, mask)
+        if T > 1 or dtype == torch.float32:
+            # only a one-token bfloat16 step takes the other layout
+            assert torch.equal(ours, theirs)
+        # bfloat16: each side rounds its output once (8 bits of mantissa)
+        tolerance = SUM_ORDER if dtype == torch.float32 else dict(atol=2e-2, rtol=1e-2)
+        torch.testing.assert_close(ours, theirs, **tolerance)
+    use_decode_attention(fast, on=False)
+    assert type(fast) is Attention
+
+
+def test_decode_attention_gives_a_cached_bfloat16_steps_logits():
+    """A bfloat16 model decoding one token on top of a left-padded prefill: the step's logits with
+    DecodeAttention are the plain ones, up to bfloat16 rounding."""
+    model = lora_model(tokens=False).eval().to(torch.bfloat16)
+    fast = dataclasses.replace(PLAIN, decode_attention=True).apply(copy.deepcopy(model))
+    assert type(fast.model.layers[0].self_attn) is DecodeAttention
+    prompts = [PREFIX + q for q in QUESTIONS]
+    ids, mask = left_padded(prompts, "cpu")
+    logits = []
+    with torch.no_grad():
+        for m in (model, fast):
+            cache = KVCache(m.config, len(prompts), ids.shape[1] + 1, torch.bfloat16)
+            m(ids, mask, kv_cache=cache)
+            step = torch.tensor([[3], [4], [5]])
+            logits.append(m(step, torch.ones_like(step), kv_cache=cache).float())
+    torch.testing.assert_close(logits[1], logits[0], atol=3e-2, rtol=2e-2)
 
 
 # ---- the log-probs: fast/chunked_logprobs.py ---------------------------------------------------------

@@ -3,6 +3,7 @@
 | drop-in | the plain version it replaces | what it saves |
 |---|---|---|
 | cpu_matmul.py | F.linear in model.py, lora.py, trainable_tokens.py | CPU products of a few float32 rows; emulated bfloat16 |
+| decode_attention.py | Attention.attend in model.py | a one-token bfloat16 step's attention on a CPU (10x) |
 | chunked_logprobs.py | losses.token_logprobs / sft_loss on lm_head logits | the (B, T, V) logits |
 | prefix_learner.py, prefixes.py, length_passes.py | learner.py; sft.batch_losses | shared prompt tokens run once; less padding |
 | decoder.py | sampling.generate | one prefill per distinct prompt; stopped rows leave the batch; fixed shapes |
@@ -17,12 +18,14 @@ shape, and the turn cache in a batch of episodes (bench/episodes.py). A run pick
 sampler's call with every drop-in on, for a library user who calls it on a model of their own.
 """
 
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 from .. import sampling
 from ..next_token import multinomial_draw
 from ..sampling import Completion
-from .cpu_matmul import fast_products, use_fast_products, use_plain_products
+from .cpu_matmul import packed_weights, use_fast_products, use_plain_products
+from .decode_attention import use_decode_attention
 from .decoder import Decoder
 from .inverse_cdf import inverse_cdf_draw
 
@@ -30,6 +33,7 @@ from .inverse_cdf import inverse_cdf_draw
 @dataclass(frozen=True)
 class Speedups:
     cpu_matmul: bool = True  # cpu_matmul.py, on every layer of the model
+    decode_attention: bool = True  # decode_attention.py, on every attention layer
     chunked_logprobs: bool = True  # chunked_logprobs.py, in the learner and SFT
     prefixes: bool = True  # prefix_learner.py and SFT's shared prefix, in passes of similar lengths
     shared_prefill: bool = True  # decoder.py: one prefill per distinct prompt and shared prefix
@@ -38,8 +42,10 @@ class Speedups:
     turn_cache: bool = True  # turn_cache.py: each episode's cache kept from turn to turn
 
     def apply(self, model):
-        """The model's layers with the fast products, or the plain ones. In place; returns it."""
-        return use_fast_products(model) if self.cpu_matmul else use_plain_products(model)
+        """The model's layers with the fast products and attention, or the plain ones (each as its
+        flag says). In place; returns it."""
+        (use_fast_products if self.cpu_matmul else use_plain_products)(model)
+        return use_decode_attention(model, on=self.decode_attention)
 
     def decoder(self, model, compile: bool = False) -> Decoder | None:
         """The sampler for `model`: a Decoder with the decoding drop-ins that are on (compile: fixed
@@ -70,18 +76,36 @@ def speedups(plain: bool) -> Speedups:
     return PLAIN if plain else FAST
 
 
+@contextmanager
+def fast_layers(model):
+    """The model's layers with their fast twins (FAST.apply) and, on a CPU with bfloat16
+    instructions, their weights packed for oneDNN (cpu_matmul.packed_weights) while the block runs;
+    then each layer back to the class it had (a model already fast stays fast) and the packed
+    copies dropped: how minirl.generate speeds up a model it was handed without changing it for the
+    caller."""
+    classes = [(layer, type(layer)) for layer in model.modules()]
+    FAST.apply(model)
+    try:
+        with packed_weights(model):
+            yield model
+    finally:
+        for layer, cls in classes:
+            layer.__class__ = cls
+
+
 def generate(
     model, prompts: list[list[int]], *, decoder: Decoder | None = None, **options
 ) -> list[Completion]:
     """minirl.generate: sampling.generate (same arguments, same completions) with every drop-in on
-    for this call. The model's layers compute with cpu_matmul's products while it runs and are
-    handed back as they were; a Decoder samples (each distinct prompt prefilled once, prompts in
-    passes of similar lengths, stopped rows leave the batch, the inverse-CDF draw). Greedy tokens
+    for this call. The model's layers compute with cpu_matmul's products and decode_attention's
+    attention while it runs and are handed back as they were; a Decoder samples (each distinct
+    prompt prefilled once, prompts in passes of similar lengths, stopped rows leave the batch, the
+    inverse-CDF draw). Greedy tokens
     are the plain loop's; a seed draws another stream than the plain loop's (another draw).
     decoder: one you hold instead, e.g. Decoder(model, compile=True) kept across calls; options:
     sampling.generate's (max_new_tokens, temperature, top_k, top_p, stop_token_ids, seed,
     num_samples)."""
-    with fast_products(model):
+    with fast_layers(model):
         decoder = FAST.decoder(model) if decoder is None else decoder
         return sampling.generate(model, prompts, decoder=decoder, **options)
 
@@ -90,6 +114,6 @@ def stream(model, prompt: list[int], *, decoder: Decoder | None = None, **option
     """minirl.stream: sampling.stream with every drop-in on, as generate above (options:
     sampling.stream's). The model computes with the fast products until the stream ends (or is
     dropped)."""
-    with fast_products(model):
+    with fast_layers(model):
         decoder = FAST.decoder(model) if decoder is None else decoder
         yield from sampling.stream(model, prompt, decoder=decoder, **options)
