@@ -63,6 +63,8 @@ WHAT = {
     "plain": "the plain versions only (--plain)",
     "cpu_matmul": "few-row float32 products; emulated bfloat16 in float32 blocks",
     "decode_attention": "a one-token step's attention: each kv head's query heads as one sequence",
+    "packed_weights": "cpu_matmul's layers, their weights packed for oneDNN while sampling (a CPU "
+    "with bfloat16 instructions)",
     "chunked_logprobs": "log-probs in chunks from hidden states, no (rows, Lc, V) logits",
     "prefixes": "shared prefix and each group's question run once; minibatches by length",
     "shared_prefill": "one prefill per distinct prompt and for the shared prefix, in passes",
@@ -129,6 +131,11 @@ def configurations(only, leave_one_out=False) -> dict[str, tuple[Speedups, bool]
             configs[f"all but {name}"] = (dataclasses.replace(FAST, **{name: False}), False)
     else:
         configs.update({n: (dataclasses.replace(PLAIN, **{n: True}), False) for n in DROP_INS})
+        # the packed weights are the fast layers' (cpu_matmul's): alone, they come with them
+        configs["packed_weights"] = (
+            dataclasses.replace(PLAIN, cpu_matmul=True, packed_weights=True),
+            False,
+        )
         configs["static_cache"] = (PLAIN, True)
     configs["all"] = (FAST, False)
     if only:

@@ -45,6 +45,7 @@ def test_bench_speedups_tiny_prints_every_configuration():
         "plain",
         "cpu_matmul",
         "decode_attention",
+        "packed_weights",
         "chunked_logprobs",
         "prefixes",
         "shared_prefill",

@@ -156,6 +156,21 @@ def test_estimate_against_a_hand_calculation():
     assert plan.sampling == weights + lora + adam + kv + prefill + logits == 535_328
     assert plan.learning == weights + lora + adam + lora + activations + chunks + batch == 708_920
     assert plan.peak == plan.learning and "fits a 40 GB GPU: yes" in plan.table()
+    # weights packed for oneDNN while sampling (a CPU with bfloat16 instructions): one more copy
+    packed = estimate(
+        small(),
+        lora_r=4,
+        group_size=2,
+        prompts_per_step=3,
+        prompt_len=10,
+        max_new_tokens=6,
+        dtype_bytes=2,
+        minibatch_size=4,
+        chunk_size=8,
+        packed=True,
+    )
+    assert packed.items["sampling: weights packed for oneDNN (a second copy)"] == weights
+    assert packed.sampling == plan.sampling + weights and packed.learning == plan.learning
     # compiled decoding keeps the cache (16 tokens round up to 256 slots), while learning too
     compiled = estimate(
         small(),
@@ -248,6 +263,13 @@ def test_a_cpu_run_counts_the_allocators_slack_while_learning(checkpointing):
         )
     )
     assert sft_cpu.learning - sft_gpu.learning == expected and sft_cpu.sampling == sft_gpu.sampling
+    # the graduation test's sampler with packed weights: one more copy of the (float32) weights
+    sft_packed = sft_estimate(
+        small(), rows=2, tokens=40, shared_prefix=8, checkpointing=checkpointing, packed=True
+    )
+    copy = 4 * parameter_count(small())
+    assert sft_packed.sampling == sft_gpu.sampling + copy
+    assert sft_packed.learning == sft_gpu.learning
 
 
 def test_full_fine_tuning_counts_the_reference_copy_and_full_optimizer_state():

@@ -163,6 +163,30 @@ def test_packed_weights_live_only_inside_the_block(monkeypatch):
             assert all(getattr(m, "packed", None) is None for m in model.modules())
 
 
+def test_a_decoder_that_packs_holds_the_copies_for_its_call_only(monkeypatch):
+    """Decoder(pack=True), as FAST builds it for the commands: the fast layers' weights packed while
+    each call samples (where this CPU packs), none before or after; the same greedy tokens."""
+    model = cpu_matmul.use_fast_products(lora_model(tokens=False).eval())
+    prompts = [PREFIX + q for q in QUESTIONS]
+    plain = generate(model, prompts, max_new_tokens=8, temperature=0, stop_token_ids=[])
+    decoder = FAST.decoder(model)
+    assert decoder.pack
+    seen = []
+    steps = Decoder._steps
+
+    def spying(self, *args, **kwargs):
+        seen.append(any(getattr(m, "packed", None) is not None for m in model.modules()))
+        yield from steps(self, *args, **kwargs)
+
+    monkeypatch.setattr(Decoder, "_steps", spying)
+    ours = generate(
+        model, prompts, max_new_tokens=8, temperature=0, stop_token_ids=[], decoder=decoder
+    )
+    assert [o.tokens for o in ours] == [o.tokens for o in plain]
+    assert seen == [cpu_matmul.native_bfloat16()]
+    assert all(getattr(m, "packed", None) is None for m in model.modules())
+
+
 # ---- a decoding step's attention: fast/decode_attention.py ------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (14, 2)])

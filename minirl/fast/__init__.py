@@ -34,6 +34,8 @@ from .inverse_cdf import inverse_cdf_draw
 class Speedups:
     cpu_matmul: bool = True  # cpu_matmul.py, on every layer of the model
     decode_attention: bool = True  # decode_attention.py, on every attention layer
+    # cpu_matmul.packed_weights while the Decoder samples (the weights of cpu_matmul's layers)
+    packed_weights: bool = True
     chunked_logprobs: bool = True  # chunked_logprobs.py, in the learner and SFT
     prefixes: bool = True  # prefix_learner.py and SFT's shared prefix, in passes of similar lengths
     shared_prefill: bool = True  # decoder.py: one prefill per distinct prompt and shared prefix
@@ -50,7 +52,13 @@ class Speedups:
     def decoder(self, model, compile: bool = False) -> Decoder | None:
         """The sampler for `model`: a Decoder with the decoding drop-ins that are on (compile: fixed
         shapes and a compiled step), or None for the plain sampling.generate."""
-        decoding = (self.shared_prefill, self.compaction, self.inverse_cdf, self.turn_cache)
+        decoding = (
+            self.shared_prefill,
+            self.compaction,
+            self.inverse_cdf,
+            self.turn_cache,
+            self.packed_weights,
+        )
         if not (any(decoding) or compile):
             return None
         draw = inverse_cdf_draw if self.inverse_cdf else multinomial_draw
@@ -61,6 +69,7 @@ class Speedups:
             compile=compile,
             draw=draw,
             turn_cache=self.turn_cache,
+            pack=self.packed_weights,
         )
 
 

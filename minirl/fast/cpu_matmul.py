@@ -18,13 +18,14 @@ and evaluation commands apply it to the model they assemble unless --plain. Two 
    the same blocks run in backward (UpcastProduct), so bfloat16 LoRA training gains too.
 
 3. Prepacked weights on a CPU with bfloat16 instructions (AVX512-BF16 or AMX: `native_bfloat16`),
-   while a sampling call runs (`packed_weights`, which minirl.generate opens). oneDNN multiplies a
+   while a sampling call runs (`packed_weights`, which a Decoder with pack=True opens). oneDNN multiplies a
    weight kept in its own blocked layout without rearranging it on every call: on a 2-core AMD EPYC
    with AVX512-BF16, for 1-16 rows, 1.6-2.2x per product in bfloat16 (bit for bit torch's product)
    and 1.7-4x in float32, the 152k-row lm_head included. The packed copy is a second copy of every
-   weight for the call's duration (+1 GB for the 0.5B model in bfloat16), which the training
-   commands' memory plans do not count, so only minirl.generate and minirl.stream open it. A weight
-   changed in place since it was packed (tensor._version moved: merged LoRA) is multiplied plain.
+   weight for the call's duration (+1 GB for the 0.5B model in bfloat16), which the memory plans
+   of grpo and sft count (run/memory.py) and which is skipped, with a warning, where it would take
+   more than PACK_SHARE of the memory available. A weight changed in place since it was packed
+   (tensor._version moved: a folded LoRA adapter, a full fine-tuning step) is multiplied plain.
    AVX2 CPUs keep 1. and 2., measured there.
 
 Elsewhere (a GPU, other dtypes, one row, many float32 rows) the usual F.linear. The results are the
@@ -252,13 +253,15 @@ def use_plain_products(model: nn.Module) -> nn.Module:
 def packed_weights(model: nn.Module):
     """While the block runs, every fast layer's weight (use_fast_products ran) also held packed for
     oneDNN (3. in the module docstring), on a CPU where native_bfloat16(); elsewhere nothing. The
-    copies are dropped when the block ends."""
+    copies are dropped when the block ends. Nested blocks pack once: a layer packed by an outer
+    block is left to it."""
     layers = []
     if native_bfloat16():
         layers = [
             layer
             for layer in model.modules()
             if type(layer) in PLAIN_TWIN
+            and layer.__dict__.get("packed") is None
             and layer.weight.device.type == "cpu"
             and layer.weight.dtype in (torch.float32, torch.bfloat16)
         ]
@@ -276,6 +279,11 @@ def packed_weights(model: nn.Module):
     finally:
         for layer in layers:
             layer.__dict__.pop("packed", None)
+
+
+def packs_weights(device) -> bool:
+    """Whether packed_weights packs a model on `device` here (the memory plans ask)."""
+    return torch.device(device).type == "cpu" and native_bfloat16()
 
 
 def uses_fast_products(model: nn.Module) -> bool:

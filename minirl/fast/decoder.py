@@ -17,6 +17,8 @@ the last row stops. A Decoder (passed as generate(..., decoder=)) does the same 
   and writes at the addresses it was recorded with, so the Decoder keeps its StaticKVCaches from call
   to call (one per batch size, reused while long enough); the GRPO loop holds one for the run.
 - draw: the next-token draw, fast/inverse_cdf.py's by default.
+- pack: each call's weights packed for oneDNN on a CPU with bfloat16 instructions
+  (fast/cpu_matmul.py's third speed-up), the copy dropped when the call returns.
 - turn_cache: episodes() gives rollout.run_episodes a Decoder of its own that keeps each row's
   cache from one call (turn) to the next and prefills only the tokens it does not hold
   (fast/turn_cache.py).
@@ -26,6 +28,7 @@ Greedy tokens equal sampling.generate's, and sampled log-probs are those of the 
 Shapes: L layers, B rows, K kv heads, S slots, D head dim, V vocabulary.
 """
 
+import contextlib
 import copy
 import functools
 
@@ -43,6 +46,7 @@ from ..sampling import (
     left_padded,
     stop_tokens,
 )
+from .cpu_matmul import packed_weights
 from .inverse_cdf import inverse_cdf_draw
 from .length_passes import passes
 from .prefixes import common_prefix_length
@@ -255,8 +259,11 @@ class Decoder:
         compile: bool = False,
         draw=inverse_cdf_draw,
         turn_cache: bool = False,
+        pack: bool = False,
     ):
         self.model, self.share_prefill, self.draw = model, share_prefill, draw
+        # each call's weights packed for oneDNN (cpu_matmul.packed_weights; where it packs)
+        self.pack = pack
         self.turn_cache = turn_cache
         self.kept: KeptRows | None = None
         self.static_cache = static_cache or compile
@@ -325,7 +332,7 @@ class Decoder:
             model, prompts, max_new_tokens=max_new_tokens, num_samples=num_samples, **options
         )
         stop_ids = stop_tokens(model, stop_token_ids)
-        with eval_mode(model):
+        with eval_mode(model), self._packed():
             steps = self._steps(
                 prompts, max_new_tokens, num_samples, stop_ids, generator(model, seed), **options
             )
@@ -352,7 +359,7 @@ class Decoder:
         options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
         check_prompts(model, [prompt], max_new_tokens=max_new_tokens, num_samples=1, **options)
         stop_ids = stop_tokens(model, stop_token_ids)
-        with eval_mode(model):
+        with eval_mode(model), self._packed():
             random = generator(model, seed)
             for _, tokens, _, stopped in self._steps(
                 [prompt], max_new_tokens, 1, stop_ids, random, **options
@@ -360,6 +367,10 @@ class Decoder:
                 yield int(tokens[0])
                 if bool(stopped[0]):
                     return
+
+    def _packed(self):
+        """The weights packed for this call (pack=True), or nothing."""
+        return packed_weights(self.model) if self.pack else contextlib.nullcontext()
 
     def release(self):
         """Free the StaticKVCaches kept between calls (a loop still running finishes in its own)."""

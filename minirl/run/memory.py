@@ -328,6 +328,7 @@ def estimate(
     shared_prefill: bool = True,
     logged_rollouts: int = 0,
     turn_cache: bool = False,
+    packed: bool = False,
 ) -> MemoryEstimate:
     """Itemized memory of one GRPO step (module docstring). Defaults are the chapter's 7B setting and
     GRPOConfig's; full=True trains every weight (AdamW state in the model dtype, as torch keeps it).
@@ -342,7 +343,9 @@ def estimate(
     resident (cpu_allocator_slack), and which also holds the step's episodes as Python objects
     (episode_bytes) and the `logged_rollouts` records of the rollout log (run/rollout_log.py).
     turn_cache: the step plays episodes and keeps each one's cache between turns
-    (fast/turn_cache.py): a copy of every row's prompt and completion beside the cache."""
+    (fast/turn_cache.py): a copy of every row's prompt and completion beside the cache.
+    packed: the sampler holds a second copy of the weights packed for oneDNN while it samples
+    (fast/cpu_matmul.packed_weights, on a CPU with bfloat16 instructions)."""
     _check_sizes(
         full,
         lora_r=lora_r,
@@ -432,9 +435,12 @@ def estimate(
         items[f"episodes ({N} rollouts as Python objects)"] = episodes
         items[f"rollout log ({logged_rollouts} records)"] = records
 
+    packed_copy = parameter_count(config) * e if packed else 0
+    if packed:
+        items["sampling: weights packed for oneDNN (a second copy)"] = packed_copy
     # the gather drops stopped rows while the rows stopped before are kept
     sampling = persistent + runtime + kv + max(prefill, gather + kept_rows) + sampling_logits
-    sampling += episodes
+    sampling += episodes + packed_copy
     learning = persistent + gradients + activations + chunks + slack + (kv if compile else 0)
     learning += runtime + batch + episodes + records
     mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
@@ -461,11 +467,12 @@ def sft_estimate(
     eval_tokens: int = 1152,
     cpu: bool = False,
     chunked: bool = True,
+    packed: bool = False,
 ) -> MemoryEstimate:
     """Itemized memory of supervised fine-tuning: one forward/backward of `rows` conversations of
     `tokens` (the longest in the data, `shared_prefix` of them common to all and run once: 0 without
     fast/prefix_sft.py), and the graduation test's sampling of `eval_sequences` completions of up to
-    `eval_tokens` (prompt + new tokens); cpu and chunked as in estimate()."""
+    `eval_tokens` (prompt + new tokens); cpu, chunked and packed as in estimate()."""
     _check_sizes(
         full,
         lora_r=lora_r,
@@ -523,6 +530,9 @@ def sft_estimate(
         items["CPU allocator slack (freed blocks kept resident)"] = slack
     items[f"graduation sampling: KV cache ({eval_sequences} x {eval_tokens} tokens)"] = kv
     items["graduation sampling: logits (float32, 3 copies)"] = sampling_logits
+    packed_copy = parameter_count(config) * e if packed else 0
+    if packed:
+        items["graduation sampling: weights packed for oneDNN (a second copy)"] = packed_copy
     mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
     description = (
         f"SFT, {mode}, {e}-byte weights: {rows} conversations of up to {tokens} tokens per forward, "
@@ -530,7 +540,7 @@ def sft_estimate(
     )
     return MemoryEstimate(
         items,
-        persistent + kv + sampling_logits,
+        persistent + kv + sampling_logits + packed_copy,
         persistent + items["gradients"] + activations + chunks + slack,
         description,
     )
