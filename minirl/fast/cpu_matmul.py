@@ -18,8 +18,9 @@ and evaluation commands apply it to the model they assemble unless --plain. Two 
    the same blocks run in backward (UpcastProduct), so bfloat16 LoRA training gains too.
 
 3. Prepacked weights on a CPU with bfloat16 instructions (AVX512-BF16 or AMX: `native_bfloat16`),
-   while a sampling call runs (`packed_weights`, which a Decoder with pack=True opens). oneDNN multiplies a
-   weight kept in its own blocked layout without rearranging it on every call: on a 2-core AMD EPYC
+   while a sampling call runs (`packed_weights`, which a Decoder with pack=True opens). oneDNN
+   multiplies a weight kept in its own blocked layout without rearranging it on every call: on a
+   2-core AMD EPYC
    with AVX512-BF16, for 1-16 rows, 1.6-2.2x per product in bfloat16 (bit for bit torch's product)
    and 1.7-4x in float32, the 152k-row lm_head included. The packed copy is a second copy of every
    weight for the call's duration (+1 GB for the 0.5B model in bfloat16), which the memory plans
