@@ -69,7 +69,8 @@ class Speedups:
             compile=compile,
             draw=draw,
             turn_cache=self.turn_cache,
-            pack=self.packed_weights,
+            # a compiled step keeps the plain products (the packed ones are not traced)
+            pack=self.packed_weights and not compile,
         )
 
 
@@ -109,8 +110,8 @@ def generate(
     for this call. The model's layers compute with cpu_matmul's products and decode_attention's
     attention while it runs and are handed back as they were; a Decoder samples (each distinct
     prompt prefilled once, prompts in passes of similar lengths, stopped rows leave the batch, the
-    inverse-CDF draw). Greedy tokens
-    are the plain loop's; a seed draws another stream than the plain loop's (another draw).
+    inverse-CDF draw). Greedy tokens are the plain loop's; a seed draws another stream than the
+    plain loop's (another draw).
     decoder: one you hold instead, e.g. Decoder(model, compile=True) kept across calls; options:
     sampling.generate's (max_new_tokens, temperature, top_k, top_p, stop_token_ids, seed,
     num_samples)."""

@@ -3,7 +3,7 @@
 The plain model (model.py, lora.py, trainable_tokens.py) computes every product with F.linear.
 `use_fast_products(model)` swaps each layer's class for its twin below (same parameters, same
 state_dict keys, isinstance still holds); `use_plain_products(model)` swaps them back. The training
-and evaluation commands apply it to the model they assemble unless --plain. Two speed-ups:
+and evaluation commands apply it to the model they assemble unless --plain. Three speed-ups:
 
 1. A few float32 rows, computed as (W xᵀ)ᵀ. A decode step multiplies one new token per sequence, a
    handful of rows, by every weight matrix, and those products are most of the step. With 2-128
@@ -20,9 +20,8 @@ and evaluation commands apply it to the model they assemble unless --plain. Two 
 3. Prepacked weights on a CPU with bfloat16 instructions (AVX512-BF16 or AMX: `native_bfloat16`),
    while a sampling call runs (`packed_weights`, which a Decoder with pack=True opens). oneDNN
    multiplies a weight kept in its own blocked layout without rearranging it on every call: on a
-   2-core AMD EPYC
-   with AVX512-BF16, for 1-16 rows, 1.6-2.2x per product in bfloat16 (bit for bit torch's product)
-   and 1.7-4x in float32, the 152k-row lm_head included. The packed copy is a second copy of every
+   2-core AMD EPYC with AVX512-BF16, for 1-16 rows, 1.6-2.2x per product in bfloat16 (bit for bit
+   torch's product) and 1.7-4x in float32, the 152k-row lm_head included. The packed copy is a second copy of every
    weight for the call's duration (+1 GB for the 0.5B model in bfloat16), which the memory plans
    of grpo and sft count (run/memory.py) and which is skipped, with a warning, where it would take
    more than PACK_SHARE of the memory available. A weight changed in place since it was packed

@@ -44,7 +44,7 @@ def run_terms(cfg, cpu: bool, fast, episodes: bool = False) -> dict:
         chunked=fast.chunked_logprobs,
         shared_prefill=fast.shared_prefill,
         turn_cache=fast.turn_cache and episodes,
-        packed=fast.packed_weights and cpu and packs_weights("cpu"),
+        packed=fast.packed_weights and cpu and not cfg.compile and packs_weights("cpu"),
     )
 
 
