@@ -18,6 +18,9 @@ sides; the episodes are the task's own (CalculatorTask or CodeTask with their it
 --seed), -G samples each, at --temperature (1.0: a GRPO step's; both sides draw the same tokens, as
 tests/test_turn_cache.py checks).
 
+--compare packing times the weights packed for oneDNN (a CPU with bfloat16 instructions) against
+the same Decoder without them, instead of the turn cache.
+
 --every-reply-calls reads every reply as a tool call (calculator "2 + 2", or run_test), so episodes
 run --max-turns turns whatever the model writes: the untrained Qwen2.5 0.5B models write calls as
 bare JSON, never inside <tool_call> tags, and their episodes end after one turn. It measures the
@@ -48,9 +51,10 @@ from minirl.tasks import CalculatorTask, CodeTask  # noqa: E402
 from minirl.toy import tool_policy  # noqa: E402
 from minirl.weights import load_pretrained  # noqa: E402
 
-SIDES = {
-    "re-read": dataclasses.replace(FAST, turn_cache=False),
-    "kept": FAST,
+# --compare: (the side without the drop-in, the side with it); the second is what the commands run
+COMPARISONS = {
+    "turn-cache": {"re-read": dataclasses.replace(FAST, turn_cache=False), "kept": FAST},
+    "packing": {"unpacked": dataclasses.replace(FAST, packed_weights=False), "packed": FAST},
 }
 
 
@@ -91,8 +95,9 @@ def every_reply_calls(task_name: str):
     return lambda text: AssistantTurn(text, [call])
 
 
-def rollout(model, tokenizer, task, items, args, side: str) -> dict:
-    decoder = SIDES[side].decoder(model)
+def rollout(model, tokenizer, task, items, args, fast) -> dict:
+    """One rollout of the items, sampled by the Decoder that `fast` (a Speedups) builds."""
+    decoder = fast.decoder(model)
     with Counting(model) as counted:
         start = time.perf_counter()
         episodes = task.rollout(
@@ -144,10 +149,19 @@ def main():
         help="read every reply as a tool call (a model that never writes one)",
     )
     # --- the measurement ---
+    parser.add_argument(
+        "--compare",
+        default="turn-cache",
+        choices=list(COMPARISONS),
+        help="the drop-in the two sides differ by: the turn cache, or the packed weights (a CPU "
+        "with bfloat16 instructions: fast/cpu_matmul.packed_weights)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmups", type=int, default=1, help="untimed rollouts per side first")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args()
+    sides = COMPARISONS[args.compare]
+    without, with_it = sides
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.toy == bool(args.model):
@@ -168,16 +182,16 @@ def main():
         rollout_module.parse_assistant = every_reply_calls(args.task)
 
     # --warmups untimed rollouts each, then rounds that alternate the two sides
-    runs = {side: [] for side in SIDES}
+    runs = {side: [] for side in sides}
     for _ in range(args.warmups):
-        for side in SIDES:
-            rollout(model, tokenizer, task, items, args, side)
+        for side in sides:
+            rollout(model, tokenizer, task, items, args, sides[side])
     for _ in range(args.repeats):
-        for side in SIDES:
-            runs[side].append(rollout(model, tokenizer, task, items, args, side))
+        for side in sides:
+            runs[side].append(rollout(model, tokenizer, task, items, args, sides[side]))
 
-    first = {side: runs[side][0] for side in SIDES}
-    same = first["re-read"]["tokens"] == first["kept"]["tokens"]
+    first = {side: runs[side][0] for side in sides}
+    same = first[without]["tokens"] == first[with_it]["tokens"]
     prompt = sum(len(rollout_module.prompt_ids(tokenizer, item)) for item in items) / len(items)
     print(
         f"{args.model}{' + ' + args.adapter if args.adapter else ''}: {args.task}, {len(items)} "
@@ -189,7 +203,7 @@ def main():
     print("| side | rollout s | in the sampler s | tokens prefilled | rows·turns |")
     print("|---|---|---|---|---|")
     median = {}
-    for side in SIDES:
+    for side in sides:
         median[side] = {
             key: statistics.median(run[key] for run in runs[side])
             for key in ("seconds", "sampler", "prefilled", "row_turns")
@@ -199,9 +213,9 @@ def main():
             f"| {side} | {m['seconds']:.2f} | {m['sampler']:.2f} | {m['prefilled']:.0f} | "
             f"{m['row_turns']:.0f} |"
         )
-    ratio = median["re-read"]["seconds"] / median["kept"]["seconds"]
-    sampler = median["re-read"]["sampler"] / median["kept"]["sampler"]
-    print(f"ratio re-read / kept: {ratio:.2f}x the rollout, {sampler:.2f}x the sampler")
+    ratio = median[without]["seconds"] / median[with_it]["seconds"]
+    sampler = median[without]["sampler"] / median[with_it]["sampler"]
+    print(f"ratio {without} / {with_it}: {ratio:.2f}x the rollout, {sampler:.2f}x the sampler")
     print(f"identical episodes: {same}")
 
 

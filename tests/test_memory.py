@@ -104,19 +104,22 @@ def test_activation_formula_equals_what_autograd_saves(dtype, lora, rel):
     assert measured == pytest.approx(formula, rel=rel, abs=0)
 
 
+# the hand calculation's step: 3 prompts x 2 samples, 10 + 6 tokens, LoRA r = 4, bfloat16
+HAND = dict(
+    lora_r=4,
+    group_size=2,
+    prompts_per_step=3,
+    prompt_len=10,
+    max_new_tokens=6,
+    dtype_bytes=2,
+    minibatch_size=4,
+    chunk_size=8,
+)
+
+
 def test_estimate_against_a_hand_calculation():
     # C 64, F 128, H 4, K 2, D 16, V 1000, 2 layers, tied; bfloat16 (e = 2), LoRA r = 4
-    plan = estimate(
-        small(),
-        lora_r=4,
-        group_size=2,
-        prompts_per_step=3,
-        prompt_len=10,
-        max_new_tokens=6,
-        dtype_bytes=2,
-        minibatch_size=4,
-        chunk_size=8,
-    )
+    plan = estimate(small(), **HAND)
     # params: embed 1000*64 = 64000; a layer: q 64*64+64 = 4160, k and v 64*32+32 = 2080 each,
     # o 64*64 = 4096, MLP 3*64*128 = 24576, norms 2*64 = 128 -> 37120; 64000 + 2*37120 + 64 = 138304
     weights = 138_304 * 2
@@ -157,33 +160,11 @@ def test_estimate_against_a_hand_calculation():
     assert plan.learning == weights + lora + adam + lora + activations + chunks + batch == 708_920
     assert plan.peak == plan.learning and "fits a 40 GB GPU: yes" in plan.table()
     # weights packed for oneDNN while sampling (a CPU with bfloat16 instructions): one more copy
-    packed = estimate(
-        small(),
-        lora_r=4,
-        group_size=2,
-        prompts_per_step=3,
-        prompt_len=10,
-        max_new_tokens=6,
-        dtype_bytes=2,
-        minibatch_size=4,
-        chunk_size=8,
-        packed=True,
-    )
+    packed = estimate(small(), packed=True, **HAND)
     assert packed.items["sampling: weights packed for oneDNN (a second copy)"] == weights
     assert packed.sampling == plan.sampling + weights and packed.learning == plan.learning
     # compiled decoding keeps the cache (16 tokens round up to 256 slots), while learning too
-    compiled = estimate(
-        small(),
-        lora_r=4,
-        group_size=2,
-        prompts_per_step=3,
-        prompt_len=10,
-        max_new_tokens=6,
-        dtype_bytes=2,
-        minibatch_size=4,
-        chunk_size=8,
-        compile=True,
-    )
+    compiled = estimate(small(), compile=True, **HAND)
     kept = 2 * 2 * 6 * 2 * 16 * 256 * 2
     assert compiled.items["KV cache (6 sequences x 256 slots, kept)"] == kept
     # its gather (one layer of the kept cache) is now larger than the prefill
@@ -196,16 +177,7 @@ def test_kept_turns_count_a_copy_of_every_row_while_sampling():
     beside the cache, and the next turn's cache is filled from that copy; compaction's one-layer
     gather may run while the rows stopped before are kept. Sampling counts the copy; learning
     does not change."""
-    sizes = dict(
-        lora_r=4,
-        group_size=8,
-        prompts_per_step=3,
-        prompt_len=10,
-        max_new_tokens=6,
-        dtype_bytes=2,
-        minibatch_size=4,
-        chunk_size=8,
-    )
+    sizes = {**HAND, "group_size": 8}
     plain, kept = estimate(small(), **sizes), estimate(small(), turn_cache=True, **sizes)
     # layers, k and v, 24 sequences, 2 kv heads, D 16, 16 tokens, 2 bytes
     cache = 2 * 2 * 24 * 2 * 16 * 16 * 2
@@ -222,17 +194,7 @@ def test_kept_turns_count_a_copy_of_every_row_while_sampling():
 def test_a_cpu_run_counts_the_allocators_slack_while_learning(checkpointing):
     """cpu=True adds CPU_SLACK x the activations the pass would keep without checkpointing, to the
     learning phase only; the GPU estimate is unchanged."""
-    sizes = dict(
-        lora_r=4,
-        group_size=2,
-        prompts_per_step=3,
-        prompt_len=10,
-        max_new_tokens=6,
-        dtype_bytes=4,
-        minibatch_size=4,
-        chunk_size=8,
-        checkpointing=checkpointing,
-    )
+    sizes = {**HAND, "dtype_bytes": 4, "checkpointing": checkpointing}
     gpu, cpu = estimate(small(), **sizes), estimate(small(), cpu=True, **sizes)
     full_pass = activation_bytes(
         small(), 4, lora=True, r=4, rows=4, tokens=7, groups=3, group_tokens=9, checkpointing=False

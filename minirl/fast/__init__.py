@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from .. import sampling
 from ..next_token import multinomial_draw
 from ..sampling import Completion
-from .cpu_matmul import packed_weights, use_fast_products, use_plain_products
+from .cpu_matmul import use_fast_products, use_plain_products
 from .decode_attention import use_decode_attention
 from .decoder import Decoder
 from .inverse_cdf import inverse_cdf_draw
@@ -88,16 +88,13 @@ def speedups(plain: bool) -> Speedups:
 
 @contextmanager
 def fast_layers(model):
-    """The model's layers with their fast twins (FAST.apply) and, on a CPU with bfloat16
-    instructions, their weights packed for oneDNN (cpu_matmul.packed_weights) while the block runs;
-    then each layer back to the class it had (a model already fast stays fast) and the packed
-    copies dropped: how minirl.generate speeds up a model it was handed without changing it for the
-    caller."""
+    """The model's layers with their fast twins (FAST.apply) while the block runs, then each back to
+    the class it had (a model already fast stays fast): how minirl.generate speeds up a model it was
+    handed without changing it for the caller. (FAST's Decoder packs the weights for each call.)"""
     classes = [(layer, type(layer)) for layer in model.modules()]
     FAST.apply(model)
     try:
-        with packed_weights(model):
-            yield model
+        yield model
     finally:
         for layer, cls in classes:
             layer.__class__ = cls
@@ -110,7 +107,7 @@ def generate(
     for this call. The model's layers compute with cpu_matmul's products and decode_attention's
     attention while it runs and are handed back as they were; a Decoder samples (each distinct
     prompt prefilled once, prompts in passes of similar lengths, stopped rows leave the batch, the
-    inverse-CDF draw). Greedy tokens are the plain loop's; a seed draws another stream than the
+    inverse-CDF draw, the weights packed for oneDNN where the CPU has bfloat16 instructions). Greedy tokens are the plain loop's; a seed draws another stream than the
     plain loop's (another draw).
     decoder: one you hold instead, e.g. Decoder(model, compile=True) kept across calls; options:
     sampling.generate's (max_new_tokens, temperature, top_k, top_p, stop_token_ids, seed,

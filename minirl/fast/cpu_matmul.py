@@ -233,28 +233,32 @@ FAST_TWIN = {nn.Linear: FewRowsLinear, LoRALinear: FastLoRALinear, TokenHead: Fa
 PLAIN_TWIN = {fast: plain for plain, fast in FAST_TWIN.items()}
 
 
-def use_fast_products(model: nn.Module) -> nn.Module:
-    """Give every layer of `model` (itself included) its fast twin, in place. Only the class changes:
-    the parameters keep their tensors and addresses (a tied lm_head stays tied). Layers added later
-    (add_lora, merge_and_unload) are plain until this runs again."""
+def swap_classes(model: nn.Module, twins: dict) -> nn.Module:
+    """Every layer of `model` (itself included) whose class is a key of `twins` gets the class it
+    maps to, in place. Only the class changes: the parameters keep their tensors and addresses."""
     for layer in model.modules():
-        layer.__class__ = FAST_TWIN.get(type(layer), type(layer))
+        layer.__class__ = twins.get(type(layer), type(layer))
     return model
+
+
+def use_fast_products(model: nn.Module) -> nn.Module:
+    """Give every layer of `model` (itself included) its fast twin, in place (swap_classes: a tied
+    lm_head stays tied). Layers added later (add_lora, merge_and_unload) are plain until this runs
+    again."""
+    return swap_classes(model, FAST_TWIN)
 
 
 def use_plain_products(model: nn.Module) -> nn.Module:
     """Undo use_fast_products: every layer back to its plain class, in place."""
-    for layer in model.modules():
-        layer.__class__ = PLAIN_TWIN.get(type(layer), type(layer))
-    return model
+    return swap_classes(model, PLAIN_TWIN)
 
 
 @contextmanager
 def packed_weights(model: nn.Module):
     """While the block runs, every fast layer's weight (use_fast_products ran) also held packed for
     oneDNN (3. in the module docstring), on a CPU where native_bfloat16(); elsewhere nothing. The
-    copies are dropped when the block ends. Nested blocks pack once: a layer packed by an outer
-    block is left to it."""
+    copies are dropped when the block ends. A layer already packed (a call made while another one,
+    a stream, is still sampling) is left to the block that packed it."""
     layers = []
     if native_bfloat16():
         layers = [
@@ -279,11 +283,6 @@ def packed_weights(model: nn.Module):
     finally:
         for layer in layers:
             layer.__dict__.pop("packed", None)
-
-
-def packs_weights(device) -> bool:
-    """Whether packed_weights packs a model on `device` here (the memory plans ask)."""
-    return torch.device(device).type == "cpu" and native_bfloat16()
 
 
 def uses_fast_products(model: nn.Module) -> bool:

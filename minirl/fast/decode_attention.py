@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import Attention
+from .cpu_matmul import swap_classes
 
 
 class DecodeAttention(Attention):
@@ -46,7 +47,4 @@ class DecodeAttention(Attention):
 def use_decode_attention(model, on: bool = True):
     """Every Attention layer of `model` as DecodeAttention (on) or back to Attention (off), in
     place: only the class changes. Returns the model."""
-    swap = {Attention: DecodeAttention} if on else {DecodeAttention: Attention}
-    for layer in model.modules():
-        layer.__class__ = swap.get(type(layer), type(layer))
-    return model
+    return swap_classes(model, {Attention: DecodeAttention} if on else {DecodeAttention: Attention})

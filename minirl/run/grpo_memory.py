@@ -11,7 +11,7 @@ whole rows (learner.py), with chunked log-probs or the logits.
 import torch
 
 from .. import distributed
-from ..fast.cpu_matmul import packs_weights
+from ..fast.cpu_matmul import native_bfloat16
 from ..fast.length_passes import passes
 from ..fast.prefixes import common_prefix_length
 from ..rollout import prompt_ids
@@ -44,7 +44,7 @@ def run_terms(cfg, cpu: bool, fast, episodes: bool = False) -> dict:
         chunked=fast.chunked_logprobs,
         shared_prefill=fast.shared_prefill,
         turn_cache=fast.turn_cache and episodes,
-        packed=fast.packed_weights and cpu and not cfg.compile and packs_weights("cpu"),
+        packed=fast.packed_weights and cpu and not cfg.compile and native_bfloat16(),
     )
 
 

@@ -8,7 +8,7 @@ chunked (fast/chunked_logprobs.py).
 import torch
 
 from .. import distributed
-from ..fast.cpu_matmul import packs_weights
+from ..fast.cpu_matmul import native_bfloat16
 from ..fast.prefix_sft import shared_prefix_length
 from .memory import MemoryBudgetError, describe_choice, fit_pass, sft_estimate, what_fits
 
@@ -66,7 +66,7 @@ def plan_memory(
             checkpointing=checkpointing,
             cpu=cpu,
             chunked=fast.chunked_logprobs,
-            packed=fast.packed_weights and cpu and packs_weights("cpu"),
+            packed=fast.packed_weights and cpu and native_bfloat16(),
             **sizes,
         )
 
