@@ -146,6 +146,7 @@ def test_packed_weights_give_torchs_product_and_are_dropped_when_stale():
 
 
 def test_packed_weights_live_only_inside_the_block(monkeypatch):
+    monkeypatch.setattr(cpu_matmul, "MIN_PACKED_ENTRIES", 0)
     for native in (False, True):
         if native and not cpu_matmul.native_bfloat16():
             continue
@@ -155,8 +156,13 @@ def test_packed_weights_live_only_inside_the_block(monkeypatch):
             packed = [getattr(m, "packed", None) for m in model.modules() if hasattr(m, "weight")]
             assert any(p is not None for p in packed) == native
         assert all(getattr(m, "packed", None) is None for m in model.modules())
-    # no room for the copy: it says so and samples unpacked
     monkeypatch.setattr(cpu_matmul, "native_bfloat16", lambda: True)
+    # weights under MIN_PACKED_ENTRIES are not packed (the toy model's: all of them)
+    monkeypatch.setattr(cpu_matmul, "MIN_PACKED_ENTRIES", 100_000)
+    with cpu_matmul.packed_weights(model):
+        assert all(getattr(m, "packed", None) is None for m in model.modules())
+    monkeypatch.setattr(cpu_matmul, "MIN_PACKED_ENTRIES", 0)
+    # no room for the copy: it says so and samples unpacked
     monkeypatch.setattr(cpu_matmul, "available_bytes", lambda device: 1000)
     with pytest.warns(UserWarning, match="without packed weights"):
         with cpu_matmul.packed_weights(model):
@@ -166,6 +172,8 @@ def test_packed_weights_live_only_inside_the_block(monkeypatch):
 def test_a_decoder_that_packs_holds_the_copies_for_its_call_only(monkeypatch):
     """Decoder(pack=True), as FAST builds it for the commands: the fast layers' weights packed while
     each call samples (where this CPU packs), none before or after; the same greedy tokens."""
+    # the tiny model's weights are below the size that packs
+    monkeypatch.setattr(cpu_matmul, "MIN_PACKED_ENTRIES", 0)
     model = cpu_matmul.use_fast_products(lora_model(tokens=False).eval())
     prompts = [PREFIX + q for q in QUESTIONS]
     plain = generate(model, prompts, max_new_tokens=8, temperature=0, stop_token_ids=[])

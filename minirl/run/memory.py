@@ -345,7 +345,8 @@ def estimate(
     turn_cache: the step plays episodes and keeps each one's cache between turns
     (fast/turn_cache.py): a copy of every row's prompt and completion beside the cache.
     packed: the sampler holds a second copy of the weights packed for oneDNN while it samples
-    (fast/cpu_matmul.packed_weights, on a CPU with bfloat16 instructions)."""
+    (fast/cpu_matmul.packed_weights, on a CPU with bfloat16 instructions; counted for every weight,
+    though the smallest are not packed)."""
     _check_sizes(
         full,
         lora_r=lora_r,
