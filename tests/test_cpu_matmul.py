@@ -86,12 +86,18 @@ def test_chunked_logprobs_take_the_same_products_in_emulated_bfloat16(emulated, 
     assert bf16_ulps(ours[1], torchs[1]) <= 1.0
 
 
-def test_emulation_is_detected_from_the_cpu_flags():
+def test_emulation_is_detected_from_the_cpu_flags_and_onednn():
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    expected = (
-        platform.machine().lower() in ("x86_64", "amd64")
-        and bool(flags)
-        and "avx512_bf16" not in flags
-        and "amx_bf16" not in flags
-    )
-    assert cpu_matmul.emulated_bfloat16() == expected
+    x86 = platform.machine().lower() in ("x86_64", "amd64") and bool(flags)
+    has_bf16 = "avx512_bf16" in flags or "amx_bf16" in flags
+    onednn = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert cpu_matmul.emulated_bfloat16() == (x86 and not (has_bf16 and onednn))
+    assert cpu_matmul.native_bfloat16() == (x86 and has_bf16 and onednn)
+
+
+def test_flags_without_onednn_bfloat16_mean_emulated_and_no_packing(monkeypatch):
+    """A CPU whose flags show avx512_bf16 while oneDNN will not use it (ONEDNN_MAX_CPU_ISA=AVX2):
+    packing a bfloat16 weight would raise there, so nothing packs and the products are emulated."""
+    monkeypatch.setattr(cpu_matmul, "_x86_bfloat16_flags", lambda: True)
+    monkeypatch.setattr(cpu_matmul, "_onednn_bfloat16", lambda: False)
+    assert cpu_matmul.emulated_bfloat16() and not cpu_matmul.native_bfloat16()

@@ -9,7 +9,8 @@ and evaluation commands apply it to the model they assemble unless --plain. Thre
    handful of rows, by every weight matrix, and those products are most of the step. With 2-128
    float32 rows MKL's product is faster transposed: 1.2-2.7x per product on an AVX-512 machine for
    the Qwen2.5-0.5B shapes, the 152k-row lm_head gaining most.
-2. bfloat16 on a CPU without bfloat16 instructions (no AVX512-BF16, no AMX: `emulated_bfloat16`).
+2. bfloat16 on a CPU without bfloat16 instructions (no AVX512-BF16, no AMX, or oneDNN capped below
+   them: `emulated_bfloat16`).
    There torch's bfloat16 product costs about one matrix-vector product per row (an AVX2 EPYC,
    896 -> 4864: 1.0 ms for 1 row, 8.9 ms for 16, 307 ms for 512). Here W is converted to float32
    BLOCK output rows at a time (a block stays in cache), multiplied in float32 and rounded to
@@ -17,8 +18,8 @@ and evaluation commands apply it to the model they assemble unless --plain. Thre
    2-7x faster for 16-512 rows. Fewer than MIN_BF16_ROWS rows keep torch's product. With autograd
    the same blocks run in backward (UpcastProduct), so bfloat16 LoRA training gains too.
 
-3. Prepacked weights on a CPU with bfloat16 instructions (AVX512-BF16 or AMX: `native_bfloat16`),
-   while a sampling call runs (`packed_weights`, which a Decoder with pack=True opens). oneDNN
+3. Prepacked weights on a CPU with bfloat16 instructions (AVX512-BF16 or AMX, and oneDNN willing to
+   use them: `native_bfloat16`), while a sampling call runs (`packed_weights`, which a Decoder with pack=True opens). oneDNN
    multiplies a weight kept in its own blocked layout without rearranging it on every call: on a
    2-core AMD EPYC with AVX512-BF16, for 1-16 rows, 1.6-2.2x per product in bfloat16 (bit for bit
    torch's product) and 1.7-4x in float32, the 152k-row lm_head included. The packed copy is a second copy of every
@@ -76,19 +77,29 @@ def _x86_bfloat16_flags() -> bool | None:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+@functools.cache
+def _onednn_bfloat16() -> bool:
+    """Whether torch's oneDNN says it multiplies bfloat16 here. It can say no on a CPU whose flags
+    show the instructions: under ONEDNN_MAX_CPU_ISA=AVX2, for one (packing a bfloat16 weight then
+    raises "bf16 path needs the cpu support ...")."""
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return torch.backends.mkldnn.is_available() and supported is not None and bool(supported())
+
+
 def emulated_bfloat16() -> bool:
-    """Whether this CPU lacks bfloat16 instructions, so torch's bfloat16 products are emulated: an
-    x86 CPU whose flags show neither avx512_bf16 nor amx_bf16. Elsewhere (other systems and
+    """Whether this CPU's bfloat16 products are emulated: an x86 CPU whose flags show neither
+    avx512_bf16 nor amx_bf16, or whose oneDNN will not use them. Elsewhere (other systems and
     architectures) False: torch's own product is used."""
-    return _x86_bfloat16_flags() is False
+    flags = _x86_bfloat16_flags()
+    return flags is False or (flags is True and not _onednn_bfloat16())
 
 
 def native_bfloat16() -> bool:
-    """Whether this is an x86 CPU with bfloat16 instructions (avx512_bf16 or amx_bf16) and torch can
-    prepack weights for oneDNN there: where `packed_weights` packs."""
+    """Whether this is an x86 CPU with bfloat16 instructions (avx512_bf16 or amx_bf16) that oneDNN
+    uses, and torch can prepack weights for oneDNN there: where `packed_weights` packs."""
     return (
         _x86_bfloat16_flags() is True
-        and torch.backends.mkldnn.is_available()
+        and _onednn_bfloat16()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
 
