@@ -428,8 +428,11 @@ def cmd_recipe(args):
             eval_size=args.eval_size,
             grpo_steps=args.grpo_steps,
             episode=args.episode,
+            resume=args.resume,
         )
         return
+    if args.resume:
+        raise ValueError("--resume: code only (the calculator recipe runs in one sitting)")
     if args.episode != "full":
         raise ValueError("--episode: code only (the calculator recipe has one kind of episode)")
     from .recipe import run
@@ -613,6 +616,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["full", "lean"],
         help="code: lean shows the buggy file and the failing tests in the opening message "
         "(edit -> run_test -> answer), with GRPO on the all-or-nothing outcome",
+    )
+    c.add_argument(
+        "--resume",
+        action="store_true",
+        help="code: continue the run in --out: finished stages are read back, a stopped training "
+        "stage continues from its newest checkpoint (same settings only)",
     )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument(

@@ -32,12 +32,11 @@ from .envs.engineer import demonstrations
 from .eval_summary import compare, read_episodes
 from .evaluation import evaluate
 from .fast import speedups
-from .files import fresh_folder
 from .grpo import GRPOConfig
 from .run.grpo import train as grpo_train
 from .run.plots import code_recipe_figure
 from .run.sft import train as sft_train
-from .run.stages import StageMeter, load_policy
+from .run.stages import Progress, load_policy
 from .sft import SFTConfig
 from .tasks import CodeTask
 from .weights import load_pretrained
@@ -45,6 +44,7 @@ from .weights import load_pretrained
 # what a run writes in its folder: the only names a new run there may remove (files.fresh_folder)
 OUTPUTS = {
     "summary.json",
+    "summary.json.tmp",
     "results.md",
     "recipe.png",
     "demonstrations.jsonl",
@@ -119,15 +119,20 @@ LEAN = dict(
     beta=0.0,
     tool_cost=0.0,
 )
-# and, on a real model, short turns, more demonstrations, groups of 8 and more steps
+# and, on a real model, short turns, more demonstrations, groups of 8, more of them and more steps:
+# only groups whose episodes differ teach (dynamic_sampling), and the SFT policy fixes ~0.15
 LEAN_SIZES = dict(
     eval_max_new_tokens=128,
     grpo_max_new_tokens=128,
     demonstrations=128,
+    prompts_per_step=8,
     group_size=8,
     grpo_steps=12,
 )
 EPISODES = ("full", "lean")
+# training stages save a checkpoint every this many steps (what --resume can lose; a step of the
+# real recipe takes minutes, a save of the adapter and its optimizer state about a second)
+SAVE_EVERY = 1
 STAGES = (("base", "untrained"), ("sft", "SFT (LoRA)"), ("grpo", "GRPO from SFT"))
 
 
@@ -192,11 +197,12 @@ def run(
     eval_size: int | None = None,
     grpo_steps: int | None = None,
     episode: str = "full",
+    resume: bool = False,
 ) -> dict:
     """The recipe (module docstring) into out_dir. eval_size: the first N held-out tasks instead
     of the setting's (all of them); grpo_steps: GRPO's steps instead of the setting's; retry_rate:
     the demonstrations' instead of the setting's (0.5; 0 with episode="lean"); episode="lean": the
-    LEAN settings above."""
+    LEAN settings above. resume: continue the run in out_dir (Progress)."""
     if episode not in EPISODES:
         raise ValueError(f"--episode must be one of {', '.join(EPISODES)}, got {episode!r}")
     s, speed = dict(FAST if fast else FULL), speedups(plain)
@@ -211,9 +217,7 @@ def run(
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     s.update({k: v for k, v in (("eval_size", eval_size), ("grpo_steps", grpo_steps)) if v})
-    s["retry_rate"] = retry_rate
-    meter = StageMeter()
-    fresh_folder(out_dir, OUTPUTS, "recipe code")
+    s.update(retry_rate=retry_rate, test_rate=test_rate, hack_rate=hack_rate)
     task = CodeTask(
         seed=seed,
         tasks=s["tasks"],
@@ -231,14 +235,15 @@ def run(
         "held_out_tasks": len(task.eval_items()),
         "settings": s,
     }
+    progress = Progress(out_dir, summary, resume, OUTPUTS, "recipe code")
     evals = {stage: os.path.join(out_dir, "eval", stage) for stage, _ in STAGES}
 
-    print(f"1. the untrained policy on {len(task.eval_items())} held-out bugs (greedy)")
-    with meter.stage("base_eval"):
+    def untrained_eval():
         policy, tokenizer = load_pretrained(model)
-        base = stage_eval(policy, tokenizer, task, s, seed, speed, evals["base"])
-        summary["base"] = stage_row(base)
-        del policy
+        return stage_eval(policy, tokenizer, task, s, seed, speed, evals["base"])
+
+    print(f"1. the untrained policy on {len(task.eval_items())} held-out bugs (greedy)")
+    summary["base"] = stage_row(progress.stage("base_eval", evals["base"], untrained_eval))
     print("   " + _line(summary["base"]))
 
     print(f"2. demonstrations: the scripted engineer fixes {s['demonstrations']} training bugs")
@@ -258,8 +263,9 @@ def run(
 
     print("3. stage 1: LoRA SFT on the demonstrations")
     sft_dir = os.path.join(out_dir, "sft")
-    with meter.stage("sft", memory=True):
-        summary["sft_run"] = sft_train(
+
+    def sft():
+        return sft_train(
             SFTConfig(
                 model=model,
                 data=data,
@@ -269,25 +275,29 @@ def run(
                 batch_size=s["sft_batch"],
                 max_len=2048,
                 seed=seed,
-                save_every=10**9,
+                save_every=SAVE_EVERY,
                 samples_per_prompt=2,
                 memory_limit=memory_limit,
                 plain=plain,
+                **progress.continued(sft_dir),
             )
         )
+
+    summary["sft_run"] = progress.stage("sft", sft_dir, sft, memory=True)
     adapters = [os.path.join(sft_dir, "adapter")]
-    with meter.stage("sft_eval"):
+
+    def sft_eval():
         policy, tokenizer = load_policy(model, adapters)
-        summary["sft"] = stage_row(
-            stage_eval(policy, tokenizer, task, s, seed, speed, evals["sft"])
-        )
-        del policy
+        return stage_eval(policy, tokenizer, task, s, seed, speed, evals["sft"])
+
+    summary["sft"] = stage_row(progress.stage("sft_eval", evals["sft"], sft_eval))
     print("   " + _line(summary["sft"]))
 
     print("4. stage 2: GRPO from the SFT adapter, the guarded test reward, KL to the SFT policy")
     grpo_dir = os.path.join(out_dir, "grpo")
-    with meter.stage("grpo", memory=True):
-        summary["grpo_run"] = grpo_train(
+
+    def grpo():
+        return grpo_train(
             GRPOConfig(
                 model=model,
                 adapter=adapters[0],
@@ -304,34 +314,38 @@ def run(
                 dynamic_sampling=s["dynamic_sampling"],
                 eval_every=0,
                 seed=seed,
-                save_every=10**9,
+                save_every=SAVE_EVERY,
                 log_rollouts_every=1,
+                # every group of every step: each group's pass count (how much signal GRPO had)
+                log_rollout_groups=s["prompts_per_step"],
                 memory_limit=memory_limit,
                 plain=plain,
+                **progress.continued(grpo_dir),
             )
         )
-    with meter.stage("grpo_eval"):
-        summary["grpo"] = stage_row(
-            grpo_eval(
-                model,
-                adapters + [os.path.join(grpo_dir, "adapter")],
-                task,
-                s,
-                seed,
-                speed,
-                evals["grpo"],
-                os.path.join(grpo_dir, "eval", f"step-{summary['grpo_run']['steps']:06d}"),
-            )
+
+    summary["grpo_run"] = progress.stage("grpo", grpo_dir, grpo, memory=True)
+
+    def last_eval():
+        return grpo_eval(
+            model,
+            adapters + [os.path.join(grpo_dir, "adapter")],
+            task,
+            s,
+            seed,
+            speed,
+            evals["grpo"],
+            os.path.join(grpo_dir, "eval", f"step-{summary['grpo_run']['steps']:06d}"),
         )
+
+    summary["grpo"] = stage_row(progress.stage("grpo_eval", evals["grpo"], last_eval))
     print("   " + _line(summary["grpo"]))
 
     summary["compare"] = {
         f"{a}->{b}": compare(read_episodes(evals[a]), read_episodes(evals[b]))
         for a, b in (("base", "sft"), ("sft", "grpo"), ("base", "grpo"))
     }
-    meter.record(summary)
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    progress.finish()
     results = table(summary)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(results + "\n")

@@ -5,6 +5,7 @@ stage end to end on the toy checkpoint in its fast mode."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -274,20 +275,21 @@ def test_fast_code_recipe_runs_every_stage_on_the_toy_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_fast_lean_code_recipe_trains_on_the_lean_episode(tmp_path):
+def test_fast_lean_code_recipe_trains_on_the_lean_episode_and_resumes(tmp_path):
+    """The lean episode's settings end to end; then --resume (below)."""
     model = build_checkpoint(
         str(tmp_path / "toy"), initializer_range=0.2, max_position_embeddings=4096
     )
     out = tmp_path / "recipe"
-    summary = run(model, out_dir=str(out), fast=True, episode="lean")
-    s = summary["settings"]
+    whole = run(model, out_dir=str(out), fast=True, episode="lean", grpo_steps=2)
+    s = whole["settings"]
     assert (s["opening"], s["outcome"], s["retry_rate"], s["beta"]) == (
         "report",
         "solved",
         0.0,
         0.0,
     )
-    assert s["dynamic_sampling"] and summary["demonstrator"]["with_retry"] == 0.0
+    assert s["dynamic_sampling"] and whole["demonstrator"]["with_retry"] == 0.0
     # every evaluated episode opened on the file and run_test's report
     for stage in ("base", "sft", "grpo"):
         for e in read_episodes(str(out / "eval" / stage)):
@@ -304,6 +306,42 @@ def test_fast_lean_code_recipe_trains_on_the_lean_episode(tmp_path):
     assert "reward_solved" in grpo_log and "reward_fraction" not in grpo_log
     with pytest.raises(ValueError, match="--episode must be one of full, lean"):
         run(model, out_dir=str(tmp_path / "x"), fast=True, episode="short")
+
+    # --resume: the finished stages are read back, not run again; GRPO stopped after its first of
+    # two steps continues from its checkpoint to the uninterrupted run's adapter and episodes
+    assert whole["finished"] and "resumes" not in whole
+
+    def played():  # the held-out episodes of the final policy, less their wall times
+        return [
+            {k: v for k, v in e.items() if k != "seconds"}
+            for e in read_episodes(str(out / "eval" / "grpo"))
+        ]
+
+    episodes = played()
+    adapter = (out / "grpo" / "adapter" / "adapter_model.safetensors").read_bytes()
+    sft_written = os.path.getmtime(out / "sft" / "summary.json")
+    # as if stopped during GRPO's second step: its last checkpoint, its outputs, the last stage gone
+    for gone in ("grpo/checkpoints/step-000002", "grpo/adapter", "grpo/eval", "eval/grpo"):
+        shutil.rmtree(out / gone)
+    os.remove(out / "grpo" / "summary.json")
+    written = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").write_text(json.dumps({**written, "finished": False}))
+
+    resumed = run(model, out_dir=str(out), fast=True, episode="lean", grpo_steps=2, resume=True)
+    assert resumed["finished"] and resumed["resumes"] == 1
+    assert os.path.getmtime(out / "sft" / "summary.json") == sft_written  # read back, not rerun
+    for stage in ("base", "sft", "grpo"):
+        assert resumed[stage] == whole[stage], stage
+    assert resumed["grpo_run"]["steps"] == 2
+    assert played() == episodes
+    assert (out / "grpo" / "adapter" / "adapter_model.safetensors").read_bytes() == adapter
+    # the earlier sitting's time is counted
+    assert resumed["seconds"]["sft"] == whole["seconds"]["sft"]
+
+    with pytest.raises(ValueError, match="other settings.*seed 0 -> 1"):
+        run(model, out_dir=str(out), fast=True, episode="lean", grpo_steps=2, resume=True, seed=1)
+    with pytest.raises(FileNotFoundError, match="holds no recipe code run"):
+        run(model, out_dir=str(tmp_path / "none"), fast=True, resume=True)
 
 
 @pytest.mark.real

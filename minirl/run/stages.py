@@ -11,14 +11,30 @@ The peak is read from the process's own high-water mark (Linux /proc/self/status
 start of each measured stage (/proc/self/clear_refs), so a stage is not charged for an earlier one's
 peak. That reset moves getrusage's ru_maxrss and GNU time's figure too: the run's peak is the largest
 mark seen, kept in `highest`.
+
+A recipe too long for one sitting runs its stages through a `Progress`, which can continue it
+(`--resume`): the stages that finished are read back, the one that was stopped continues from its
+newest checkpoint.
+
+    progress = Progress(out_dir, summary, resume, OUTPUTS, "recipe code")
+    summary["sft_run"] = progress.stage("sft", sft_dir, lambda: sft_train(SFTConfig(
+        ..., save_every=1, **progress.continued(sft_dir))), memory=True)
+    progress.finish()       # summary.json, "finished": true
 """
 
+import json
+import os
 import time
 from contextlib import contextmanager
 
+from ..files import fresh_folder
 from ..lora import load_adapter, merge_and_unload
 from ..weights import load_pretrained
+from .checkpoint import latest_checkpoint
 from .memory import trim_heap
+
+# what a resumed run must share with the run it continues (keys of the recipe's summary)
+IDENTITY = ("model", "seed", "settings", "held_out_tasks")
 
 
 def load_policy(base: str, adapters: list[str]):
@@ -82,3 +98,92 @@ class StageMeter:
             }
             for stage, peak in self.peaks.items()
         }
+
+
+class Progress:
+    """A recipe's stages, resumable. The summary so far is written to out_dir/summary.json
+    ("finished": false) before every stage, and each stage writes its own folder whose summary.json
+    comes last. With resume, a stage whose folder holds that file finished and is read back, not run
+    again (its wall time and peak are the earlier run's), and a training stage stopped midway
+    continues from its newest checkpoint (continued()). A run resumes only with the same model,
+    seed, settings and held-out list."""
+
+    def __init__(self, out_dir: str, summary: dict, resume: bool, owned: set[str], job: str):
+        self.out_dir, self.summary, self.resume = out_dir, summary, resume
+        self.path = os.path.join(out_dir, "summary.json")
+        self.meter = StageMeter()
+        self.earlier: dict = {}
+        if resume:
+            self.earlier = self._earlier(job)
+            summary["resumes"] = self.earlier.get("resumes", 0) + 1
+        else:
+            fresh_folder(out_dir, owned, job)
+        self.save()
+
+    def _earlier(self, job: str) -> dict:
+        """The summary.json of the run to continue, checked to be this run's."""
+        if not os.path.exists(self.path):
+            raise FileNotFoundError(
+                f"--resume: {self.path} does not exist, so {self.out_dir} holds no {job} run to "
+                "continue; drop --resume to start one"
+            )
+        with open(self.path) as f:
+            earlier = json.load(f)
+        changed = [
+            f"{key} {earlier.get(key)!r} -> {self.summary.get(key)!r}"
+            for key in IDENTITY
+            if earlier.get(key) != self.summary.get(key)
+        ]
+        if changed:
+            raise ValueError(
+                f"--resume: {self.out_dir} holds a {job} run with other settings ({'; '.join(changed)}); "
+                "continue it with its own settings, or choose another --out (nothing was changed)"
+            )
+        return earlier
+
+    def finished(self, folder: str) -> dict | None:
+        """With resume, the summary.json of a stage that finished in `folder`; else None."""
+        path = os.path.join(folder, "summary.json")
+        if not (self.resume and os.path.exists(path)):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    def continued(self, folder: str) -> dict:
+        """A training stage's config flags: resume=True where an earlier run left a checkpoint in
+        `folder`, overwrite=True where it left the folder without one (stopped before its first
+        checkpoint: its outputs go), else none (a new folder)."""
+        if not (self.resume and os.path.isdir(folder)):
+            return {}
+        return {"resume": True} if latest_checkpoint(folder) else {"overwrite": True}
+
+    def stage(self, name: str, folder: str, work, memory: bool = False) -> dict:
+        """work()'s summary of stage `name`, which writes `folder`; or, resumed, the summary the
+        stage left there when it finished. memory: measure the stage's peak (StageMeter)."""
+        done = self.finished(folder)
+        if done is not None:
+            self.meter.seconds[name] = self.earlier.get("seconds", {}).get(name, 0.0)
+            peak = self.earlier.get("memory", {}).get(name)
+            if peak:
+                self.meter.peaks[name] = int(peak["measured_gb"] * 1e9)
+            print(f"   finished earlier: read from {folder}")
+            return done
+        self.save()
+        with self.meter.stage(name, memory=memory):
+            return work()
+
+    def save(self, finished: bool = False) -> None:
+        """summary.json as it stands: times and peaks so far, the earlier runs' included."""
+        summary = self.summary
+        self.meter.record(summary)
+        summary["seconds"]["total"] += self.earlier.get("seconds", {}).get("total", 0.0)
+        summary["peak_rss_gb"] = max(summary["peak_rss_gb"], self.earlier.get("peak_rss_gb", 0.0))
+        summary["finished"] = finished
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(summary, f, indent=2)
+        os.replace(tmp, self.path)
+
+    def finish(self) -> None:
+        """The whole run's summary.json, "finished": true."""
+        self.save(finished=True)
