@@ -150,6 +150,7 @@ assert len(step.trajectories) == 32 and all(r is not None for r in rewards)
 assert step.stats["kl"] < 1e-6 and math.isclose(step.stats["ratio"], 1.0, abs_tol=1e-5)
 
 # %% 5. a short run: the toy model learns, by reward alone, to reply in digits
+# (train runs grpo_step as `minirl grpo` does, with minirl/fast/'s drop-ins; plain=True: step 4's)
 out = os.path.join(work, "run")
 train(
     GRPOConfig(

@@ -30,6 +30,7 @@ parser.add_argument("--out", default=os.path.join("runs", "lesson09"))
 args, _ = parser.parse_known_args()
 
 # %% 1-4. demonstrations, SFT, GRPO, evaluation (each step prints what it did)
+# run as `python -m minirl quickstart` runs it, with minirl/fast/'s drop-ins: the README's numbers
 summary = run(out_dir=args.out, fast=args.fast, figure=os.path.join(args.out, "pipeline.png"))
 
 # %% 5. what to look at

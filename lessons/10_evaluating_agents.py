@@ -14,6 +14,8 @@ calculator, small enough that all of it runs on a CPU in minutes.
 """
 
 # %% setup: lesson 09's checkpoints (built with quickstart --fast when they are missing)
+# (the quickstart's pipeline with minirl/fast/'s drop-ins, as the command runs it; the evaluation
+# below plays with the plain sampler)
 import argparse
 import math
 import os
