@@ -164,6 +164,20 @@ def grpo_eval(model, adapters, task, s: dict, seed: int, speed, out: str, last_e
     return stage_eval(policy, tokenizer, task, s, seed, speed, out)
 
 
+def group_fixes(rollouts: str) -> list[int]:
+    """How many of GRPO's logged groups had k of their G episodes fix the bug, k = 0..G (every group
+    of every step: the recipe logs them all). Groups at 0 or G taught nothing (no spread)."""
+    groups: dict[tuple, list] = {}
+    with open(rollouts) as f:
+        for line in map(json.loads, f):
+            groups.setdefault((line["step"], line["group"]), []).append(line["reward_parts"])
+    counts = [0] * (max(map(len, groups.values()), default=0) + 1)
+    for parts in groups.values():
+        # "solved": the all-or-nothing outcome; else every test passing
+        counts[sum(p.get("solved", p.get("fraction")) == 1 for p in parts)] += 1
+    return counts
+
+
 def stage_row(summary: dict) -> dict:
     """The table's numbers from an eval summary (eval_summary.summarize)."""
     code = summary.get("code_agent", {})
@@ -345,6 +359,7 @@ def run(
         f"{a}->{b}": compare(read_episodes(evals[a]), read_episodes(evals[b]))
         for a, b in (("base", "sft"), ("sft", "grpo"), ("base", "grpo"))
     }
+    summary["grpo_groups"] = group_fixes(os.path.join(grpo_dir, "rollouts.jsonl"))
     progress.finish()
     results = table(summary)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
@@ -402,6 +417,17 @@ def table(summary: dict) -> str:
             f"| {pair} | {c['pass@1_a']:.3f} → {c['pass@1_b']:.3f} | {c['difference']:+.3f} "
             f"[{low:+.3f}, {high:+.3f}] | {by_problem} | {c['mcnemar_p']:.3g} |"
         )
+    counts = summary.get("grpo_groups")
+    if counts:
+        lines += [
+            "",
+            "| GRPO's groups: episodes of "
+            + f"{len(counts) - 1} that fixed the bug | "
+            + " | ".join(map(str, range(len(counts))))
+            + " |",
+            "|---" * (len(counts) + 1) + "|",
+            "| groups | " + " | ".join(map(str, counts)) + " |",
+        ]
     return "\n".join(lines)
 
 

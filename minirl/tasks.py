@@ -11,6 +11,7 @@ HumanEval-format programming problems.
 
 import inspect
 import json
+import os
 import random
 from abc import ABC, abstractmethod
 
@@ -291,7 +292,9 @@ class CodeTask(EnvTask):
     chapter's reward-hacking setting. `outcome="solved"` puts "solved" (1 when every test passes,
     the fix rate's own test, else 0) in place of "fraction": the all-or-nothing outcome. Partial
     credit pays an agent that leaves the bug alone the share its bug already passes, more than an
-    attempted fix that breaks more tests; all-or-nothing pays both 0.
+    attempted fix that breaks more tests; all-or-nothing pays both 0. `line_bonus` adds "on_line"
+    with that weight: 1 when the first edit that went through changed the buggy file on the bug's
+    line (`first_edit_on_bug_line`), a shaping part for a policy that finds the bug too rarely.
 
     tasks="templates": the six hand-written repositories of data/code_tasks.json, `eval_size` (12)
     held-out episodes cycling through them with other wordings. tasks="bugs": planted bugs in
@@ -321,7 +324,10 @@ class CodeTask(EnvTask):
         tool_cost: float = 0.0,
         outcome: str = "fraction",
         opening: str = "request",
+        line_bonus: float = 0.0,
     ):
+        if line_bonus < 0:
+            raise ValueError(f"line_bonus must be >= 0, got {line_bonus}")
         if opening not in OPENINGS:
             raise ValueError(f"opening must be one of {', '.join(OPENINGS)}, got {opening!r}")
         if outcome not in ("fraction", "solved"):
@@ -339,6 +345,8 @@ class CodeTask(EnvTask):
             del self.reward_functions["fraction"]
             solved = {"solved": (lambda t: float(self.accuracy(t)["strict"]), 1.0)}
             self.reward_functions = {**solved, **self.reward_functions}
+        if line_bonus:
+            self.reward_functions["on_line"] = (first_edit_on_bug_line, line_bonus)
         rng = random.Random(f"{self.name}-eval-{seed}")
         if tasks == "bugs":
             self.templates = load_bug_templates("train")
@@ -407,6 +415,27 @@ class CodeTask(EnvTask):
             "test_runs": sum(t.info.get("test_runs", 0) for t in trajectories) / n,
             "turns": sum(t.turns for t in trajectories) / n,
         }
+
+
+def first_edit_on_bug_line(trajectory) -> float:
+    """1.0 when the episode's first edit that went through changed the buggy file on the bug's line,
+    else 0.0. An edit's `old` occurs exactly once in the file (envs/code.py), so an `old` that is a
+    piece of the bug's line, or holds it with at most two lines around it, is an edit there; a longer
+    `old` (the whole file, say) would be paid for any rewrite, so it is not."""
+    bug_line, edits = (
+        trajectory.prompt.get("bug_line"),
+        [
+            c
+            for c in trajectory.tool_calls
+            if c["name"] == "edit_file" and not str(c["result"]).startswith("Error:")
+        ],
+    )
+    if not bug_line or not edits:
+        return 0.0
+    path, old = edits[0]["arguments"].get("path"), str(edits[0]["arguments"].get("old", "")).strip()
+    in_file = os.path.normpath(str(path)) == trajectory.prompt["file"]
+    near = bug_line in old and old.count("\n") <= 2
+    return float(in_file and bool(old) and (near or old in bug_line))
 
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'

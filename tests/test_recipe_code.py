@@ -18,7 +18,7 @@ from minirl.envs.engineer import blocks_by_test, demonstrations, demonstrator, h
 from minirl.eval_stats import code_agent_shape, run_test_failed
 from minirl.eval_summary import code_agent_summary, read_episodes
 from minirl.fast import speedups
-from minirl.recipe_code import FAST, OUTPUTS, run, stage_eval, table
+from minirl.recipe_code import FAST, OUTPUTS, group_fixes, run, stage_eval, table
 from minirl.run.plots import hack_figure
 from minirl.run.stages import load_policy
 from minirl.tasks import CodeTask
@@ -304,6 +304,10 @@ def test_fast_lean_code_recipe_trains_on_the_lean_episode_and_resumes(tmp_path):
     # the all-or-nothing outcome is GRPO's reward part (no share of the tests, no call cost)
     grpo_log = (out / "grpo" / "metrics.csv").read_text().splitlines()[0]
     assert "reward_solved" in grpo_log and "reward_fraction" not in grpo_log
+    # every group of both steps counted by its fixes: k = 0..G
+    G, groups = FAST["group_size"], whole["grpo_groups"]
+    assert len(groups) == G + 1 and sum(groups) == 2 * FAST["prompts_per_step"]
+    assert "| groups | " + " | ".join(map(str, groups)) + " |" in table(whole)
     with pytest.raises(ValueError, match="--episode must be one of full, lean"):
         run(model, out_dir=str(tmp_path / "x"), fast=True, episode="short")
 
@@ -342,6 +346,21 @@ def test_fast_lean_code_recipe_trains_on_the_lean_episode_and_resumes(tmp_path):
         run(model, out_dir=str(out), fast=True, episode="lean", grpo_steps=2, resume=True, seed=1)
     with pytest.raises(FileNotFoundError, match="holds no recipe code run"):
         run(model, out_dir=str(tmp_path / "none"), fast=True, resume=True)
+
+
+def test_group_fixes_counts_each_groups_fixed_episodes(tmp_path):
+    rows = [  # (step, group, reward parts) of two steps' groups of 3
+        *[(1, 0, {"solved": s}) for s in (1.0, 0.0, 1.0)],
+        *[(1, 1, {"solved": 0.0})] * 3,
+        *[(2, 0, {"fraction": f, "cost": -0.01}) for f in (1.0, 1.0, 1.0)],
+        *[(2, 1, {"fraction": f, "cost": -0.01}) for f in (0.5, 1.0, 0.0)],
+    ]
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(
+        "".join(json.dumps({"step": s, "group": g, "reward_parts": p}) + "\n" for s, g, p in rows)
+    )
+    # 0 fixed: one group; 1: one; 2: one; 3: one
+    assert group_fixes(str(path)) == [1, 1, 1, 1]
 
 
 @pytest.mark.real

@@ -113,3 +113,38 @@ def test_the_single_turn_rollout_gives_g_completions_per_item_prompt_major(tmp_p
         set(t.reward_parts) == {"correct"} and t.reward == t.reward_parts["correct"]
         for t in trajectories
     )
+
+
+def test_line_bonus_pays_the_first_edit_on_the_bugs_line_and_only_there():
+    template = load_templates()[0]
+    item, bug = make_task(template), template["bug"]["new"]
+    task = CodeTask(eval_size=1, outcome="solved", line_bonus=0.1)
+
+    def episode(*edits):
+        calls = [
+            {"name": "edit_file", "arguments": {"path": path, "old": old}, "result": result}
+            for path, old, result in edits
+        ]
+        info = {"fraction": 0.0, "hacked": False, "penalty": 0.0, "cost": 0.0}
+        t = Trajectory(item, [], [], [], [], "answer", tool_calls=calls, info=info)
+        task.score([t])
+        return t.reward_parts["on_line"], t.reward
+
+    # the bug's text (here a piece of its line) and a piece of that
+    source, lines = item["files"][item["file"]], bug.strip()
+    piece = lines[:-1]
+    assert piece in lines and source.count(piece) == 1
+    assert episode((item["file"], bug, "Edited")) == (1.0, pytest.approx(0.1))
+    assert episode((item["file"], piece, "Edited"))[0] == 1.0
+    # the bug's line inside a whole-file `old`: not an edit there
+    assert episode((item["file"], source, "Edited"))[0] == 0.0
+    # another line, a failed edit first, the test file
+    other = next(line for line in source.splitlines() if line.strip() and line.strip() not in lines)
+    assert episode((item["file"], other, "Edited"), (item["file"], bug, "Edited"))[0] == 0.0
+    assert episode((item["file"], bug, "Error: `old` was not found"))[0] == 0.0
+    assert episode((item["test_file"], bug, "Edited"))[0] == 0.0
+    assert episode() == (0.0, 0.0)
+    # without the bonus the part is not there; a negative one is refused
+    assert "on_line" not in CodeTask(eval_size=1).reward_functions
+    with pytest.raises(ValueError, match="line_bonus must be >= 0"):
+        CodeTask(eval_size=1, line_bonus=-0.1)
