@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from minirl.quickstart import CLAIM_MARGIN, claim_holds  # noqa: E402
+from minirl.apps.quickstart import CLAIM_MARGIN, claim_holds  # noqa: E402
 
 ROWS = [
     ("demonstrator (scripted, measured)", "demonstrator_accuracy", None, None),

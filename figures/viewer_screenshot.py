@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from minirl.run.viewer import write_page  # noqa: E402
+from minirl.apps.viewer import write_page  # noqa: E402
 
 
 def main(run: str, out: str, width: int = 1400, height: int = 1500) -> str:

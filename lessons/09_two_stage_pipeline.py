@@ -20,7 +20,7 @@ import json
 import math
 import os
 
-from minirl.quickstart import run
+from minirl.apps.quickstart import run
 
 parser = argparse.ArgumentParser(description="Lesson 09: the two-stage pipeline")
 parser.add_argument(

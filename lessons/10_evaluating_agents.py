@@ -20,10 +20,10 @@ import argparse
 import math
 import os
 
+from minirl.apps.eval_summary import compare, summarize
+from minirl.apps.evaluation import play
+from minirl.apps.quickstart import run
 from minirl.eval_stats import pass_at_k, pass_hat_k
-from minirl.eval_summary import compare, summarize
-from minirl.evaluation import play
-from minirl.quickstart import run
 from minirl.tasks import CalculatorTask
 from minirl.weights import load_pretrained
 
@@ -190,7 +190,7 @@ assert not any(verdicts[w][1] for w in ("a wrong value", "a string for a number"
 # value for written, optional or not, so that SFT does not teach leaving out what was asked for), or
 # for irrelevance a reply that calls nothing. SFT learns only the masked tokens, and those are a
 # reply the checker accepts.
-from minirl import sft_mix  # noqa: E402
+from minirl.apps import sft_mix  # noqa: E402
 from minirl.chat import render  # noqa: E402
 
 item = {

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import distributed
 from .data import collate
 from .fast import PLAIN, Speedups, prefix_sft
 from .fast.chunked_logprobs import chunked_sft_loss
-from .finite import check_update
 from .losses import IGNORE_INDEX, sft_loss
+from .run import distributed
+from .run.finite import check_update
 
 
 @dataclass
@@ -70,7 +70,7 @@ class SFTConfig:
     eval_every: int = 0  # 0 = only at the end
     samples_per_prompt: int = 4
     eval_max_new_tokens: int = 128
-    # a task name (or object) whose held-out items are played at each check (evaluation.py)
+    # a task name (or object) whose held-out items are played at each check (apps/evaluation.py)
     eval_task: object = None
     # make_task options for eval_task, e.g. {"level": "toy"}
     task_options: dict = field(default_factory=dict)

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from minirl.cli import main
+from minirl.apps.cli import main
 from minirl.tasks import Task
 from minirl.toy import arithmetic_corpus, train_tokenizer
 

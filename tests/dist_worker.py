@@ -16,10 +16,11 @@ import sys
 import torch
 from conftest import FixedRollouts
 
-from minirl import distributed, load_pretrained
+from minirl import load_pretrained
 from minirl.grpo import GRPOConfig, grpo_step
 from minirl.lora import add_lora
 from minirl.rollout import sample_completions
+from minirl.run import distributed
 from minirl.run.grpo import train
 from minirl.tasks import Task
 

@@ -194,7 +194,7 @@ def test_eval_peer_agrees_with_a_humaneval_run_on_a_tiny_model(tmp_path):
     checkpoint the greedy replies are the same ones minirl's eval wrote, so the verdicts agree."""
     import json
 
-    from minirl.cli import main
+    from minirl.apps.cli import main
     from minirl.toy import build_checkpoint
 
     model = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2)

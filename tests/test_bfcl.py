@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from minirl import sft_mix
+from minirl.apps import sft_mix
 from minirl.envs import bfcl
 from minirl.tasks import BFCLTask, make_task
 
@@ -528,7 +528,7 @@ def test_bfcls_own_pipeline_agrees_on_the_real_models_replies():
 
 # ---- the task and `minirl eval --data` --------------------------------------------------------------------
 def test_eval_reads_a_bfcl_file_without_task(tmp_path):
-    from minirl.cli import main
+    from minirl.apps.cli import main
     from minirl.toy import build_checkpoint
 
     toy = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2)
@@ -554,7 +554,7 @@ def test_eval_peer_agrees_with_a_bfcl_run_on_a_tiny_model(tmp_path):
     scored strict and lenient the same way."""
     import subprocess
 
-    from minirl.cli import main
+    from minirl.apps.cli import main
     from minirl.toy import build_checkpoint
 
     toy = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from minirl.cli import main
+from minirl.apps.cli import main
 from minirl.envs.calculator import (
     CalculatorEnv,
     agent_metrics,

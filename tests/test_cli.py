@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minirl import generate, load_pretrained, random_model, sampling, save_pretrained
-from minirl.cli import main, print_stream
+from minirl.apps.cli import main, print_stream
 from minirl.fast.decoder import Decoder
 from minirl.toy import tiny_config
 

@@ -6,8 +6,8 @@ import json
 import pytest
 from test_evaluation import episode
 
-from minirl.cli import main
-from minirl.run.eval_viewer import build_page
+from minirl.apps.cli import main
+from minirl.apps.eval_viewer import build_page
 
 
 def write_folder(folder, episodes):

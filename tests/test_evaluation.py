@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from minirl.apps.eval_summary import compare, summarize
 from minirl.envs.tools import CALCULATOR_SPEC
 from minirl.eval_stats import (
     call_problems,
@@ -21,7 +22,6 @@ from minirl.eval_stats import (
     redundant_calls,
     reference_match,
 )
-from minirl.eval_summary import compare, summarize
 
 # ---- final answer
 
@@ -452,7 +452,7 @@ def toy_dir(tmp_path_factory):
 def test_eval_command_writes_episodes_and_a_summary_that_rescore_reproduces(
     toy_dir, tmp_path, capsys
 ):
-    from minirl.cli import main
+    from minirl.apps.cli import main
 
     out = tmp_path / "run"
     main(
@@ -502,7 +502,7 @@ def test_eval_command_writes_episodes_and_a_summary_that_rescore_reproduces(
 
 
 def test_eval_command_bad_input(toy_dir, tmp_path, capsys):
-    from minirl.cli import main
+    from minirl.apps.cli import main
 
     for argv, message in (
         (["eval", "--model", toy_dir], "eval needs --model and --task"),
@@ -535,7 +535,7 @@ def test_eval_command_bad_input(toy_dir, tmp_path, capsys):
 
 
 def test_compare_exits_1_when_b_is_significantly_worse(tmp_path, capsys):
-    from minirl.cli import main
+    from minirl.apps.cli import main
 
     for name, right in (("a", 16), ("b", 4)):
         (tmp_path / name).mkdir()
@@ -548,7 +548,7 @@ def test_compare_exits_1_when_b_is_significantly_worse(tmp_path, capsys):
 
 
 def test_compare_prints_a_row_for_each_perturbation_both_runs_played(tmp_path, capsys):
-    from minirl.cli import main
+    from minirl.apps.cli import main
 
     for name, recovered, kinds in (
         ("a", 2, ("tool_error", "flaky_tool")),

@@ -6,8 +6,8 @@ import os
 import pytest
 from conftest import cli_error, snapshot
 
-from minirl import quickstart, recipe
-from minirl.files import fresh_folder
+from minirl.apps import quickstart, recipe
+from minirl.run.files import fresh_folder
 from minirl.toy import build_checkpoint
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from minirl.envs.tools import parse_assistant
-from minirl.graduation import distinct_n, format_ok, graduated, loss_plateau
+from minirl.run.graduation import distinct_n, format_ok, graduated, loss_plateau
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 84"}}\n</tool_call>'
 

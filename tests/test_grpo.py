@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from minirl import load_pretrained
 from minirl.answers import lenient_answer, strict_answer
-from minirl.cli import main
+from minirl.apps.cli import main
 from minirl.fast.decoder import Decoder
 from minirl.grpo import GRPOConfig, grpo_step
 from minirl.lora import (

@@ -261,7 +261,7 @@ def test_the_7b_plan_fits_40_gb_and_bad_sizes_are_refused():
 
 
 def test_memory_command(capsys):
-    from minirl.cli import main
+    from minirl.apps.cli import main
 
     main(
         [

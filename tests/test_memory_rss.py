@@ -30,7 +30,7 @@ from minirl.toy import build_checkpoint
 CHILD = r"""
 import json, sys
 import minirl.run.grpo as harness
-from minirl.cli import main
+from minirl.apps.cli import main
 
 def kib(field):
     with open("/proc/self/status") as f:

@@ -7,12 +7,12 @@ import random
 import pytest
 from test_evaluation import episode
 
+from minirl.apps.eval_summary import compare, summarize
 from minirl.envs import perturb
 from minirl.envs.calculator import CalculatorEnv, expert_policy, make_question, play
 from minirl.envs.code import CodeEnv, load_templates, make_task, run_scripted, scripted_fix
 from minirl.envs.perturb import TRUNCATE_AT, PerturbedEnv
 from minirl.envs.tools import ToolCall
-from minirl.eval_summary import compare, summarize
 
 
 def hard_question(seed=0):
@@ -140,7 +140,7 @@ def test_the_summary_measures_each_perturbation_against_the_clean_run():
 
 def test_eval_perturb_on_the_toy_checkpoint(tmp_path, capsys):
     """Every perturbation is played with the clean run's seeds, recorded, and --rescore reproduces the summary."""
-    from minirl.cli import main
+    from minirl.apps.cli import main
     from minirl.toy import build_checkpoint
 
     model = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2)

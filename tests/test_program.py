@@ -146,7 +146,7 @@ def test_the_environment_rewards_a_passing_reply():
 
 
 def test_eval_reads_a_humaneval_file_without_task(tmp_path, capsys):
-    from minirl.cli import main
+    from minirl.apps.cli import main
     from minirl.toy import build_checkpoint
 
     toy = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2)

@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from minirl import load_pretrained
+from minirl.apps.quickstart import CLAIM_MARGIN, claim_holds
+from minirl.apps.viewer import write_page
 from minirl.chat import render
 from minirl.envs import perturb
 from minirl.envs.calculator import CalculatorEnv, flaky_calculator, make_questions, play
-from minirl.quickstart import CLAIM_MARGIN, claim_holds
-from minirl.run.viewer import write_page
 from minirl.tokenizer import chat_pieces, render_chat_template
 from minirl.toy import demonstrations, demonstrator, train_tokenizer
 
@@ -121,7 +121,7 @@ def test_quickstart_fast_runs_on_the_plain_versions_only(tmp_path, monkeypatch, 
     drop-ins. Every model the stages build keeps its plain layers, and no Decoder is ever made.
     (Run under a fault too, --perturb, so that path is exercised without another pipeline.)"""
     import minirl.fast.decoder
-    from minirl.cli import main as cli
+    from minirl.apps.cli import main as cli
     from minirl.fast import cpu_matmul
 
     made = []
@@ -162,7 +162,7 @@ def test_the_full_quickstart_shows_the_claim(seed, tmp_path):
     workers on 2 cores): the README's claim holds for each of the three seeds its table reports.
     The digits are not checked: they move with the seed and the CPU's floating-point kernels
     (docs/results.md)."""
-    from minirl.quickstart import run
+    from minirl.apps.quickstart import run
 
     summary = run(out_dir=str(tmp_path / "quickstart"), seed=seed, figure=None)
     demonstrator, sft, grpo = (

@@ -1,4 +1,4 @@
-"""`python -m minirl recipe calculator` (minirl/recipe.py): every stage end to end on the toy checkpoint in its
+"""`python -m minirl recipe calculator` (minirl/apps/recipe.py): every stage end to end on the toy checkpoint in its
 fast mode, the metrics it reports on hand-made episodes, and (real tier) a shortened run on a real Qwen2.5."""
 
 import json
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from minirl.recipe import OUTPUTS, policy_metrics, run, table
+from minirl.apps.recipe import OUTPUTS, policy_metrics, run, table
+from minirl.apps.sft_mix import mix_conversations
 from minirl.rollout import Trajectory
-from minirl.sft_mix import mix_conversations
 from minirl.toy import build_checkpoint
 
 
@@ -101,7 +101,7 @@ def test_mix_reads_bfcl_files_as_their_right_replies_and_draws_n(tmp_path):
 
 
 def test_mix_is_refused_by_the_code_recipe(tmp_path, capsys):
-    from minirl.cli import main
+    from minirl.apps.cli import main
 
     questions, _ = mix_files(tmp_path)
     with pytest.raises(SystemExit):

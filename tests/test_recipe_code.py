@@ -1,4 +1,4 @@
-"""`python -m minirl recipe code` (minirl/recipe_code.py): the scripted engineer's demonstrations (envs/engineer.py), the
+"""`python -m minirl recipe code` (minirl/apps/recipe_code.py): the scripted engineer's demonstrations (envs/engineer.py), the
 code agent's trajectory shape (eval_stats.code_agent_shape, eval_summary.code_agent_summary), and every
 stage end to end on the toy checkpoint in its fast mode."""
 
@@ -11,14 +11,14 @@ import sys
 
 import pytest
 
+from minirl.apps.eval_summary import code_agent_summary, read_episodes
+from minirl.apps.recipe_code import FAST, OUTPUTS, group_fixes, run, stage_eval, table
 from minirl.envs import play
 from minirl.envs.bugs import load_bug_templates
 from minirl.envs.code import CodeEnv, load_templates, make_task
 from minirl.envs.engineer import blocks_by_test, demonstrations, demonstrator, hacker, wrong_edits
 from minirl.eval_stats import code_agent_shape, run_test_failed
-from minirl.eval_summary import code_agent_summary, read_episodes
 from minirl.fast import speedups
-from minirl.recipe_code import FAST, OUTPUTS, group_fixes, run, stage_eval, table
 from minirl.run.plots import hack_figure
 from minirl.run.stages import load_policy
 from minirl.tasks import CodeTask

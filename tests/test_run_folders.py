@@ -13,9 +13,9 @@ import time
 import pytest
 from conftest import cli_error, snapshot
 
-from minirl.cli import main
+from minirl.apps.cli import main
+from minirl.apps.evaluation import items_digest, write_run
 from minirl.envs.program import read_problems
-from minirl.evaluation import items_digest, write_run
 from minirl.grpo import GRPOConfig
 from minirl.run.checkpoint import RunFolderError
 from minirl.run.grpo import train as grpo_train

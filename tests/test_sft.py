@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from minirl import load_pretrained
-from minirl.cli import main
+from minirl.apps.cli import main
 from minirl.data import DataError
 from minirl.lora import PEFT_PREFIX, add_lora, lora_state_dict
 from minirl.run.sft import train

@@ -1,5 +1,5 @@
 """The code agent's scripted engineer: a policy that knows each planted bug's fix and plays the code
-environment with it, as SFT's demonstrations (recipe_code.py).
+environment with it, as SFT's demonstrations (apps/recipe_code.py).
 
 It reads the file, edits the buggy text back, runs the tests and answers in a sentence. In a share
 of the episodes it first makes a plausible wrong edit (another bug of the same line), sees run_test

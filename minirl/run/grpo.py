@@ -7,7 +7,7 @@ train(cfg) checks the flags, builds the task, plans the step's memory before a w
 π_ref), adds the adapter and the optimizer, and runs grpo_step `cfg.steps` times. Around each step:
 the memory guard fits the learning passes to the batch actually sampled; metrics go to
 runs/NAME/metrics.csv, a sample of rollouts to runs/NAME/rollouts.jsonl (for `python -m minirl view
-runs/NAME`), the held-out evaluations (every --eval-every steps and at the end, evaluation.py's
+runs/NAME`), the held-out evaluations (every --eval-every steps and at the end, apps/evaluation.py's
 episodes and summary) to runs/NAME/eval/step-NNNNNN/; checkpoints and exact resume work as in SFT.
 
 Under torchrun (distributed.py, docs/gpu.md "Scale-out") --prompts-per-step stays the global P: each
@@ -25,7 +25,7 @@ from dataclasses import fields
 
 from tqdm import tqdm
 
-from .. import distributed, evaluation
+from ..apps import evaluation
 from ..config import Qwen2Config
 from ..fast import speedups
 from ..grpo import PERTURBED, GRPOConfig, grpo_step, step_metrics
@@ -33,7 +33,7 @@ from ..lora import load_adapter, merge_and_unload
 from ..tasks import EnvTask, make_task
 from ..tokenizer import Tokenizer
 from ..weights import load_pretrained
-from . import training
+from . import distributed, training
 from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .flags import FlagError, check_grpo
 from .grpo_memory import LearningGuard, plan_memory
@@ -67,7 +67,7 @@ FIELDS = [
 
 
 def evaluate(model, tokenizer, task, cfg, step: int, decoder=None) -> dict:
-    """Greedy pass@1 on the task's held-out items, strict and lenient, from evaluation.py's episodes,
+    """Greedy pass@1 on the task's held-out items, strict and lenient, from apps/evaluation.py's episodes,
     which are kept as an eval folder: out/eval/step-NNNNNN (episodes.jsonl, summary.json)."""
     out = os.path.join(cfg.out, "eval", f"step-{step:06d}")
     seed, max_new_tokens = cfg.seed, cfg.max_new_tokens

@@ -10,12 +10,12 @@ whole rows (learner.py), with chunked log-probs or the logits.
 
 import torch
 
-from .. import distributed
 from ..fast.cpu_matmul import native_bfloat16
 from ..fast.length_passes import passes
 from ..fast.prefixes import common_prefix_length
 from ..rollout import prompt_ids
 from ..tasks import EnvTask
+from . import distributed
 from .memory import (
     MemoryBudgetError,
     describe_choice,

@@ -10,7 +10,7 @@ loss history) is written to a temporary folder and renamed into place; --resume 
 newest one and, on CPU with the same seed, reproduces the uninterrupted loss curve exactly.
 Graduation (graduation.py) is measured every --eval-every steps and at the end; with --eval-task the
 task's held-out items are played then too, by the same code as `python -m minirl eval` and GRPO's
-held-out numbers (evaluation.py): eval_accuracy in metrics.csv, each evaluation kept as an eval folder
+held-out numbers (apps/evaluation.py): eval_accuracy in metrics.csv, each evaluation kept as an eval folder
 in out/eval/step-NNNNNN.
 
 Under torchrun (distributed.py, docs/gpu.md "Scale-out") --batch-size stays the global micro-batch:
@@ -28,7 +28,8 @@ from dataclasses import fields
 
 from tqdm import tqdm
 
-from .. import data, distributed, evaluation, graduation
+from .. import data
+from ..apps import evaluation
 from ..config import Qwen2Config
 from ..fast import speedups
 from ..losses import IGNORE_INDEX
@@ -37,7 +38,7 @@ from ..tasks import DATA_TASKS, make_task
 from ..tokenizer import Tokenizer
 from ..trainable_tokens import add_trainable_tokens, spelled_rows, untrained_tokens
 from ..weights import load_pretrained
-from . import training
+from . import distributed, graduation, training
 from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .flags import check_sft
 from .memory import budget_bytes

@@ -7,9 +7,9 @@ chunked (fast/chunked_logprobs.py).
 
 import torch
 
-from .. import distributed
 from ..fast.cpu_matmul import native_bfloat16
 from ..fast.prefix_sft import shared_prefix_length
+from . import distributed
 from .memory import MemoryBudgetError, describe_choice, fit_pass, sft_estimate, what_fits
 
 

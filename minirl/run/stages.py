@@ -1,4 +1,4 @@
-"""What the recipes (recipe.py, recipe_code.py) keep around their stages: each stage's wall time and
+"""What the recipes (apps/recipe.py, apps/recipe_code.py) keep around their stages: each stage's wall time and
 the peak resident memory above its start, and the policy a stage left (the base model with the
 stages' adapters merged in, in order).
 
@@ -27,10 +27,10 @@ import os
 import time
 from contextlib import contextmanager
 
-from ..files import fresh_folder
 from ..lora import load_adapter, merge_and_unload
 from ..weights import load_pretrained
 from .checkpoint import latest_checkpoint
+from .files import fresh_folder
 from .memory import trim_heap
 
 # what a resumed run must share with the run it continues (keys of the recipe's summary)

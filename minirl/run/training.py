@@ -16,12 +16,12 @@ import os
 
 import torch
 
-from .. import distributed
-from ..files import write_json
-from ..finite import check_trained
 from ..lora import add_lora, save_adapter
 from ..weights import run_dtype, save_pretrained
+from . import distributed
 from .checkpoint import latest_checkpoint, restore_checkpoint
+from .files import write_json
+from .finite import check_trained
 
 
 def start(cfg) -> tuple[torch.device, torch.dtype]:

@@ -44,20 +44,20 @@ import time
 import torch
 from tqdm import tqdm
 
-from . import distributed
-from .config import Qwen2Config
-from .envs import perturb
-from .envs.bfcl import is_bfcl_file
-from .envs.program import is_program_file
-from .envs.tools import parse_assistant
-from .eval_stats import call_problems
+from ..config import Qwen2Config
+from ..envs import perturb
+from ..envs.bfcl import is_bfcl_file
+from ..envs.program import is_program_file
+from ..envs.tools import parse_assistant
+from ..eval_stats import call_problems
+from ..fast import PLAIN_HELP, speedups
+from ..lora import load_adapter, merge_and_unload
+from ..run import distributed
+from ..run.flags import at_least, check_sampling
+from ..tasks import make_task, parse_options
+from ..tokenizer import Tokenizer
+from ..weights import load_pretrained
 from .eval_summary import compare, read_episodes, rescore, summarize, table
-from .fast import PLAIN_HELP, speedups
-from .lora import load_adapter, merge_and_unload
-from .run.flags import at_least, check_sampling
-from .tasks import make_task, parse_options
-from .tokenizer import Tokenizer
-from .weights import load_pretrained
 
 
 # ---- episodes: one record each (eval_summary.py summarizes the records) ----------------------------------

@@ -38,21 +38,21 @@ import json
 import os
 import random
 
-from .envs.calculator import CalculatorEnv, expert_policy, play
-from .envs.tools import foreign_tool_call, parse_assistant
+from ..envs.calculator import CalculatorEnv, expert_policy, play
+from ..envs.tools import foreign_tool_call, parse_assistant
+from ..fast import speedups
+from ..grpo import GRPOConfig
+from ..run.files import fresh_folder
+from ..run.grpo import train as grpo_train
+from ..run.plots import recipe_figure
+from ..run.sft import train as sft_train
+from ..run.stages import StageMeter, load_policy
+from ..sft import SFTConfig
+from ..tasks import CalculatorTask
+from ..toy import demonstrations, demonstrator
 from .eval_summary import compare, read_episodes
 from .evaluation import evaluate as evaluate_episodes
-from .fast import speedups
-from .files import fresh_folder
-from .grpo import GRPOConfig
-from .run.grpo import train as grpo_train
-from .run.plots import recipe_figure
-from .run.sft import train as sft_train
-from .run.stages import StageMeter, load_policy
-from .sft import SFTConfig
 from .sft_mix import mix_conversations
-from .tasks import CalculatorTask
-from .toy import demonstrations, demonstrator
 
 # what a run writes in its folder: the only names a new run there may remove (files.fresh_folder)
 OUTPUTS = {

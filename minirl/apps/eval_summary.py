@@ -10,8 +10,8 @@ import math
 import os
 from collections import defaultdict
 
-from .data import read_jsonl
-from .eval_stats import (
+from ..data import read_jsonl
+from ..eval_stats import (
     cluster_bootstrap,
     clustered_stderr,
     code_agent_shape,
@@ -24,7 +24,7 @@ from .eval_stats import (
     reference_match,
     success_where_perturbed,
 )
-from .files import atomic_write
+from ..run.files import atomic_write
 
 
 def _mean(values) -> float:

@@ -31,17 +31,17 @@ import time
 
 import torch
 
-from .files import fresh_folder
-from .grpo import GRPOConfig
-from .model import random_model
-from .run.grpo import train as grpo_train
-from .run.plots import quickstart_figure
-from .run.sft import train as sft_train
-from .sft import SFTConfig
-from .tasks import CalculatorTask
-from .tokenizer import render_chat_template
-from .toy import demonstrations, demonstrator, tiny_config, train_tokenizer
-from .weights import save_pretrained
+from ..grpo import GRPOConfig
+from ..model import random_model
+from ..run.files import fresh_folder
+from ..run.grpo import train as grpo_train
+from ..run.plots import quickstart_figure
+from ..run.sft import train as sft_train
+from ..sft import SFTConfig
+from ..tasks import CalculatorTask
+from ..tokenizer import render_chat_template
+from ..toy import demonstrations, demonstrator, tiny_config, train_tokenizer
+from ..weights import save_pretrained
 
 # what a run writes in its folder: the only names a new run there may remove (files.fresh_folder)
 OUTPUTS = {"summary.json", "demonstrations.jsonl", "base", "sft", "grpo"}

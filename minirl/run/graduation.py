@@ -9,9 +9,9 @@
 
 import torch
 
-from .data import tool_names
-from .envs.tools import parse_assistant
-from .sampling import generate
+from ..data import tool_names
+from ..envs.tools import parse_assistant
+from ..sampling import generate
 
 
 def format_ok(text: str, finish_reason: str, known_tools: set[str]) -> bool:

@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from .fast import PLAIN_HELP
+from ..fast import PLAIN_HELP
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -46,10 +46,10 @@ def print_stream(tokenizer, token_iter, stop_ids, out=None) -> list[int]:
 
 
 def cmd_generate(args):
-    from .fast import speedups
-    from .run.flags import check_sampling, check_speedups
-    from .sampling import stream
-    from .weights import load_pretrained
+    from ..fast import speedups
+    from ..run.flags import check_sampling, check_speedups
+    from ..sampling import stream
+    from ..weights import load_pretrained
 
     check_sampling(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     check_speedups(args.plain, args.compile)
@@ -87,16 +87,16 @@ def cmd_generate(args):
 
 
 def cmd_sft(args):
-    from .run.sft import train
-    from .sft import SFTConfig
-    from .tasks import parse_options
+    from ..run.sft import train
+    from ..sft import SFTConfig
+    from ..tasks import parse_options
 
     args.task_options = parse_options(args.task_options)
     train(SFTConfig(**{k: v for k, v in vars(args).items() if k not in ("command", "func")}))
 
 
 def add_sft_parser(sub, fmt):
-    from .sft import SFTConfig
+    from ..sft import SFTConfig
 
     d = SFTConfig(model="", data="")
     s = sub.add_parser(
@@ -213,10 +213,10 @@ def add_perturb_flag(parser, who: str) -> None:
 
 
 def cmd_grpo(args):
-    from .envs import perturb
-    from .grpo import GRPOConfig
-    from .run.grpo import train
-    from .tasks import parse_options
+    from ..envs import perturb
+    from ..grpo import GRPOConfig
+    from ..run.grpo import train
+    from ..tasks import parse_options
 
     args.task_options = parse_options(args.task_options)
     args.perturb = perturb.rates(args.perturb or [])
@@ -224,8 +224,8 @@ def cmd_grpo(args):
 
 
 def add_grpo_parser(sub, fmt):
-    from .grpo import GRPOConfig
-    from .tasks import TASKS
+    from ..grpo import GRPOConfig
+    from ..tasks import TASKS
 
     d = GRPOConfig(model="")
     g = sub.add_parser(
@@ -344,12 +344,12 @@ def add_grpo_parser(sub, fmt):
 def cmd_rollout(args):
     import random
 
-    from .chat import show_mask
-    from .fast import speedups
-    from .lora import load_adapter
-    from .run.flags import at_least, check_sampling
-    from .tasks import make_task
-    from .weights import load_pretrained
+    from ..chat import show_mask
+    from ..fast import speedups
+    from ..lora import load_adapter
+    from ..run.flags import at_least, check_sampling
+    from ..tasks import make_task
+    from ..weights import load_pretrained
 
     check_sampling(args.temperature, 1.0, 0, args.max_new_tokens)
     at_least(args.n, 1, "-n")
@@ -383,7 +383,7 @@ def cmd_rollout(args):
 
 
 def cmd_quickstart(args):
-    from .envs import perturb
+    from ..envs import perturb
     from .quickstart import run
 
     faults = perturb.rates(args.perturb or [])
@@ -406,7 +406,7 @@ def cmd_quickstart(args):
 
 
 def cmd_recipe(args):
-    from .envs import perturb
+    from ..envs import perturb
 
     if args.task == "code" and args.perturb:
         raise ValueError("--perturb: the code recipe does not train under faults (yet); use grpo's")
@@ -668,15 +668,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.set_defaults(func=cmd_memory)
 
-    from .run.viewer import add_parser as add_view_parser
+    from .viewer import add_parser as add_view_parser
 
     add_view_parser(sub, fmt)
     return parser
 
 
 def cmd_memory(args):
-    from .config import Qwen2Config, preset
-    from .run.memory import estimate
+    from ..config import Qwen2Config, preset
+    from ..run.memory import estimate
 
     if os.path.isdir(args.model):
         config = Qwen2Config.from_json(os.path.join(args.model, "config.json"))

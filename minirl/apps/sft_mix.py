@@ -9,8 +9,8 @@ demonstrations, and SFT shuffles them together.
 import os
 import random
 
-from .data import read_conversations
-from .envs import bfcl
+from ..data import read_conversations
+from ..envs import bfcl
 
 
 def mix_conversations(specs: list[str], seed: int) -> tuple[list[dict], dict]:
