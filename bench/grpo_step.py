@@ -108,6 +108,7 @@ from minirl.learner import fixed_logprobs, lm_head_logprobs  # noqa: E402
 from minirl.lora import add_lora  # noqa: E402
 from minirl.losses import policy_loss  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
+from minirl.run.grpo import GRPOConfig  # noqa: E402
 from minirl.tasks import Task  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 
@@ -233,14 +234,14 @@ class FixedRollouts(BenchTask):
 
 def build(args):
     """The model (LoRA or full) with the run's speed-ups applied, the frozen π_ref copy (--full with
-    β > 0), its optimizer and scheduler, the GRPOConfig grpo_step reads, and the device."""
+    β > 0), its optimizer and scheduler, the run's GRPOConfig (grpo_step reads its GRPOSettings part), and the device."""
     device = torch.device(args.device)
     dtype = DTYPES.get(args.dtype) or (
         torch.float32 if args.full or device.type == "cpu" else torch.bfloat16
     )
     config = tiny_config(512) if args.tiny else preset(args.preset)
     model = minirl.random_model(config, dtype=dtype, device=device, seed=args.seed)
-    cfg = grpo.GRPOConfig(
+    cfg = GRPOConfig(
         model="",
         group_size=args.group,
         prompts_per_step=args.prompts,

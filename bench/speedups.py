@@ -49,10 +49,11 @@ import minirl.sampling  # noqa: E402
 from minirl.config import preset  # noqa: E402
 from minirl.fast import FAST, PLAIN, Speedups  # noqa: E402
 from minirl.fast.decoder import Decoder  # noqa: E402
-from minirl.grpo import GRPOConfig, grpo_step  # noqa: E402
+from minirl.grpo import grpo_step  # noqa: E402
 from minirl.lora import add_lora  # noqa: E402
 from minirl.next_token import multinomial_draw  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
+from minirl.run.grpo import GRPOConfig
 from minirl.tasks import Task  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 

@@ -29,8 +29,8 @@ from minirl import load_pretrained
 from minirl.chat import render, show_mask
 from minirl.lora import LoRALinear, add_lora
 from minirl.losses import IGNORE_INDEX, sft_loss
-from minirl.run.sft import train
-from minirl.sft import SFTConfig, sft_step
+from minirl.run.sft import SFTConfig, train
+from minirl.sft import sft_step
 from minirl.toy import build_checkpoint, calculator_conversation
 
 parser = argparse.ArgumentParser(description="Lesson 03: SFT with LoRA")

@@ -12,7 +12,6 @@ SFT adapter into the weights first and trains a fresh LoRA, so disabling adapter
 groups with a non-finite reward are dropped and counted instead of poisoning the update.
 """
 
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +19,6 @@ import torch
 
 from . import learner as plain_learner
 from .envs import perturb
-from .eval_stats import success_where_perturbed
 from .fast import PLAIN, Speedups, prefix_learner
 from .fast.chunked_logprobs import chunked_token_logprobs
 from .learner import fixed_logprobs, lm_head_logprobs
@@ -31,25 +29,16 @@ from .run.finite import check_update
 
 
 @dataclass
-class GRPOConfig:
-    model: str
-    task: str = "arithmetic"
-    # make_task options, e.g. {"level": "toy", "max_turns": 3}
-    task_options: dict = field(default_factory=dict)
-    # --task jsonl: the items (tasks.JsonlTask), and the held-out items (default: 10 % of --data)
-    data: str | None = None
-    eval_data: str | None = None
-    # an SFT adapter to start from (merged: it becomes π_ref)
-    adapter: str | None = None
-    out: str = os.path.join("runs", "grpo")
+class GRPOSettings:
+    """What GRPO is set by: the group, the objective, the optimizer. run/grpo.py's GRPOConfig adds what
+    a run needs around it (the model, the task, the run folder, the memory plan, checkpoints, logs)."""
+
     # --- sampling ---
     group_size: int = 8  # G
     prompts_per_step: int = 4  # P
     max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
-    # decode with a fixed-shape cache and a torch.compile'd step (CUDA graphs on GPU)
-    compile: bool = False
     # sample with the adapters folded into the weights: on, off, auto (= on a GPU)
     merge_lora: str = "auto"
     # --- objective ---
@@ -71,30 +60,10 @@ class GRPOConfig:
     warmup_steps: int = 0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    # train every weight instead of a LoRA adapter
     full: bool = False
     lora_r: int = 16
     lora_alpha: float = 32
-    # on its own when a pass would not fit otherwise (the memory guard)
-    checkpointing: bool = False
-    # GB to plan within; 0 = 90 % of what the device has available
-    memory_limit: float = 0.0
-    seed: int = 0
-    dtype: str = "auto"
-    device: str = "auto"
-    # the plain versions only, none of the drop-ins in minirl/fast/ (docs/speedups.md)
-    plain: bool = False
-    # --- evaluation and checkpoints ---
-    eval_every: int = 0  # 0 = only at the end
-    save_every: int = 10
-    resume: bool = False
-    # replace the run a used --out holds (run/checkpoint.claim_run_folder)
-    overwrite: bool = False
-    stop_after: int = 0
-    # --- rollout log, for `minirl view` (run/rollout_log.py) ---
-    # steps between logged samples, plus the first and last step; 0 = off
-    log_rollouts_every: int = 10
-    # groups per logged step, each with all G completions
-    log_rollout_groups: int = 2
 
 
 def filter_groups(trajectories, G: int, dynamic_sampling: bool):
@@ -138,7 +107,7 @@ def grpo_step(
     items,
     optimizer,
     scheduler,
-    cfg: GRPOConfig,
+    cfg: GRPOSettings,
     *,
     seed: int,
     ref_model=None,
@@ -241,41 +210,3 @@ def grpo_step(
 
 
 STATS = ("loss", "clip_low_frac", "clip_high_frac", "kl", "ratio", "sampler_logprob_gap")
-
-
-def step_metrics(task, trajectories, cfg) -> dict:
-    """The logged facts of one step's rollouts (all ranks'): rewards, accuracy, lengths, dropped groups,
-    episodes that could not be scored (scored 0, tasks.Task.score), each reward part's mean, the
-    task's own metrics (of the scored episodes) and, when training under perturbations, how many
-    episodes one fired in and the share of those solved (eval_stats.success_where_perturbed)."""
-    n, G = len(trajectories), cfg.group_size
-    rewards, finite, spread, _ = filter_groups(trajectories, G, cfg.dynamic_sampling)
-    verdicts = [task.verdict(t) for t in trajectories]
-    scored = [t for t in trajectories if t.scoring_error is None]
-    dropped_flat = int((finite & ~spread).sum()) if cfg.dynamic_sampling else 0
-    return {
-        "reward_mean": rewards[torch.isfinite(rewards)].mean().item(),
-        "reward_std": rewards[torch.isfinite(rewards)].std(unbiased=False).item(),
-        "accuracy": sum(v["strict"] for v in verdicts) / n,
-        "accuracy_lenient": sum(v["lenient"] for v in verdicts) / n,
-        "completion_len": sum(len(t.completion_ids) for t in trajectories) / n,
-        "truncated_frac": sum(t.finish_reason == "length" for t in trajectories) / n,
-        "zero_spread_frac": 1 - spread.float().mean().item(),
-        "groups_dropped_nonfinite": int((~finite).sum()),
-        "groups_dropped_zero_spread": dropped_flat,
-        "scoring_errors": n - len(scored),
-        **{
-            f"reward_{k}": sum(t.reward_parts[k] for t in trajectories) / n
-            for k in task.reward_functions
-        },
-        **(task.metrics(scored) if scored else dict.fromkeys(task.metric_names, float("nan"))),
-        **(perturbed_metrics(trajectories, verdicts) if cfg.perturb else {}),
-    }
-
-
-PERTURBED = ["perturbed_episodes", "perturbed_success"]
-
-
-def perturbed_metrics(trajectories, verdicts) -> dict:
-    fired = [(t.info.get("perturbed", 0), v["strict"]) for t, v in zip(trajectories, verdicts)]
-    return dict(zip(PERTURBED, success_where_perturbed(fired)))

@@ -13,9 +13,8 @@ not change what is learned.
 """
 
 import math
-import os
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -28,10 +27,10 @@ from .run.finite import check_update
 
 
 @dataclass
-class SFTConfig:
-    model: str
-    data: str
-    out: str = os.path.join("runs", "sft")
+class SFTSettings:
+    """What SFT is set by: the adapter and the optimizer. run/sft.py's SFTConfig adds what a run needs
+    around it (the model, the data and its checks, the memory plan, graduation, checkpoints)."""
+
     # --- adapter ---
     # train every weight instead of a LoRA adapter
     full: bool = False
@@ -53,37 +52,6 @@ class SFTConfig:
     overflow: str = "truncate"
     # batches of similar lengths: less padding, faster steps
     group_by_length: bool = False
-    # activation checkpointing (on its own when a pass would not fit otherwise)
-    checkpointing: bool = False
-    # GB to plan within; 0 = 90 % of what the device has available
-    memory_limit: float = 0.0
-    seed: int = 0
-    # bfloat16 weights + autocast on GPU, float32 on CPU
-    dtype: str = "auto"
-    device: str = "auto"
-    # the plain versions only, none of the drop-ins in minirl/fast/ (docs/speedups.md)
-    plain: bool = False
-    # --- data checks and evaluation ---
-    skip_bad: bool = False
-    # held-out conversations; default: a slice of --data
-    eval_data: str | None = None
-    eval_every: int = 0  # 0 = only at the end
-    samples_per_prompt: int = 4
-    eval_max_new_tokens: int = 128
-    # a task name (or object) whose held-out items are played at each check (apps/evaluation.py)
-    eval_task: object = None
-    # make_task options for eval_task, e.g. {"level": "toy"}
-    task_options: dict = field(default_factory=dict)
-    min_format: float = 0.9
-    min_distinct: float = 0.5
-    until_graduated: bool = False
-    # --- checkpoints ---
-    save_every: int = 0  # 0 = at the end of each epoch
-    resume: bool = False
-    # replace the run a used --out holds (run/checkpoint.claim_run_folder)
-    overwrite: bool = False
-    # stop (with a checkpoint) after this many steps; the schedule still spans the run
-    stop_after: int = 0
 
 
 def cosine_with_warmup(warmup: int, total: int):
@@ -125,7 +93,7 @@ def sft_step(
     micro_batches,
     optimizer,
     scheduler,
-    cfg: SFTConfig,
+    cfg: SFTSettings,
     *,
     pad_id: int,
     step: int,

@@ -17,11 +17,11 @@ import torch
 from conftest import FixedRollouts
 
 from minirl import load_pretrained
-from minirl.grpo import GRPOConfig, grpo_step
+from minirl.grpo import grpo_step
 from minirl.lora import add_lora
 from minirl.rollout import sample_completions
 from minirl.run import distributed
-from minirl.run.grpo import train
+from minirl.run.grpo import GRPOConfig, train
 from minirl.tasks import Task
 
 PROMPTS, G = 4, 4

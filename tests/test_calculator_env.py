@@ -18,9 +18,8 @@ from minirl.envs.calculator import (
     play,
     tool_call_message,
 )
-from minirl.grpo import GRPOConfig
 from minirl.rollout import Trajectory
-from minirl.run.grpo import train
+from minirl.run.grpo import GRPOConfig, train
 from minirl.tasks import CalculatorTask
 from minirl.toy import build_checkpoint
 

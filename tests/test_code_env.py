@@ -432,8 +432,7 @@ def test_the_child_runs_under_the_limits_with_a_clean_environment(tmp_path, monk
 def test_grpo_runs_on_the_code_task(tmp_path):
     import csv
 
-    from minirl.grpo import GRPOConfig
-    from minirl.run.grpo import train
+    from minirl.run.grpo import GRPOConfig, train
     from minirl.tasks import CodeTask
     from minirl.toy import build_checkpoint
 

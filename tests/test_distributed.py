@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from minirl.apps.cli import main
 from minirl.run import distributed
 from minirl.run.grpo import train as grpo_train
+from minirl.run.sft import SFTConfig
 from minirl.run.sft import train as sft_train
-from minirl.sft import SFTConfig
 from minirl.toy import build_checkpoint, calculator_conversation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

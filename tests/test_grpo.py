@@ -16,7 +16,7 @@ from minirl import load_pretrained
 from minirl.answers import lenient_answer, strict_answer
 from minirl.apps.cli import main
 from minirl.fast.decoder import Decoder
-from minirl.grpo import GRPOConfig, grpo_step
+from minirl.grpo import grpo_step
 from minirl.lora import (
     PEFT_PREFIX,
     add_lora,
@@ -27,7 +27,7 @@ from minirl.lora import (
 )
 from minirl.losses import group_advantages
 from minirl.rollout import Trajectory, sample_completions
-from minirl.run.grpo import train
+from minirl.run.grpo import GRPOConfig, train
 from minirl.tasks import ArithmeticTask, Task
 from minirl.toy import build_checkpoint
 
@@ -245,8 +245,8 @@ def test_an_environment_whose_reward_raises_scores_0_and_is_counted(tmp_path):
     (rollout.end_episode). Its episode keeps an empty record; the task's metrics see only scored
     episodes, so a JsonlTask's metrics, which read the record, do not raise either."""
     from minirl.envs.answer import AnswerEnv
-    from minirl.grpo import step_metrics
     from minirl.rollout import end_episode
+    from minirl.run.grpo import step_metrics
     from minirl.tasks import JsonlTask
 
     class Broken(AnswerEnv):
@@ -436,3 +436,12 @@ def test_merged_sampling_leaves_the_base_weights_bit_for_bit(
         assert torch.equal(model.state_dict()[name], weight), name
     with pytest.raises(ValueError, match="--merge-lora must be one of auto, on, off"):
         train(config(base, tmp_path / "bad", merge_lora="yes"))
+
+
+def test_train_takes_a_runs_config_not_the_steps_settings():
+    from minirl.grpo import GRPOSettings
+
+    with pytest.raises(TypeError, match="must be a run's GRPOConfig.*got GRPOSettings"):
+        train(GRPOSettings())
+    # the run's config is the step's settings plus the harness's fields
+    assert issubclass(GRPOConfig, GRPOSettings)

@@ -13,7 +13,7 @@ from minirl.config import Qwen2Config
 from minirl.data import encode, read_conversations
 from minirl.fast import FAST
 from minirl.fast.prefix_sft import shared_prefix_length
-from minirl.grpo import GRPOConfig
+from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo import train as grpo_train
 from minirl.run.memory import (
     GB,
@@ -24,8 +24,8 @@ from minirl.run.memory import (
     fit_pass,
     sft_estimate,
 )
+from minirl.run.sft import SFTConfig
 from minirl.run.sft import train as sft_train
-from minirl.sft import SFTConfig
 from minirl.tokenizer import Tokenizer
 from minirl.toy import build_checkpoint
 

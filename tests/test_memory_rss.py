@@ -19,7 +19,7 @@ import torch
 
 from minirl.config import Qwen2Config
 from minirl.fast import FAST
-from minirl.grpo import GRPOConfig
+from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo_memory import plan_memory
 from minirl.run.memory import GB, MemoryBudgetError
 from minirl.tasks import make_task

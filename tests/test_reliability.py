@@ -17,15 +17,15 @@ from minirl.apps.cli import main
 from minirl.config import ConfigError, Qwen2Config
 from minirl.data import DataError, read_conversations
 from minirl.envs.tools import parse_assistant
-from minirl.grpo import GRPOConfig
 from minirl.lora import load_adapter
 from minirl.run.checkpoint import MetricsLog, RunFolderError
 from minirl.run.finite import NonFiniteError, check_weights
 from minirl.run.flags import FlagError
+from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo import train as grpo_train
 from minirl.run.rollout_log import RolloutLog
+from minirl.run.sft import SFTConfig
 from minirl.run.sft import train as sft_train
-from minirl.sft import SFTConfig
 from minirl.tasks import make_task
 from minirl.toy import build_checkpoint, calculator_conversation
 from minirl.weights import CheckpointError, load_pretrained

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from minirl.chat import tool_turn_text
-from minirl.grpo import GRPOConfig
 from minirl.rollout import Trajectory
-from minirl.run.grpo import train
+from minirl.run.grpo import GRPOConfig, train
 from minirl.run.rollout_log import RolloutLog, rollout_records, token_pieces
 from minirl.tasks import Task
 from minirl.toy import build_checkpoint

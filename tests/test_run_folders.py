@@ -16,11 +16,11 @@ from conftest import cli_error, snapshot
 from minirl.apps.cli import main
 from minirl.apps.evaluation import items_digest, write_run
 from minirl.envs.program import read_problems
-from minirl.grpo import GRPOConfig
 from minirl.run.checkpoint import RunFolderError
+from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo import train as grpo_train
+from minirl.run.sft import SFTConfig
 from minirl.run.sft import train as sft_train
-from minirl.sft import SFTConfig
 from minirl.tasks import make_task
 from minirl.toy import build_checkpoint, calculator_conversation
 

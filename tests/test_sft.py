@@ -13,8 +13,7 @@ from minirl import load_pretrained
 from minirl.apps.cli import main
 from minirl.data import DataError
 from minirl.lora import PEFT_PREFIX, add_lora, lora_state_dict
-from minirl.run.sft import train
-from minirl.sft import SFTConfig
+from minirl.run.sft import SFTConfig, train
 from minirl.toy import build_checkpoint, calculator_conversation
 
 
@@ -247,3 +246,12 @@ def test_eval_task_plays_the_tasks_held_out_items_as_eval_does(base, data_file, 
             )
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
         assert not (tmp_path / "bad").exists()  # refused before anything is written
+
+
+def test_train_takes_a_runs_config_not_the_steps_settings():
+    from minirl.run.sft import train
+    from minirl.sft import SFTSettings
+
+    with pytest.raises(TypeError, match="must be a run's SFTConfig.*got SFTSettings"):
+        train(SFTSettings())
+    assert issubclass(SFTConfig, SFTSettings)

@@ -17,7 +17,7 @@ from minirl.fast import FAST, PLAIN, Speedups, cpu_matmul, prefix_learner
 from minirl.fast.chunked_logprobs import chunked_sft_loss, chunked_token_logprobs
 from minirl.fast.decode_attention import DecodeAttention, use_decode_attention
 from minirl.fast.decoder import Decoder
-from minirl.grpo import GRPOConfig, grpo_step
+from minirl.grpo import grpo_step
 from minirl.kv_cache import KVCache
 from minirl.learner import fixed_logprobs, lm_head_logprobs
 from minirl.learner import learning_batch as plain_batch
@@ -26,8 +26,10 @@ from minirl.lora import add_lora
 from minirl.losses import IGNORE_INDEX
 from minirl.model import Attention, random_model
 from minirl.rollout import Trajectory
+from minirl.run.grpo import GRPOConfig
+from minirl.run.sft import SFTConfig
 from minirl.sampling import generate, left_padded
-from minirl.sft import SFTConfig, lm_head_sft_loss, sft_step
+from minirl.sft import lm_head_sft_loss, sft_step
 from minirl.toy import tiny_config
 from minirl.trainable_tokens import add_trainable_tokens
 

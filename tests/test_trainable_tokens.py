@@ -190,8 +190,7 @@ def test_bad_token_ids_are_refused():
 @pytest.mark.parametrize("choice", ["auto", "none"])
 def test_sft_trains_the_placeholder_rows_its_data_uses(tmp_path, capsys, choice):
     from minirl import load_pretrained
-    from minirl.run.sft import train
-    from minirl.sft import SFTConfig
+    from minirl.run.sft import SFTConfig, train
     from minirl.toy import build_checkpoint, calculator_conversation
     from minirl.weights import save_pretrained
 

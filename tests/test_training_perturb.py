@@ -22,9 +22,8 @@ from minirl.envs.calculator import (
     play,
 )
 from minirl.eval_stats import success_where_perturbed
-from minirl.grpo import GRPOConfig
 from minirl.run.flags import FlagError
-from minirl.run.grpo import train
+from minirl.run.grpo import GRPOConfig, train
 from minirl.tasks import CalculatorTask
 from minirl.toy import demonstrations, tool_policy, tool_policy_tasks
 

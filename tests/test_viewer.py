@@ -17,9 +17,8 @@ import torch
 from minirl.apps.cli import main
 from minirl.apps.viewer import build_page, keep_steps, token_roles, write_page
 from minirl.chat import tool_turn_text
-from minirl.grpo import GRPOConfig
 from minirl.rollout import Trajectory, sample_completions
-from minirl.run.grpo import train
+from minirl.run.grpo import GRPOConfig, train
 from minirl.run.rollout_log import RolloutLog, rollout_records
 from minirl.tasks import Task
 from minirl.toy import build_checkpoint

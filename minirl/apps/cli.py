@@ -87,8 +87,7 @@ def cmd_generate(args):
 
 
 def cmd_sft(args):
-    from ..run.sft import train
-    from ..sft import SFTConfig
+    from ..run.sft import SFTConfig, train
     from ..tasks import parse_options
 
     args.task_options = parse_options(args.task_options)
@@ -96,7 +95,7 @@ def cmd_sft(args):
 
 
 def add_sft_parser(sub, fmt):
-    from ..sft import SFTConfig
+    from ..run.sft import SFTConfig
 
     d = SFTConfig(model="", data="")
     s = sub.add_parser(
@@ -214,8 +213,7 @@ def add_perturb_flag(parser, who: str) -> None:
 
 def cmd_grpo(args):
     from ..envs import perturb
-    from ..grpo import GRPOConfig
-    from ..run.grpo import train
+    from ..run.grpo import GRPOConfig, train
     from ..tasks import parse_options
 
     args.task_options = parse_options(args.task_options)
@@ -224,7 +222,7 @@ def cmd_grpo(args):
 
 
 def add_grpo_parser(sub, fmt):
-    from ..grpo import GRPOConfig
+    from ..run.grpo import GRPOConfig
     from ..tasks import TASKS
 
     d = GRPOConfig(model="")

@@ -31,13 +31,13 @@ import time
 
 import torch
 
-from ..grpo import GRPOConfig
 from ..model import random_model
 from ..run.files import fresh_folder
+from ..run.grpo import GRPOConfig
 from ..run.grpo import train as grpo_train
 from ..run.plots import quickstart_figure
+from ..run.sft import SFTConfig
 from ..run.sft import train as sft_train
-from ..sft import SFTConfig
 from ..tasks import CalculatorTask
 from ..tokenizer import render_chat_template
 from ..toy import demonstrations, demonstrator, tiny_config, train_tokenizer

@@ -41,13 +41,13 @@ import random
 from ..envs.calculator import CalculatorEnv, expert_policy, play
 from ..envs.tools import foreign_tool_call, parse_assistant
 from ..fast import speedups
-from ..grpo import GRPOConfig
 from ..run.files import fresh_folder
+from ..run.grpo import GRPOConfig
 from ..run.grpo import train as grpo_train
 from ..run.plots import recipe_figure
+from ..run.sft import SFTConfig
 from ..run.sft import train as sft_train
 from ..run.stages import StageMeter, load_policy
-from ..sft import SFTConfig
 from ..tasks import CalculatorTask
 from ..toy import demonstrations, demonstrator
 from .eval_summary import compare, read_episodes

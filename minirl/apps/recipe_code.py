@@ -30,12 +30,12 @@ from ..envs.bugs import load_bug_templates
 from ..envs.code import load_templates
 from ..envs.engineer import demonstrations
 from ..fast import speedups
-from ..grpo import GRPOConfig
+from ..run.grpo import GRPOConfig
 from ..run.grpo import train as grpo_train
 from ..run.plots import code_recipe_figure
+from ..run.sft import SFTConfig
 from ..run.sft import train as sft_train
 from ..run.stages import Progress, load_policy
-from ..sft import SFTConfig
 from ..tasks import CodeTask
 from ..weights import load_pretrained
 from .eval_summary import compare, read_episodes

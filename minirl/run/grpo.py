@@ -21,14 +21,16 @@ import copy
 import os
 import random
 import time
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 
+import torch
 from tqdm import tqdm
 
 from ..apps import evaluation
 from ..config import Qwen2Config
+from ..eval_stats import success_where_perturbed
 from ..fast import speedups
-from ..grpo import PERTURBED, GRPOConfig, grpo_step, step_metrics
+from ..grpo import GRPOSettings, filter_groups, grpo_step
 from ..lora import load_adapter, merge_and_unload
 from ..tasks import EnvTask, make_task
 from ..tokenizer import Tokenizer
@@ -39,6 +41,46 @@ from .flags import FlagError, check_grpo
 from .grpo_memory import LearningGuard, plan_memory
 from .memory import budget_bytes
 from .rollout_log import RolloutLog, rollout_records
+
+
+@dataclass(kw_only=True)
+class GRPOConfig(GRPOSettings):
+    """A GRPO run: grpo.GRPOSettings (what the step reads) and what the harness needs around it."""
+
+    model: str
+    task: str = "arithmetic"
+    # make_task options, e.g. {"level": "toy", "max_turns": 3}
+    task_options: dict = field(default_factory=dict)
+    # --task jsonl: the items (tasks.JsonlTask), and the held-out items (default: 10 % of --data)
+    data: str | None = None
+    eval_data: str | None = None
+    # an SFT adapter to start from (merged: it becomes π_ref)
+    adapter: str | None = None
+    out: str = os.path.join("runs", "grpo")
+    # decode with a fixed-shape cache and a torch.compile'd step (CUDA graphs on GPU)
+    compile: bool = False
+    # on its own when a pass would not fit otherwise (the memory guard)
+    checkpointing: bool = False
+    # GB to plan within; 0 = 90 % of what the device has available
+    memory_limit: float = 0.0
+    seed: int = 0
+    dtype: str = "auto"
+    device: str = "auto"
+    # the plain versions only, none of the drop-ins in minirl/fast/ (docs/speedups.md)
+    plain: bool = False
+    # --- evaluation and checkpoints ---
+    eval_every: int = 0  # 0 = only at the end
+    save_every: int = 10
+    resume: bool = False
+    # replace the run a used --out holds (run/checkpoint.claim_run_folder)
+    overwrite: bool = False
+    stop_after: int = 0
+    # --- rollout log, for `minirl view` (run/rollout_log.py) ---
+    # steps between logged samples, plus the first and last step; 0 = off
+    log_rollouts_every: int = 10
+    # groups per logged step, each with all G completions
+    log_rollout_groups: int = 2
+
 
 TIMING = ["t_sample", "t_score", "t_learn", "tokens_per_s"]
 FIELDS = [
@@ -66,6 +108,44 @@ FIELDS = [
 ] + TIMING
 
 
+def step_metrics(task, trajectories, cfg) -> dict:
+    """The logged facts of one step's rollouts (all ranks'): rewards, accuracy, lengths, dropped groups,
+    episodes that could not be scored (scored 0, tasks.Task.score), each reward part's mean, the
+    task's own metrics (of the scored episodes) and, when training under perturbations, how many
+    episodes one fired in and the share of those solved (eval_stats.success_where_perturbed)."""
+    n, G = len(trajectories), cfg.group_size
+    rewards, finite, spread, _ = filter_groups(trajectories, G, cfg.dynamic_sampling)
+    verdicts = [task.verdict(t) for t in trajectories]
+    scored = [t for t in trajectories if t.scoring_error is None]
+    dropped_flat = int((finite & ~spread).sum()) if cfg.dynamic_sampling else 0
+    return {
+        "reward_mean": rewards[torch.isfinite(rewards)].mean().item(),
+        "reward_std": rewards[torch.isfinite(rewards)].std(unbiased=False).item(),
+        "accuracy": sum(v["strict"] for v in verdicts) / n,
+        "accuracy_lenient": sum(v["lenient"] for v in verdicts) / n,
+        "completion_len": sum(len(t.completion_ids) for t in trajectories) / n,
+        "truncated_frac": sum(t.finish_reason == "length" for t in trajectories) / n,
+        "zero_spread_frac": 1 - spread.float().mean().item(),
+        "groups_dropped_nonfinite": int((~finite).sum()),
+        "groups_dropped_zero_spread": dropped_flat,
+        "scoring_errors": n - len(scored),
+        **{
+            f"reward_{k}": sum(t.reward_parts[k] for t in trajectories) / n
+            for k in task.reward_functions
+        },
+        **(task.metrics(scored) if scored else dict.fromkeys(task.metric_names, float("nan"))),
+        **(perturbed_metrics(trajectories, verdicts) if cfg.perturb else {}),
+    }
+
+
+PERTURBED = ["perturbed_episodes", "perturbed_success"]
+
+
+def perturbed_metrics(trajectories, verdicts) -> dict:
+    fired = [(t.info.get("perturbed", 0), v["strict"]) for t, v in zip(trajectories, verdicts)]
+    return dict(zip(PERTURBED, success_where_perturbed(fired)))
+
+
 def evaluate(model, tokenizer, task, cfg, step: int, decoder=None) -> dict:
     """Greedy pass@1 on the task's held-out items, strict and lenient, from apps/evaluation.py's episodes,
     which are kept as an eval folder: out/eval/step-NNNNNN (episodes.jsonl, summary.json)."""
@@ -81,6 +161,11 @@ def evaluate(model, tokenizer, task, cfg, step: int, decoder=None) -> dict:
 
 
 def train(cfg: GRPOConfig) -> dict:
+    if not isinstance(cfg, GRPOConfig):
+        raise TypeError(
+            f"train(cfg): cfg must be a run's GRPOConfig (run/grpo.py: GRPOSettings plus the model, "
+            f"the task, --out, ...), got {type(cfg).__name__}"
+        )
     # Stage 1: the flags, the task and the memory plan, all checked before a weight is loaded
     check_grpo(cfg)
     device, dtype = training.start(cfg)

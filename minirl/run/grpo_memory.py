@@ -2,7 +2,7 @@
 
 plan_memory runs before anything is allocated, on the task's longest held-out prompt; LearningGuard
 runs every step between sampling and learning (grpo_step's fit_memory), on the batch actually
-sampled. `cfg` is the run's grpo.GRPOConfig. Both shrink the sequences per pass, then turn on
+sampled. `cfg` is the run's GRPOConfig (run/grpo.py). Both shrink the sequences per pass, then turn on
 activation checkpointing (memory.fit_pass), or stop naming the flags that would fit. `fast` (a
 fast.Speedups) says how the learner lays out its batch: with prefixes (fast/prefix_learner.py) or
 whole rows (learner.py), with chunked log-probs or the logits.

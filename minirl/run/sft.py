@@ -24,7 +24,7 @@ import math
 import os
 import random
 import time
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 
 from tqdm import tqdm
 
@@ -33,7 +33,7 @@ from ..apps import evaluation
 from ..config import Qwen2Config
 from ..fast import speedups
 from ..losses import IGNORE_INDEX
-from ..sft import SFTConfig, cosine_with_warmup, sft_step
+from ..sft import SFTSettings, cosine_with_warmup, sft_step
 from ..tasks import DATA_TASKS, make_task
 from ..tokenizer import Tokenizer
 from ..trainable_tokens import add_trainable_tokens, spelled_rows, untrained_tokens
@@ -43,6 +43,47 @@ from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .flags import check_sft
 from .memory import budget_bytes
 from .sft_memory import plan_memory
+
+
+@dataclass(kw_only=True)
+class SFTConfig(SFTSettings):
+    """An SFT run: sft.SFTSettings (what the step reads) and what the harness needs around it."""
+
+    model: str
+    data: str
+    out: str = os.path.join("runs", "sft")
+    # activation checkpointing (on its own when a pass would not fit otherwise)
+    checkpointing: bool = False
+    # GB to plan within; 0 = 90 % of what the device has available
+    memory_limit: float = 0.0
+    seed: int = 0
+    # bfloat16 weights + autocast on GPU, float32 on CPU
+    dtype: str = "auto"
+    device: str = "auto"
+    # the plain versions only, none of the drop-ins in minirl/fast/ (docs/speedups.md)
+    plain: bool = False
+    # --- data checks and evaluation ---
+    skip_bad: bool = False
+    # held-out conversations; default: a slice of --data
+    eval_data: str | None = None
+    eval_every: int = 0  # 0 = only at the end
+    samples_per_prompt: int = 4
+    eval_max_new_tokens: int = 128
+    # a task name (or object) whose held-out items are played at each check (apps/evaluation.py)
+    eval_task: object = None
+    # make_task options for eval_task, e.g. {"level": "toy"}
+    task_options: dict = field(default_factory=dict)
+    min_format: float = 0.9
+    min_distinct: float = 0.5
+    until_graduated: bool = False
+    # --- checkpoints ---
+    save_every: int = 0  # 0 = at the end of each epoch
+    resume: bool = False
+    # replace the run a used --out holds (run/checkpoint.claim_run_folder)
+    overwrite: bool = False
+    # stop (with a checkpoint) after this many steps; the schedule still spans the run
+    stop_after: int = 0
+
 
 METRIC_FIELDS = [
     "step",
@@ -95,6 +136,11 @@ def eval_task(cfg: SFTConfig):
 
 
 def train(cfg: SFTConfig) -> dict:
+    if not isinstance(cfg, SFTConfig):
+        raise TypeError(
+            f"train(cfg): cfg must be a run's SFTConfig (run/sft.py: SFTSettings plus the model, "
+            f"the data, --out, ...), got {type(cfg).__name__}"
+        )
     # Stage 1: the flags, the data, the evaluation task and the memory plan, all checked before a
     # weight is loaded
     check_sft(cfg)
