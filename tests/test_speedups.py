@@ -17,6 +17,7 @@ from minirl.fast import FAST, PLAIN, Speedups, cpu_matmul, prefix_learner
 from minirl.fast.chunked_logprobs import chunked_sft_loss, chunked_token_logprobs
 from minirl.fast.decode_attention import DecodeAttention, use_decode_attention
 from minirl.fast.decoder import Decoder
+from minirl.fast.turn_cache import TurnCacheDecoder
 from minirl.grpo import grpo_step
 from minirl.kv_cache import KVCache
 from minirl.learner import fixed_logprobs, lm_head_logprobs
@@ -464,9 +465,11 @@ def test_speedups_build_what_they_name():
     # turn_cache: a batch of episodes gets a Decoder that keeps its rows between turns
     assert FAST.decoder(model).episodes().kept is not None
     without = dataclasses.replace(FAST, turn_cache=False).decoder(model)
-    assert without.episodes() is without and without.kept is None
+    assert without.episodes() is without and not hasattr(without, "kept")
+    assert type(without) is Decoder
     only_turns = dataclasses.replace(PLAIN, turn_cache=True).decoder(model)
-    assert not (only_turns.share_prefill or only_turns.compacts) and only_turns.turn_cache
+    assert not (only_turns.share_prefill or only_turns.compacts)
+    assert isinstance(only_turns, TurnCacheDecoder)
     FAST.apply(model)
     assert cpu_matmul.uses_fast_products(model)
     PLAIN.apply(model)

@@ -20,7 +20,7 @@ from minirl.envs import Env
 from minirl.envs.calculator import CalculatorEnv
 from minirl.envs.tools import AssistantTurn, ToolCall
 from minirl.fast import FAST, PLAIN
-from minirl.fast.decoder import Decoder
+from minirl.fast.turn_cache import TurnCacheDecoder
 from minirl.model import random_model
 from minirl.rollout import run_episodes
 from minirl.sampling import generate
@@ -32,7 +32,7 @@ ALL_BUT_TURN_CACHE = dataclasses.replace(FAST, turn_cache=False)
 DECODERS = {
     "all drop-ins": FAST.decoder,
     "turn cache alone": TURN_CACHE_ALONE.decoder,
-    "fixed shapes": lambda model: Decoder(model, static_cache=True, turn_cache=True),
+    "fixed shapes": lambda model: TurnCacheDecoder(model, static_cache=True),
 }
 
 

@@ -28,6 +28,7 @@ from .cpu_matmul import use_fast_products, use_plain_products
 from .decode_attention import use_decode_attention
 from .decoder import Decoder
 from .inverse_cdf import inverse_cdf_draw
+from .turn_cache import TurnCacheDecoder
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ class Speedups:
 
     def decoder(self, model, compile: bool = False) -> Decoder | None:
         """The sampler for `model`: a Decoder with the decoding drop-ins that are on (compile: fixed
-        shapes and a compiled step), or None for the plain sampling.generate."""
+        shapes and a compiled step; turn_cache: a TurnCacheDecoder), or None for the plain
+        sampling.generate."""
         decoding = (
             self.shared_prefill,
             self.compaction,
@@ -62,13 +64,12 @@ class Speedups:
         if not (any(decoding) or compile):
             return None
         draw = inverse_cdf_draw if self.inverse_cdf else multinomial_draw
-        return Decoder(
+        return (TurnCacheDecoder if self.turn_cache else Decoder)(
             model,
             share_prefill=self.shared_prefill,
             compact=self.compaction,
             compile=compile,
             draw=draw,
-            turn_cache=self.turn_cache,
             # a compiled step keeps the plain products (the packed ones are not traced)
             pack=self.packed_weights and not compile,
         )

@@ -19,9 +19,11 @@ the last row stops. A Decoder (passed as generate(..., decoder=)) does the same 
 - draw: the next-token draw, fast/inverse_cdf.py's by default.
 - pack: each call's weights packed for oneDNN on a CPU with bfloat16 instructions
   (fast/cpu_matmul.py's third speed-up), the copy dropped when the call returns.
-- turn_cache: episodes() gives rollout.run_episodes a Decoder of its own that keeps each row's
-  cache from one call (turn) to the next and prefills only the tokens it does not hold
-  (fast/turn_cache.py).
+
+The turn cache is a layer on top (fast/turn_cache.py's TurnCacheDecoder): this class only marks where
+it hooks in, `_leaving` (rows about to leave the batch), `_called` (a call's completions) and
+`_prefill`, each a no-op or the plain prefill here, and `episodes()`, the sampler for one batch of
+episodes, which here is this Decoder itself.
 
 Greedy tokens equal sampling.generate's, and sampled log-probs are those of the sampled tokens
 (tests/test_speedups.py, tests/test_sampling.py). docs/speedups.md says what each part buys.
@@ -29,7 +31,6 @@ Shapes: L layers, B rows, K kv heads, S slots, D head dim, V vocabulary.
 """
 
 import contextlib
-import copy
 import functools
 
 import torch
@@ -50,7 +51,6 @@ from .cpu_matmul import packed_weights
 from .inverse_cdf import inverse_cdf_draw
 from .length_passes import passes
 from .prefixes import common_prefix_length
-from .turn_cache import KeptRows
 
 # fixed shapes: tokens between the host's checks whether every row has stopped
 SYNC_EVERY = 8
@@ -176,7 +176,7 @@ def prefill(model, prompts, max_len, num_samples, share: bool):
     if not share:
         rows = [list(p) for p in prompts for _ in range(num_samples)]
         cache = KVCache(model.config, len(rows), max_len, model.dtype, device)
-        return cache, _run_prompts(model, rows, cache), torch.arange(len(rows), device=device)
+        return cache, run_prompts(model, rows, cache), torch.arange(len(rows), device=device)
     distinct = list(dict.fromkeys(map(tuple, prompts)))
     first_row = {p: i for i, p in enumerate(distinct)}
     group_of_row = torch.tensor([first_row[tuple(p)] for p in prompts], device=device)
@@ -194,14 +194,14 @@ def prefill(model, prompts, max_len, num_samples, share: bool):
     groups = passes([len(p) for p in rest], len(rest))
     if len(groups) == 1:
         cache = _cache_after(model, prefix, len(rest), max_len)
-        return cache, _run_prompts(model, rest, cache), group_of_row
+        return cache, run_prompts(model, rest, cache), group_of_row
     cache = KVCache(model.config, len(rest), max_len, model.dtype, device)
     logits = torch.empty(len(rest), model.config.vocab_size, dtype=model.dtype, device=device)
     for rows in groups:
         part_len = max(len(rest[i]) for i in rows)
         part = _cache_after(model, prefix, len(rows), shared + part_len)
         index = torch.tensor(rows, device=device)
-        logits[index] = _run_prompts(model, [rest[i] for i in rows], part)
+        logits[index] = run_prompts(model, [rest[i] for i in rows], part)
         # every row's last token in slot shared + longest - 1
         place(cache, part, index, longest - part_len)
     cache.length = shared + longest
@@ -217,7 +217,7 @@ def _cache_after(model, prefix: KVCache | None, rows: int, max_len: int) -> KVCa
     return cache
 
 
-def _run_prompts(model, prompts: list[list[int]], cache: KVCache) -> torch.Tensor:
+def run_prompts(model, prompts: list[list[int]], cache: KVCache) -> torch.Tensor:
     """The prompts, left-padded into one batch, run on top of `cache`: the logits of each one's last
     position (B, V)."""
     ids, mask = left_padded(prompts, model.device)
@@ -245,8 +245,7 @@ class Decoder:
     KEPT_CACHES (the least recently used goes), each reused while it is long enough and never by two
     loops at once: while a stream() on it is unfinished, another call decodes in a fresh cache it
     does not keep. release() gives them back. compile implies static_cache; static_cache turns
-    compaction off (it would change the batch's shape). With turn_cache, episodes() returns a
-    Decoder that also keeps its rows between calls, in `kept` (None on every other Decoder).
+    compaction off (it would change the batch's shape).
     """
 
     def __init__(
@@ -258,14 +257,11 @@ class Decoder:
         static_cache: bool = False,
         compile: bool = False,
         draw=inverse_cdf_draw,
-        turn_cache: bool = False,
         pack: bool = False,
     ):
         self.model, self.share_prefill, self.draw = model, share_prefill, draw
         # each call's weights packed for oneDNN (cpu_matmul.packed_weights; where it packs)
         self.pack = pack
-        self.turn_cache = turn_cache
-        self.kept: KeptRows | None = None
         self.static_cache = static_cache or compile
         self.compile = compile
         # all that fixed shapes change in the decoding loop: stopped rows stay, and the host asks
@@ -281,8 +277,8 @@ class Decoder:
         """Prefill, then one token per step. Yields, once per step, (rows, tokens, logprobs, stopped),
         each (B,) over the rows still in the batch: row i holds sequence rows[i] of the
         len(prompts) * num_samples (prompt-major), tokens and logprobs are its draw, stopped says
-        whether it has drawn a stop token (at this step or before). With kept rows, every row is
-        copied out before it leaves the batch."""
+        whether it has drawn a stop token (at this step or before). Every row is handed to
+        _leaving before it leaves the batch."""
         model = self.model
         cache, logits = self._prefilled_cache(prompts, max_new_tokens, num_samples)  # (B, V)
         decode_step = self._decode_step_function()
@@ -302,13 +298,11 @@ class Decoder:
                 # a stopped row costs a full step: drop the stopped ones once there are enough
                 if self.compacts and int(stopped.sum()) >= COMPACT_AT * len(rows):
                     keep = (~stopped).nonzero()[:, 0]
-                    if self.kept is not None:
-                        self.kept.keep(cache, stopped.nonzero()[:, 0], rows[stopped])
+                    self._leaving(cache, stopped.nonzero()[:, 0], rows[stopped])
                     select_rows(cache, keep)
                     rows, tokens, stopped = rows[keep], tokens[keep], stopped[keep]
                 logits = decode_step(model, tokens, cache)  # (B, V)
-            if self.kept is not None:
-                self.kept.keep(cache, torch.arange(len(rows), device=model.device), rows)
+            self._leaving(cache, torch.arange(len(rows), device=model.device), rows)
         finally:
             self._busy.discard(cache)
 
@@ -338,8 +332,7 @@ class Decoder:
             )
             rows = ((r.tolist(), t, lp) for r, t, lp, _ in steps)
             outs = completions(rows, len(prompts) * num_samples, stop_ids)
-        if self.kept is not None:
-            self.kept.label(prompts, num_samples, outs)
+        self._called(prompts, num_samples, outs)
         return outs
 
     @torch.no_grad()
@@ -378,15 +371,15 @@ class Decoder:
 
     def episodes(self) -> "Decoder":
         """The sampler for one batch of episodes, which rollout.run_episodes calls once per turn on
-        each conversation so far. With turn_cache: a Decoder like this one (sharing its kept
-        StaticKVCaches) that keeps every row's cache from one call to the next, so a turn prefills
-        only the tokens added since the last (fast/turn_cache.py); its kept rows go with it. Else
-        this Decoder, which prefills every conversation whole."""
-        if not self.turn_cache:
-            return self
-        episodes = copy.copy(self)
-        episodes.kept = KeptRows()
-        return episodes
+        each conversation so far: this Decoder, which prefills every conversation whole
+        (TurnCacheDecoder's keeps each row's cache from one turn to the next)."""
+        return self
+
+    def _leaving(self, cache, index, sequences) -> None:
+        """Cache rows `index`, holding the sequences `sequences`, are about to leave the batch."""
+
+    def _called(self, prompts, num_samples, outs) -> None:
+        """A generate() call has returned `outs`."""
 
     def _prefilled_cache(self, prompts, max_new_tokens, num_samples):
         """The cache decoding writes into, holding the len(prompts) * num_samples rows, and their
@@ -411,18 +404,10 @@ class Decoder:
         return cache, logits[group_of_row]
 
     def _prefill(self, prompts, max_new_tokens, num_samples, room):
-        """prefill() into a cache with `room` slots after the longest prompt; with kept rows, each
-        sequence started from its kept row when one fits (KeptRows.start), and only the tokens
-        that row does not hold run, left-padded into one batch."""
-        model = self.model
-        if self.kept is not None:
-            started = self.kept.start(model, prompts, num_samples, max_new_tokens, room)
-            if started is not None:
-                cache, new_tokens = started
-                logits = _run_prompts(model, new_tokens, cache)  # (B, V)
-                return cache, logits, torch.arange(len(new_tokens), device=model.device)
+        """prefill() into a cache with `room` slots after the longest prompt: (cache, logits,
+        group_of_row)."""
         longest = max(map(len, prompts))
-        return prefill(model, prompts, longest + room, num_samples, self.share_prefill)
+        return prefill(self.model, prompts, longest + room, num_samples, self.share_prefill)
 
     def _static_cache(self, rows: int, slots: int) -> StaticKVCache:
         """The kept cache for this batch size, or a new one kept in its place when none is long enough.

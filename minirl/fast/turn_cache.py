@@ -3,8 +3,8 @@
 rollout.run_episodes samples all unfinished episodes turn after turn, and each turn hands the
 sampler the whole conversation so far (the prompt, the earlier turns, the tool results): the
 plain sampler prefills all of it again, so an episode of 4 turns reads its prompt 4 times and its
-first turn 3 times. Here the Decoder of a batch of episodes (Decoder.episodes()) holds a
-`KeptRows`: when a row leaves the decoding batch (it stopped and is compacted away, or the turn is
+first turn 3 times. Here a TurnCacheDecoder gives each batch of episodes (episodes()) a
+Decoder of its own that holds a `KeptRows`: when a row leaves the decoding batch (it stopped and is compacted away, or the turn is
 over) the keys and values of its real tokens are copied out, with the ids of those tokens. At the
 next call each prompt starts from the kept row it shares the longest prefix with, and only the rest
 runs through the model: the stop token that ended the turn if it was never fed back, then the
@@ -28,11 +28,13 @@ every whole conversation. Kept rows live as long as the Decoder of the batch, i.
 run_episodes call. Shapes: L layers, B rows, K kv heads, n kept slots, D head dim, V vocabulary.
 """
 
+import copy
 from dataclasses import dataclass
 
 import torch
 
 from ..kv_cache import KVCache
+from .decoder import Decoder, run_prompts
 
 
 @dataclass
@@ -120,3 +122,39 @@ def best_starts(kept: list[KeptRow], rows: list[list[int]]) -> list[tuple[KeptRo
         best = int(shared.argmax())
         starts.append((kept[best], int(shared[best])))
     return starts
+
+
+class TurnCacheDecoder(Decoder):
+    """A Decoder (fast/decoder.py) whose episodes() sampler keeps each row's cache from one call (turn)
+    to the next and prefills only the tokens it does not hold (module docstring). Its caches and
+    settings are the Decoder's; the kept rows, `kept`, belong to one batch of episodes (None on the
+    Decoder a run holds)."""
+
+    def __init__(self, model, **options):
+        super().__init__(model, **options)
+        self.kept: KeptRows | None = None
+
+    def episodes(self) -> "TurnCacheDecoder":
+        """A Decoder like this one (sharing its kept StaticKVCaches) with kept rows of its own."""
+        episodes = copy.copy(self)
+        episodes.kept = KeptRows()
+        return episodes
+
+    def _leaving(self, cache, index, sequences) -> None:
+        if self.kept is not None:
+            self.kept.keep(cache, index, sequences)
+
+    def _called(self, prompts, num_samples, outs) -> None:
+        if self.kept is not None:
+            self.kept.label(prompts, num_samples, outs)
+
+    def _prefill(self, prompts, max_new_tokens, num_samples, room):
+        """Each sequence started from its kept row when one fits (KeptRows.start), and only the
+        tokens that row does not hold run, left-padded into one batch; else the plain prefill."""
+        if self.kept is not None:
+            started = self.kept.start(self.model, prompts, num_samples, max_new_tokens, room)
+            if started is not None:
+                cache, new_tokens = started
+                logits = run_prompts(self.model, new_tokens, cache)  # (B, V)
+                return cache, logits, torch.arange(len(new_tokens), device=self.model.device)
+        return super()._prefill(prompts, max_new_tokens, num_samples, room)
