@@ -135,6 +135,25 @@ def eval_task(cfg: SFTConfig):
     return make_task(cfg.eval_task, seed=cfg.seed, **cfg.task_options)
 
 
+def read_data(cfg: SFTConfig, tokenizer, model_config):
+    """--data read, checked and encoded, and the conversations graduation is measured on:
+    (examples, stats, eval conversations, where they came from, bad lines skipped)."""
+    conversations, skipped = data.read_conversations(cfg.data, cfg.skip_bad)
+    if cfg.eval_data:
+        eval_convs, eval_on = data.read_conversations(cfg.eval_data)[0], "eval_data"
+        train_convs = conversations
+    else:
+        train_convs, eval_convs, eval_on = split_heldout(conversations, cfg.seed)
+    examples, stats = data.encode(tokenizer, train_convs, cfg.max_len, cfg.overflow)
+    if not examples:
+        raise data.DataError(
+            f"{cfg.data}: every conversation was dropped (longer than --max-len {cfg.max_len}?)"
+        )
+    context = model_config.max_position_embeddings
+    graduation.check_fits(tokenizer, eval_convs, cfg.eval_max_new_tokens, context)
+    return examples, stats, eval_convs, eval_on, skipped
+
+
 def train(cfg: SFTConfig) -> dict:
     if not isinstance(cfg, SFTConfig):
         raise TypeError(
@@ -150,20 +169,8 @@ def train(cfg: SFTConfig) -> dict:
     rank, world = distributed.rank(), distributed.world_size()
     tokenizer = Tokenizer.from_dir(cfg.model)
     task = eval_task(cfg)
-    conversations, skipped = data.read_conversations(cfg.data, cfg.skip_bad)
-    if cfg.eval_data:
-        eval_convs, eval_on = data.read_conversations(cfg.eval_data)[0], "eval_data"
-        train_convs = conversations
-    else:
-        train_convs, eval_convs, eval_on = split_heldout(conversations, cfg.seed)
-    examples, stats = data.encode(tokenizer, train_convs, cfg.max_len, cfg.overflow)
-    if not examples:
-        raise data.DataError(
-            f"{cfg.data}: every conversation was dropped (longer than --max-len {cfg.max_len}?)"
-        )
     model_config = Qwen2Config.from_json(cfg.model)
-    context = model_config.max_position_embeddings
-    graduation.check_fits(tokenizer, eval_convs, cfg.eval_max_new_tokens, context)
+    examples, stats, eval_convs, eval_on, skipped = read_data(cfg, tokenizer, model_config)
     budget = budget_bytes(device, cfg.memory_limit)
     rows_per_pass, checkpointing, estimated_peak = plan_memory(
         cfg,
