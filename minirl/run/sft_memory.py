@@ -1,6 +1,6 @@
 """The memory guard for SFT: plan a run's passes before the model is allocated (memory.py's estimates).
 
-grpo_memory.py does the same for a GRPO step. `cfg` is the run's sft.SFTConfig; `fast` (a
+grpo_memory.py does the same for a GRPO step. `cfg` is the run's SFTConfig (run/sft.py); `fast` (a
 fast.Speedups) says whether the shared prefix runs once (fast/prefix_sft.py) and whether the loss is
 chunked (fast/chunked_logprobs.py).
 """
