@@ -290,3 +290,34 @@ def test_the_gpu_tier_runs_in_one_process():
     assert workers(config("gpu")) == 0 and workers(config("gpu and not slow")) == 0
     assert workers(config("not real and not gpu and not data and not quickstart")) is None
     assert workers(config("")) is None and workers(config("real")) is None
+
+
+@pytest.mark.slow
+def test_step_lines_counts_the_drop_ins_on_the_default_path_only():
+    """step_lines.py traces an SFT step as the command runs it and as --plain runs it: the plain
+    step reads no drop-in line, the default one does, and a file's read lines include its
+    executed ones."""
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "step_lines.py"), "--step", "sft"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {}
+    for line in result.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 8 and cells[0].startswith("SFT"):
+            counts = [int(c) for c in cells[2:7]]
+            assert sum(counts[:4]) == counts[4], line
+            rows[cells[0], cells[1]] = dict(zip(("chapter", "drop-ins", "harness", "apps"), counts))
+    assert set(rows) == {
+        (p, c) for p in ("SFT default", "SFT --plain") for c in ("executed", "read")
+    }
+    assert rows["SFT --plain", "read"]["drop-ins"] == 0
+    assert rows["SFT default", "executed"]["drop-ins"] > 0
+    for path in ("SFT default", "SFT --plain"):
+        for role in ("chapter", "drop-ins", "harness"):
+            assert rows[path, "executed"][role] <= rows[path, "read"][role]
+        # the step itself (sft.sft_step) and the loop around it (run/sft.train) are both traced
+        assert rows[path, "executed"]["chapter"] > 0 and rows[path, "executed"]["harness"] > 0

@@ -137,7 +137,8 @@ def eval_task(cfg: SFTConfig):
 
 def read_data(cfg: SFTConfig, tokenizer, model_config):
     """--data read, checked and encoded, and the conversations graduation is measured on:
-    (examples, stats, eval conversations, where they came from, bad lines skipped)."""
+    (examples, stats, eval conversations, where they came from, bad lines skipped). Says what it
+    kept."""
     conversations, skipped = data.read_conversations(cfg.data, cfg.skip_bad)
     if cfg.eval_data:
         eval_convs, eval_on = data.read_conversations(cfg.eval_data)[0], "eval_data"
@@ -151,6 +152,12 @@ def read_data(cfg: SFTConfig, tokenizer, model_config):
         )
     context = model_config.max_position_embeddings
     graduation.check_fits(tokenizer, eval_convs, cfg.eval_max_new_tokens, context)
+    distributed.print_main(
+        f"data: {stats.kept} conversations for training ({stats.truncated} truncated, "
+        f"{stats.dropped} dropped at --max-len {cfg.max_len}, {skipped} bad lines skipped); "
+        f"graduation measured on {len(eval_convs)} "
+        f"{'training' if eval_on == 'train' else 'held-out'} prompts"
+    )
     return examples, stats, eval_convs, eval_on, skipped
 
 
@@ -167,8 +174,7 @@ def train(cfg: SFTConfig) -> dict:
     fast = speedups(cfg.plain)
     distributed.check_divisible(cfg.batch_size, "--batch-size")
     rank, world = distributed.rank(), distributed.world_size()
-    tokenizer = Tokenizer.from_dir(cfg.model)
-    task = eval_task(cfg)
+    tokenizer, task = Tokenizer.from_dir(cfg.model), eval_task(cfg)
     model_config = Qwen2Config.from_json(cfg.model)
     examples, stats, eval_convs, eval_on, skipped = read_data(cfg, tokenizer, model_config)
     budget = budget_bytes(device, cfg.memory_limit)
@@ -184,23 +190,12 @@ def train(cfg: SFTConfig) -> dict:
         task=task,
         fast=fast,
     )
-    distributed.print_main(
-        f"data: {stats.kept} conversations for training ({stats.truncated} truncated, "
-        f"{stats.dropped} dropped at --max-len {cfg.max_len}, {skipped} bad lines skipped); "
-        f"graduation measured on {len(eval_convs)} "
-        f"{'training' if eval_on == 'train' else 'held-out'} prompts"
-    )
 
     # Stage 2: the model, the run folder, what it trains, the optimizer and schedule, and --resume
     model = load_pretrained(cfg.model, dtype=dtype, device=device)[0]
     # every input read and checked: only now may the folder's old run be removed
     claim_run_folder(cfg, "sft")
-    training.trainable(model, cfg)
-    rows = [] if cfg.full else tokens_to_train(cfg.train_tokens, model, tokenizer, examples)
-    if rows:
-        # placeholder rows start at their spelled-out text's mean embedding (trainable_tokens.py)
-        init = spelled_rows(model, tokenizer, rows) if cfg.train_tokens == "auto" else None
-        add_trainable_tokens(model, rows, init)
+    add_trained_parts(model, cfg, tokenizer, examples)
     fast.apply(model)
     model.set_gradient_checkpointing(checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -210,51 +205,16 @@ def train(cfg: SFTConfig) -> dict:
     optimizer, scheduler = training.make_optimizer(params, cfg, schedule)
     step, state = training.resume(cfg, model, optimizer, scheduler)
     losses = state["losses"] if state else []
+    main = distributed.is_main()
     log = MetricsLog(
-        os.path.join(cfg.out, "metrics.csv"),
-        METRIC_FIELDS,
-        step if state else None,
-        write=distributed.is_main(),
+        os.path.join(cfg.out, "metrics.csv"), METRIC_FIELDS, step if state else None, main
     )
     save_every = cfg.save_every or steps_per_epoch
-    decoder = fast.decoder(model)
-
-    def run_eval():
-        metrics = evaluate(
-            model,
-            tokenizer,
-            eval_convs,
-            cfg.samples_per_prompt,
-            cfg.eval_max_new_tokens,
-            cfg.seed,
-            decoder=decoder,
-        )
-        if task is not None:
-            # the task's held-out items, played as `minirl eval` plays them
-            held_out = evaluation.evaluate(
-                model,
-                tokenizer,
-                task,
-                cfg.eval_max_new_tokens,
-                cfg.seed,
-                out=os.path.join(cfg.out, "eval", f"step-{step:06d}"),
-                decoder=decoder,
-            )
-            metrics.update(
-                eval_accuracy=held_out["final_answer"]["pass@1"],
-                eval_accuracy_lenient=held_out["final_answer"]["lenient_pass@1"],
-            )
-        return metrics, graduation.graduated(metrics, losses, cfg.min_format, cfg.min_distinct)
+    check = GraduationCheck(cfg, model, tokenizer, eval_convs, task, fast.decoder(model))
 
     # Stage 3: the loop, one sft_step per --grad-accum micro-batches
     start, last_eval = time.perf_counter(), None
-    bar = tqdm(
-        total=total_steps,
-        initial=step,
-        desc="sft",
-        dynamic_ncols=True,
-        disable=not distributed.is_main(),
-    )
+    bar = tqdm(total=total_steps, initial=step, desc="sft", dynamic_ncols=True, disable=not main)
     model.train()
     while step < total_steps:
         epoch, index = divmod(step, steps_per_epoch)
@@ -280,23 +240,11 @@ def train(cfg: SFTConfig) -> dict:
         losses.append(done["loss"])
 
         # Stage 4: metrics, graduation and the held-out task every --eval-every steps, checkpoints
-        row = {
-            "step": step,
-            "epoch": epoch,
-            "loss": f"{done['loss']:.6f}",
-            "lr": f"{done['lr']:.6e}",
-            "grad_norm": f"{done['grad_norm']:.6f}",
-            "tokens": done["tokens"],
-            "tokens_per_s": f"{done['tokens'] / (time.perf_counter() - tick):.1f}",
-            "elapsed_s": f"{time.perf_counter() - start:.1f}",
-        }
+        row = step_row(step, epoch, done, time.perf_counter() - tick, time.perf_counter() - start)
         stopping = cfg.stop_after and step >= cfg.stop_after
         if (cfg.eval_every and step % cfg.eval_every == 0) or step == total_steps:
-            metrics, grad = last_eval = run_eval()
-            shown = ("format_accuracy", "distinct_completions", "distinct_2")
-            shown += ("eval_accuracy", "eval_accuracy_lenient")
-            row.update({k: f"{metrics[k]:.4f}" for k in shown if k in metrics})
-            row.update(loss_plateau=int(grad["loss_plateau"]), graduated=int(grad["graduated"]))
+            metrics, grad = last_eval = check(step, losses)
+            row.update(eval_row(metrics, grad))
             model.train()
             if cfg.until_graduated and grad["graduated"]:
                 distributed.print_main(
@@ -308,12 +256,7 @@ def train(cfg: SFTConfig) -> dict:
         bar.set_postfix(loss=row["loss"], lr=row["lr"], tok_s=row["tokens_per_s"])
         bar.update(1)
         if step % save_every == 0 or stopping or step == total_steps:
-            config = {
-                f.name: getattr(cfg, f.name)
-                for f in fields(cfg)
-                if f.name != "eval_task" or isinstance(cfg.eval_task, str)
-            }
-            saved = {"losses": losses, "config": config}
+            saved = {"losses": losses, "config": saved_config(cfg)}
             save_checkpoint(cfg.out, model, tokenizer, optimizer, scheduler, step, cfg.full, saved)
         if stopping:
             break
@@ -321,14 +264,12 @@ def train(cfg: SFTConfig) -> dict:
     log.close()
 
     # Stage 5: the last evaluation (unless the last step just ran one), the adapter and summary.json
-    metrics, grad = last_eval or run_eval()
+    metrics, grad = last_eval or check(step, losses)
     summary = {
         "steps": step,
         "total_steps": total_steps,
         "final_loss": losses[-1] if losses else None,
-        "format_accuracy": metrics["format_accuracy"],
-        "distinct_completions": metrics["distinct_completions"],
-        "distinct_2": metrics["distinct_2"],
+        **{k: metrics[k] for k in ("format_accuracy", "distinct_completions", "distinct_2")},
         **grad,
         "graduation_measured_on": eval_on,
         **{k: metrics[k] for k in ("eval_accuracy", "eval_accuracy_lenient") if k in metrics},
@@ -348,6 +289,82 @@ def train(cfg: SFTConfig) -> dict:
         f"{'graduated' if grad['graduated'] else 'not yet'}; saved {final_dir}"
     )
     return summary
+
+
+def add_trained_parts(model, cfg: SFTConfig, tokenizer, examples):
+    """What SFT trains: every weight (--full) or a LoRA adapter, plus the embedding rows of the
+    placeholder tokens the data uses (--train-tokens; trainable_tokens.py)."""
+    training.trainable(model, cfg)
+    rows = [] if cfg.full else tokens_to_train(cfg.train_tokens, model, tokenizer, examples)
+    if rows:
+        # placeholder rows start at their spelled-out text's mean embedding (trainable_tokens.py)
+        init = spelled_rows(model, tokenizer, rows) if cfg.train_tokens == "auto" else None
+        add_trainable_tokens(model, rows, init)
+
+
+class GraduationCheck:
+    """check(step, losses) -> (metrics, graduation): graduation's samples on the eval conversations
+    and, with --eval-task, the task's held-out items played as `minirl eval` plays them (kept as
+    out/eval/step-NNNNNN)."""
+
+    def __init__(self, cfg: SFTConfig, model, tokenizer, eval_convs, task, decoder):
+        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
+        self.eval_convs, self.task, self.decoder = eval_convs, task, decoder
+
+    def __call__(self, step: int, losses: list) -> tuple[dict, dict]:
+        cfg, model, tokenizer = self.cfg, self.model, self.tokenizer
+        max_new_tokens, decoder = cfg.eval_max_new_tokens, self.decoder
+        metrics = evaluate(
+            model,
+            tokenizer,
+            self.eval_convs,
+            cfg.samples_per_prompt,
+            max_new_tokens,
+            cfg.seed,
+            decoder=decoder,
+        )
+        if self.task is not None:
+            out = os.path.join(cfg.out, "eval", f"step-{step:06d}")
+            held_out = evaluation.evaluate(
+                model, tokenizer, self.task, max_new_tokens, cfg.seed, out=out, decoder=decoder
+            )
+            metrics.update(
+                eval_accuracy=held_out["final_answer"]["pass@1"],
+                eval_accuracy_lenient=held_out["final_answer"]["lenient_pass@1"],
+            )
+        return metrics, graduation.graduated(metrics, losses, cfg.min_format, cfg.min_distinct)
+
+
+def step_row(step: int, epoch: int, done: dict, seconds: float, elapsed: float) -> dict:
+    """metrics.csv's row for a step (sft_step's result `done`), before any evaluation."""
+    return {
+        "step": step,
+        "epoch": epoch,
+        "loss": f"{done['loss']:.6f}",
+        "lr": f"{done['lr']:.6e}",
+        "grad_norm": f"{done['grad_norm']:.6f}",
+        "tokens": done["tokens"],
+        "tokens_per_s": f"{done['tokens'] / seconds:.1f}",
+        "elapsed_s": f"{elapsed:.1f}",
+    }
+
+
+def eval_row(metrics: dict, grad: dict) -> dict:
+    """An evaluation's columns of metrics.csv (GraduationCheck's result)."""
+    shown = ("format_accuracy", "distinct_completions", "distinct_2")
+    shown += ("eval_accuracy", "eval_accuracy_lenient")
+    row = {k: f"{metrics[k]:.4f}" for k in shown if k in metrics}
+    return {**row, "loss_plateau": int(grad["loss_plateau"]), "graduated": int(grad["graduated"])}
+
+
+def saved_config(cfg: SFTConfig) -> dict:
+    """The run's settings as a checkpoint keeps them (--resume compares them); a task object is
+    left out (it is not JSON)."""
+    return {
+        f.name: getattr(cfg, f.name)
+        for f in fields(cfg)
+        if f.name != "eval_task" or isinstance(cfg.eval_task, str)
+    }
 
 
 def evaluate(
