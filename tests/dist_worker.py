@@ -149,6 +149,21 @@ def main(scenario: str, base: str, out: str):
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
     distributed.close()
+    # the process group's threads end with it: left running, they race the interpreter's exit
+    if os.path.isdir("/proc/self/task"):
+        left = [name for name in thread_names() if "gloo" in name]
+        if left:
+            raise SystemExit(
+                f"rank {os.environ['RANK']}: threads outlive the process group: {left}"
+            )
+
+
+def thread_names() -> list[str]:
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/comm") as f:
+            names.append(f.read().strip())
+    return names
 
 
 if __name__ == "__main__":
