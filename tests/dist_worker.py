@@ -161,8 +161,12 @@ def main(scenario: str, base: str, out: str):
 def thread_names() -> list[str]:
     names = []
     for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/comm") as f:
-            names.append(f.read().strip())
+        # a thread (tqdm's monitor, say) may end between the listing and the read
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:
+            continue
     return names
 
 
