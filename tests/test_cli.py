@@ -1,4 +1,4 @@
-"""The command line: streamed generation and the quickstart main job."""
+"""The command line: streamed generation, the quickstart main job, and the training flags."""
 
 import io
 
@@ -92,3 +92,35 @@ def test_real_model_static_cache_decodes_the_same_text(real_model_dir):
     )
     assert [o.tokens for o in static] == [o.tokens for o in dynamic]
     assert "Paris" in tok.decode(static[0].tokens)
+
+
+@pytest.mark.parametrize("command", ["sft", "grpo"])
+def test_a_training_flag_lives_in_two_places_that_agree(command):
+    """`sft` and `grpo` hand every parsed flag to their config (run/sft.SFTConfig,
+    run/grpo.GRPOConfig) by name, so a new flag is one config field and one parser line. Here:
+    every field has its flag, every flag its field, and each flag's default is the field's."""
+    import argparse
+    import dataclasses
+
+    from minirl.apps.cli import build_parser
+    from minirl.run.grpo import GRPOConfig
+    from minirl.run.sft import SFTConfig
+
+    config = {"sft": SFTConfig, "grpo": GRPOConfig}[command]
+    subparsers = next(
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    actions = [a for a in subparsers.choices[command]._actions if a.dest != "help"]
+    fields = {f.name for f in dataclasses.fields(config)}
+    assert {a.dest for a in actions} == fields
+    defaults = config(model="", data="") if command == "sft" else config(model="")
+    for action in actions:
+        # model and data have no default to compare; the "--task-option k=v" and "--perturb
+        # kind=rate" lists are parsed into the config's dicts before they reach it
+        if action.dest in ("model", "data", "task_options", "perturb"):
+            continue
+        want = getattr(defaults, action.dest)
+        assert action.default == want, (
+            f"{command} --{action.dest.replace('_', '-')}: parser default {action.default!r}, "
+            f"config default {want!r}"
+        )
