@@ -1,13 +1,17 @@
 """The command line: streamed generation, the quickstart main job, and the training flags."""
 
+import argparse
+import dataclasses
 import io
 
 import pytest
 import torch
 
 from minirl import generate, load_pretrained, random_model, sampling, save_pretrained
-from minirl.apps.cli import main, print_stream
+from minirl.apps.cli import build_parser, main, print_stream
 from minirl.fast.decoder import Decoder
+from minirl.run.grpo import GRPOConfig
+from minirl.run.sft import SFTConfig
 from minirl.toy import tiny_config
 
 
@@ -99,13 +103,6 @@ def test_a_training_flag_lives_in_two_places_that_agree(command):
     """`sft` and `grpo` hand every parsed flag to their config (run/sft.SFTConfig,
     run/grpo.GRPOConfig) by name, so a new flag is one config field and one parser line. Here:
     every field has its flag, every flag its field, and each flag's default is the field's."""
-    import argparse
-    import dataclasses
-
-    from minirl.apps.cli import build_parser
-    from minirl.run.grpo import GRPOConfig
-    from minirl.run.sft import SFTConfig
-
     config = {"sft": SFTConfig, "grpo": GRPOConfig}[command]
     subparsers = next(
         a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
