@@ -285,3 +285,83 @@ def test_grpo_plans_the_kept_turns_only_for_tasks_that_play_episodes(toy, monkey
             cfg, config, tokenizer, task, torch.float32, 100 * GB, 2, cpu=True, fast=fast
         )
         assert asked and set(asked) == {kept}
+
+
+@pytest.mark.parametrize("plain", [False, True])
+@pytest.mark.parametrize("cpu,compile", [(True, False), (False, False), (False, True)])
+def test_a_steps_fit_counts_its_batch_as_the_whole_estimate_does(plain, cpu, compile):
+    """The guard between sampling and learning (grpo_memory.fit_learning) counts only the learning
+    phase's own items (memory.learning_items) on the run's persistent ones; memory.estimate, the
+    whole step itemized, is the independent count. For the same batch, under budgets that keep,
+    halve and checkpoint the passes, the guard picks what estimate() would have it pick, with the
+    same learning peak."""
+    from types import SimpleNamespace
+
+    from minirl.fast import PLAIN
+    from minirl.fast.length_passes import passes
+    from minirl.run.grpo_memory import fit_learning, logged_rollouts, run_terms
+    from minirl.run.memory import estimate, persistent_items
+
+    config = Qwen2Config(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    fast = PLAIN if plain else FAST
+    cfg = GRPOConfig(model="unused", minibatch_size=8, compile=compile, lora_r=4)
+    # 2 prompts of 9 and 12 tokens sharing 5, 4 completions each of 3 to 17 tokens
+    shared = [1, 2, 3, 4, 5]
+    prompts = [shared + [6, 7, 8, 9], shared + [10, 11, 12, 13, 14, 15, 16]]
+    batch = [
+        SimpleNamespace(prompt_ids=prompts[i // 4], completion_ids=[7] * n)
+        for i, n in enumerate([3, 17, 5, 9, 12, 4, 16, 8])
+    ]
+
+    def whole(rows, checkpointing):
+        """The learning peak of the batch's largest pass, from estimate() (the guard before it
+        counted the learning phase alone)."""
+        if fast.prefixes:
+            lengths = [1 + len(t.completion_ids) for t in batch]
+            sizes = {(len(p), max(lengths[i] for i in p)) for p in passes(lengths, rows)}
+            layout = dict(prompt_len=12, shared_prefix=5)
+        else:
+            sizes, layout = {(min(rows, 8), 18)}, dict(prompt_len=12, shared_prefix=0)
+        return max(
+            estimate(
+                config,
+                lora_r=4,
+                prompts_per_step=2,
+                group_size=4,
+                max_new_tokens=longest - 1,
+                minibatch_size=b,
+                checkpointing=checkpointing,
+                dtype_bytes=4,
+                logged_rollouts=logged_rollouts(cfg, 2, 4),
+                **layout,
+                **run_terms(cfg, cpu, fast),
+            ).learning
+            for b, longest in sizes
+        )
+
+    def whole_plan(rows, checkpointing):
+        return MemoryEstimate({}, 0, whole(rows, checkpointing), "estimate()'s learning peak")
+
+    persistent = persistent_items(config, 4, False, 4, cfg.beta)
+    picked = []
+    for budget in (whole(8, False), whole(4, False), whole(1, True)):
+        rows, checkpointing, learning = fit_learning(
+            cfg, config, 4, budget, batch, cpu=cpu, fast=fast, persistent=persistent
+        )
+        expected_rows, expected_checkpointing, _ = fit_pass(
+            whole_plan, budget, 8, False, "learning"
+        )
+        assert (rows, checkpointing) == (expected_rows, expected_checkpointing)
+        assert learning == whole(rows, checkpointing)
+        picked.append((rows, checkpointing))
+    # the passes as asked, then halved, then checkpointed
+    assert picked[:2] == [(8, False), (4, False)] and picked[2][1]
+    with pytest.raises(MemoryBudgetError, match="even 1 sequence per pass"):
+        fit_learning(cfg, config, 4, budget - 1, batch, cpu=cpu, fast=fast, persistent=persistent)

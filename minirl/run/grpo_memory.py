@@ -18,9 +18,12 @@ from ..tasks import EnvTask
 from . import distributed
 from .memory import (
     MemoryBudgetError,
+    MemoryEstimate,
     describe_choice,
     estimate,
     fit_pass,
+    learning_items,
+    persistent_items,
     trim_heap,
     what_fits,
 )
@@ -170,18 +173,20 @@ def plan_memory(
 
 
 def fit_learning(
-    cfg, config, dtype_bytes: int, budget: int, trajectories, *, cpu: bool, fast
+    cfg, config, dtype_bytes: int, budget: int, trajectories, *, cpu: bool, fast, persistent: dict
 ) -> tuple[int, bool, float]:
     """This step's rows per pass and checkpointing: the largest that keep the learning phase of the
-    batch actually sampled within the budget; and that estimate. The estimate follows the learner's
-    own layout: with prefixes (fast/prefix_learner.py) the shared prefix and each group's part of
-    its prompt, run once, and the largest of the passes the rows are cut into; without, whole rows
-    (learner.py), every minibatch as long as the longest row."""
+    batch actually sampled within the budget; and that estimate. `persistent`: the run's weights
+    and trainable state (memory.persistent_items), which no batch changes; the rest is the
+    learning phase's own items (memory.learning_items, as estimate() counts them). The layout is
+    the learner's own: with prefixes (fast/prefix_learner.py) the shared prefix and each group's
+    part of its prompt, run once, and the largest of the passes the rows are cut into; without,
+    whole rows (learner.py), every minibatch as long as the longest row."""
     if not trajectories:
         return cfg.minibatch_size, cfg.checkpointing, 0.0
     prompts = [t.prompt_ids for t in trajectories]
     distinct = {tuple(p) for p in prompts}
-    n = len(distinct)
+    n, group_size = len(distinct), -(-len(trajectories) // len(distinct))
     if fast.prefixes:
         shared = common_prefix_length(prompts, limit=min(map(len, prompts)) - 1)
         # Q: the groups' parts, padded to the longest
@@ -192,31 +197,28 @@ def fit_learning(
     else:
         shared, prompt_len = 0, max(map(len, prompts))
         lengths = [1 + max(len(t.completion_ids) for t in trajectories)] * len(trajectories)
+    layout = dict(lora=not cfg.full, r=cfg.lora_r, prompts=n, rows=n * group_size)
+    layout.update(prompt_len=prompt_len, shared_prefix=shared, prefixes=fast.prefixes, cpu=cpu)
+    layout.update(chunked=fast.chunked_logprobs, compile=cfg.compile)
+    layout.update(logged_rollouts=logged_rollouts(cfg, n, group_size))
 
     def estimate_for(rows, checkpointing):
         # the largest of this cut's passes
         cut = passes(lengths, rows) if fast.prefixes else [range(min(rows, len(lengths)))]
-        sizes = {(len(p), max(lengths[i] for i in p)) for p in cut}
-        return max(
-            (
-                estimate(
-                    config,
-                    lora_r=cfg.lora_r,
-                    prompts_per_step=n,
-                    group_size=-(-len(trajectories) // n),
-                    prompt_len=prompt_len,
-                    max_new_tokens=longest - 1 or 1,
-                    minibatch_size=b,
-                    checkpointing=checkpointing,
-                    shared_prefix=shared,
-                    dtype_bytes=dtype_bytes,
-                    logged_rollouts=logged_rollouts(cfg, n, -(-len(trajectories) // n)),
-                    **run_terms(cfg, cpu, fast),
-                )
-                for b, longest in sizes
-            ),
-            key=lambda plan: plan.learning,
-        )
+        plans = []
+        for b, longest in {(len(p), max(lengths[i] for i in p)) for p in cut}:
+            own = learning_items(
+                config,
+                dtype_bytes,
+                minibatch_size=b,
+                max_new_tokens=longest - 1 or 1,
+                checkpointing=checkpointing,
+                **layout,
+            )
+            learning = sum(persistent.values()) + sum(own.values())
+            what = f"GRPO step's learning: {n} prompts x {group_size}, passes of {b} x {longest}"
+            plans.append(MemoryEstimate({**persistent, **own}, 0, learning, what))
+        return max(plans, key=lambda plan: plan.learning)
 
     rows, checkpointing, plan = fit_pass(
         estimate_for, budget, cfg.minibatch_size, cfg.checkpointing, phase="learning"
@@ -241,6 +243,8 @@ class LearningGuard:
         )
         self.rows, self.checkpointing, self.peak = plan
         self.cpu, self.fast, self.step = cpu, fast, 0
+        # what no batch changes: the weights, the trainable parameters, their gradients and state
+        self.persistent = persistent_items(config, dtype_bytes, cfg.full, cfg.lora_r, cfg.beta)
         model.set_gradient_checkpointing(self.checkpointing)
 
     def fit(self, kept) -> int:
@@ -254,7 +258,14 @@ class LearningGuard:
             return self.rows
         try:
             rows, checkpointing, estimate_now = fit_learning(
-                cfg, self.config, self.dtype_bytes, self.budget, kept, cpu=self.cpu, fast=self.fast
+                cfg,
+                self.config,
+                self.dtype_bytes,
+                self.budget,
+                kept,
+                cpu=self.cpu,
+                fast=self.fast,
+                persistent=self.persistent,
             )
         except MemoryBudgetError as e:
             raise MemoryBudgetError(

@@ -122,7 +122,8 @@ def activation_bytes_per_token_layer(config: Qwen2Config, e: int, lora: bool, r:
 @dataclass
 class MemoryEstimate:
     items: dict[str, float]  # bytes of each item
-    sampling: float  # bytes alive at the sampling peak
+    # bytes alive at the sampling peak (0: an estimate of the learning phase alone)
+    sampling: float
     learning: float  # bytes alive at the learning peak
     description: str
 
@@ -135,8 +136,10 @@ class MemoryEstimate:
         lines = [self.description, f"{'item':<{width}}{'GB':>8}"]
         lines += [f"{name:<{width}}{value / GB:>8.2f}" for name, value in self.items.items()]
         phase = "learning" if self.learning >= self.sampling else "sampling"
+        # an estimate of the learning phase alone (the guard's, once sampling is over) has no sampling
+        if self.sampling:
+            lines.append(f"{'peak while sampling':<{width}}{self.sampling / GB:>8.2f}")
         lines += [
-            f"{'peak while sampling':<{width}}{self.sampling / GB:>8.2f}",
             f"{'peak while learning':<{width}}{self.learning / GB:>8.2f}",
             f"{'total (peak, ' + phase + ')':<{width}}{self.peak / GB:>8.2f}",
         ]
@@ -196,32 +199,10 @@ def activation_bytes(
 CPU_SLACK = {False: 0.6, True: 0.7}  # x the activations one pass keeps without checkpointing
 
 
-def cpu_allocator_slack(
-    config: Qwen2Config,
-    e: int,
-    *,
-    lora: bool,
-    r: int,
-    rows: int,
-    tokens: int,
-    prefix: int = 0,
-    groups: int = 0,
-    group_tokens: int = 0,
-    checkpointing: bool = True,
-) -> int:
-    """The CPU heap's excess over the live tensors during a learning pass (CPU_SLACK, measured)."""
-    full_pass = activation_bytes(
-        config,
-        e,
-        lora=lora,
-        r=r,
-        rows=rows,
-        tokens=tokens,
-        prefix=prefix,
-        groups=groups,
-        group_tokens=group_tokens,
-        checkpointing=False,
-    )
+def cpu_allocator_slack(config: Qwen2Config, e: int, *, checkpointing: bool, **layout) -> int:
+    """The CPU heap's excess over the live tensors during a learning pass (CPU_SLACK, measured): a
+    share of what the pass laid out as `layout` (activation_bytes's) keeps without checkpointing."""
+    full_pass = activation_bytes(config, e, checkpointing=False, **layout)
     return int(CPU_SLACK[checkpointing] * full_pass)
 
 
@@ -237,6 +218,19 @@ def logits_bytes(config: Qwen2Config, e: int, positions: int) -> int:
     (the saved log-softmax, its incoming gradient, the softmax and the result), plus the model-dtype
     product (none in float32)."""
     return positions * config.vocab_size * (16 + (e if e != 4 else 0))
+
+
+def kv_bytes(config: Qwen2Config, e: int, rows: int, slots: int) -> int:
+    """A KV cache of `rows` sequences of `slots` positions: every layer's keys and values."""
+    return (
+        config.num_hidden_layers
+        * 2
+        * rows
+        * config.num_key_value_heads
+        * config.head_dim
+        * slots
+        * e
+    )
 
 
 def prefill_bytes(config: Qwen2Config, e: int, rows: int, tokens: int, slots: int) -> int:
@@ -284,7 +278,7 @@ def episode_bytes(episodes: int, completion: int) -> int:
     return episodes * (EPISODE_BYTES + EPISODE_TOKEN_BYTES * completion)
 
 
-def _persistent_items(
+def persistent_items(
     config: Qwen2Config, e: int, full: bool, lora_r: int, beta: float
 ) -> dict[str, int]:
     """Weights, the frozen reference copy (full fine-tuning with a KL term), LoRA, gradients, AdamW."""
@@ -304,6 +298,81 @@ def _check_sizes(full: bool, **sizes):
     for name, value in sizes.items():
         if value < 1 and not (name == "lora_r" and full):
             raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def compiled_cache_item(config: Qwen2Config, e: int, rows: int, tokens: int) -> dict[str, int]:
+    """Compiled decoding's KV cache (fast/decoder.StaticKVCache): its length rounded up to 256
+    slots, and kept from step to step, so alive while learning too."""
+    slots = min(-(-tokens // 256) * 256, config.max_position_embeddings)
+    return {f"KV cache ({rows} sequences x {slots} slots, kept)": kv_bytes(config, e, rows, slots)}
+
+
+def host_items(rows: int, completion: int) -> dict[str, int]:
+    """What a CPU run holds in both phases besides its tensors: the runtime and the step's episodes."""
+    return {
+        "CPU runtime (libraries loaded and started, measured)": CPU_RUNTIME_BYTES,
+        f"episodes ({rows} rollouts as Python objects)": episode_bytes(rows, completion),
+    }
+
+
+def learning_items(
+    config: Qwen2Config,
+    e: int,
+    *,
+    lora: bool,
+    r: int,
+    prompts: int,
+    rows: int,
+    prompt_len: int,
+    shared_prefix: int,
+    max_new_tokens: int,
+    minibatch_size: int,
+    checkpointing: bool,
+    prefixes: bool,
+    chunked: bool,
+    cpu: bool,
+    compile: bool,
+    logged_rollouts: int,
+    chunk_size: int = 512,
+) -> dict[str, int]:
+    """What the learning phase of a step holds beside the weights and the trainable parameters'
+    state and gradients, item by item: one pass's activations and its log-prob head, the step's
+    batch (`rows` sequences of `prompts` prompts), the cache compiled decoding keeps, and on a CPU
+    the allocator's slack, the runtime, the episodes and the rollout log. The layout is estimate()'s:
+    the memory guard (run/grpo_memory.py) sizes each step's passes with this alone."""
+    # one prompt: all of it but its last token is the prefix every row shares
+    if prompts == 1:
+        shared_prefix = prompt_len - 1
+    # a group's part, a row's own tokens
+    Q, row = prompt_len - shared_prefix - 1, 1 + max_new_tokens
+    if not prefixes:
+        shared_prefix, Q, row = 0, 0, prompt_len + max_new_tokens
+    b = min(minibatch_size, rows)
+    layout = dict(lora=lora, r=r, rows=b, tokens=row, prefix=shared_prefix, groups=prompts)
+    layout.update(group_tokens=Q)
+    shape = f"{b} x {row}" + (f" + {prompts} x {Q} group" if Q else "")
+    shape += f" + {shared_prefix} shared" if shared_prefix else ""
+    kept = "checkpointed" if checkpointing else "all layers kept"
+    activations = activation_bytes(config, e, checkpointing=checkpointing, **layout)
+    items = {f"activations ({shape} tokens, {kept})": activations}
+    if chunked:
+        head = logprob_chunk_bytes(config, e, chunk_size)
+        items[f"log-prob chunks ({chunk_size} x {config.vocab_size} logits)"] = head
+    else:
+        head = logits_bytes(config, e, b * max_new_tokens)
+        items[f"logits ({b} x {max_new_tokens} x {config.vocab_size}, and their gradient)"] = head
+    items[f"learning batch ({rows} rows, every pass)"] = learning_batch_bytes(
+        rows, row, max_new_tokens
+    )
+    if compile:
+        items.update(compiled_cache_item(config, e, rows, prompt_len + max_new_tokens))
+    if cpu:
+        slack = cpu_allocator_slack(config, e, checkpointing=checkpointing, **layout)
+        items["CPU allocator slack (freed blocks kept resident)"] = slack
+        items.update(host_items(rows, max_new_tokens))
+        records = logged_rollouts * (prompt_len + max_new_tokens) * ROLLOUT_RECORD_TOKEN_BYTES
+        items[f"rollout log ({logged_rollouts} records)"] = records
+    return items
 
 
 def estimate(
@@ -360,97 +429,68 @@ def estimate(
     )
     if not 0 <= shared_prefix < prompt_len:
         raise ValueError(f"shared_prefix must be within 0..prompt_len - 1, got {shared_prefix}")
-    e, L, V = dtype_bytes, config.num_hidden_layers, config.vocab_size
+    e, L = dtype_bytes, config.num_hidden_layers
     N, T = prompts_per_step * group_size, prompt_len + max_new_tokens
-    b = min(minibatch_size, N)  # sequences per forward/backward
-    items = _persistent_items(config, e, full, lora_r, beta)
-    persistent = sum(v for k, v in items.items() if k != "gradients")  # alive for the whole run
+    items = persistent_items(config, e, full, lora_r, beta)
+    # weights and the trainable parameters' state, alive for the whole run; gradients while learning
+    persistent = sum(items.values())
     gradients = items["gradients"]
-    # as sampling.py allocates
-    slots = min(-(-T // 256) * 256, config.max_position_embeddings) if compile else T
-    kv = L * 2 * N * config.num_key_value_heads * config.head_dim * slots * e
-    sampling_logits = N * V * 4 * 3
-    # one prompt: all of it but its last token is the prefix every row shares
-    if prompts_per_step == 1:
-        shared_prefix = prompt_len - 1
-    # a group's part, a row's own tokens
-    Q, row = prompt_len - shared_prefix - 1, 1 + max_new_tokens
-    if not prefixes:
-        shared_prefix, Q, row = 0, 0, prompt_len + max_new_tokens
-    layout = dict(
-        lora=not full,
-        r=lora_r,
-        rows=b,
-        tokens=row,
-        prefix=shared_prefix,
-        groups=prompts_per_step,
-        group_tokens=Q,
-        checkpointing=checkpointing,
-    )
-    activations = activation_bytes(config, e, **layout)
-    if chunked:
-        chunks = logprob_chunk_bytes(config, e, chunk_size)
+    # the cache sampling fills, as sampling.py allocates it (compiled decoding: kept between steps)
+    if compile:
+        cache = compiled_cache_item(config, e, N, T)
     else:
-        chunks = logits_bytes(config, e, b * max_new_tokens)
-    slack = cpu_allocator_slack(config, e, **layout) if cpu else 0
+        cache = {f"KV cache ({N} sequences x {T} tokens)": kv_bytes(config, e, N, T)}
+    items.update(cache)
+    kv = sum(cache.values())
     # sampling's transients, one after the other: the prefill, then the gather that copies the
     # prefilled prompts into the rows of their groups and drops stopped rows (one layer's copy:
     # fast/decoder.select_rows, StaticKVCache.load)
     prefilled = prompts_per_step if shared_prefill else N
     prefill = prefill_bytes(config, e, prefilled, prompt_len, T)
     gather = kv // (2 * L)
-    # fast/turn_cache.KeptRows: every row's real slots, copied out of the cache
-    kept_rows = (
-        L * 2 * N * config.num_key_value_heads * config.head_dim * T * e if turn_cache else 0
-    )
-    completion = max_new_tokens
-    batch = learning_batch_bytes(N, row, completion)
-    episodes = episode_bytes(N, completion) if cpu else 0
-    records = logged_rollouts * T * ROLLOUT_RECORD_TOKEN_BYTES if cpu else 0
-    runtime = CPU_RUNTIME_BYTES if cpu else 0
-
-    # compiled decoding keeps its cache between steps
-    kept = " slots, kept" if compile else " tokens"
-    items[f"KV cache ({N} sequences x {slots}{kept})"] = kv
     items[f"sampling: prefill of {prefilled} x {prompt_len} tokens"] = prefill
     items["sampling: KV gather (one layer of the rows)"] = gather
+    # fast/turn_cache.KeptRows: every row's real slots, copied out of the cache
+    kept_rows = kv_bytes(config, e, N, T) if turn_cache else 0
     if turn_cache:
         items[f"sampling: rows kept between turns ({N} x {T} tokens)"] = kept_rows
+    sampling_logits = N * config.vocab_size * 4 * 3
     items["sampling logits (float32, 3 copies)"] = sampling_logits
-    shape = (
-        f"{b} x {row}"
-        + (f" + {prompts_per_step} x {Q} group" if Q else "")
-        + (f" + {shared_prefix} shared" if shared_prefix else "")
+    learning = learning_items(
+        config,
+        e,
+        lora=not full,
+        r=lora_r,
+        prompts=prompts_per_step,
+        rows=N,
+        prompt_len=prompt_len,
+        shared_prefix=shared_prefix,
+        max_new_tokens=max_new_tokens,
+        minibatch_size=minibatch_size,
+        checkpointing=checkpointing,
+        prefixes=prefixes,
+        chunked=chunked,
+        chunk_size=chunk_size,
+        cpu=cpu,
+        compile=compile,
+        logged_rollouts=logged_rollouts,
     )
-    items[
-        f"activations ({shape} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"
-    ] = activations
-    if chunked:
-        items[f"log-prob chunks ({chunk_size} x {V} logits)"] = chunks
-    else:
-        items[f"logits ({b} x {max_new_tokens} x {V}, and their gradient)"] = chunks
-    items[f"learning batch ({N} rows, every pass)"] = batch
-    if cpu:
-        items["CPU allocator slack (freed blocks kept resident)"] = slack
-        items["CPU runtime (libraries loaded and started, measured)"] = runtime
-        items[f"episodes ({N} rollouts as Python objects)"] = episodes
-        items[f"rollout log ({logged_rollouts} records)"] = records
-
+    items.update(learning)
     packed_copy = parameter_count(config) * e if packed else 0
     if packed:
         items["sampling: weights packed for oneDNN (a second copy)"] = packed_copy
+    host = sum(host_items(N, max_new_tokens).values()) if cpu else 0
     # the gather drops stopped rows while the rows stopped before are kept
-    sampling = persistent + runtime + kv + max(prefill, gather + kept_rows) + sampling_logits
-    sampling += episodes + packed_copy
-    learning = persistent + gradients + activations + chunks + slack + (kv if compile else 0)
-    learning += runtime + batch + episodes + records
+    sampling = persistent - gradients + kv + max(prefill, gather + kept_rows) + sampling_logits
+    sampling += host + packed_copy
     mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
+    b = min(minibatch_size, N)
     description = (
         f"GRPO step, {mode}, {e}-byte weights: {prompts_per_step} prompts x {group_size} samples, "
         f"{prompt_len} + {max_new_tokens} tokens, minibatch {b}, checkpointing "
         f"{'on' if checkpointing else 'off'}{', compiled decoding' if compile else ''}"
     )
-    return MemoryEstimate(items, sampling, learning, description)
+    return MemoryEstimate(items, sampling, persistent + sum(learning.values()), description)
 
 
 def sft_estimate(
@@ -484,38 +524,18 @@ def sft_estimate(
         eval_sequences=eval_sequences,
         eval_tokens=eval_tokens,
     )
-    e, L, V = dtype_bytes, config.num_hidden_layers, config.vocab_size
-    items = _persistent_items(config, e, full, lora_r, beta=0)
+    e, V = dtype_bytes, config.vocab_size
+    items = persistent_items(config, e, full, lora_r, beta=0)
     persistent = sum(v for k, v in items.items() if k != "gradients")
-    activations = activation_bytes(
-        config,
-        e,
-        lora=not full,
-        r=lora_r,
-        rows=rows,
-        tokens=tokens - shared_prefix,
-        prefix=shared_prefix,
-        checkpointing=checkpointing,
-    )
+    layout = dict(lora=not full, r=lora_r, rows=rows, tokens=tokens - shared_prefix)
+    layout.update(prefix=shared_prefix, checkpointing=checkpointing)
+    activations = activation_bytes(config, e, **layout)
     if chunked:
         chunks = logprob_chunk_bytes(config, e, chunk_size)
     else:
         chunks = logits_bytes(config, e, rows * tokens)
-    slack = (
-        cpu_allocator_slack(
-            config,
-            e,
-            lora=not full,
-            r=lora_r,
-            rows=rows,
-            tokens=tokens - shared_prefix,
-            prefix=shared_prefix,
-            checkpointing=checkpointing,
-        )
-        if cpu
-        else 0
-    )
-    kv = L * 2 * eval_sequences * config.num_key_value_heads * config.head_dim * eval_tokens * e
+    slack = cpu_allocator_slack(config, e, **layout) if cpu else 0
+    kv = kv_bytes(config, e, eval_sequences, eval_tokens)
     sampling_logits = eval_sequences * V * 4 * 3
     shape = f"{rows} x {tokens - shared_prefix}" + (
         f" + {shared_prefix} shared" if shared_prefix else ""
