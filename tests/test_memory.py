@@ -1,4 +1,4 @@
-"""The memory plan (minirl/memory.py): parameter counts against real models and the published sizes,
+"""The memory plan (minirl/run/memory.py, run/sizes.py, run/sft_memory.py): parameter counts against real models and the published sizes,
 the activation formula against the tensors autograd actually saves, one estimate against a hand
 calculation, the CLI, and the chunked log-probs' real peak on a 151,936-token vocabulary."""
 
@@ -13,7 +13,9 @@ import torch
 from minirl.config import preset
 from minirl.lora import add_lora
 from minirl.model import random_model, rope_cos_sin
-from minirl.run.memory import (
+from minirl.run.memory import estimate
+from minirl.run.sft_memory import sft_estimate
+from minirl.run.sizes import (
     CPU_RUNTIME_BYTES,
     CPU_SLACK,
     EPISODE_BYTES,
@@ -21,11 +23,9 @@ from minirl.run.memory import (
     ROLLOUT_RECORD_TOKEN_BYTES,
     activation_bytes,
     activation_bytes_per_token_layer,
-    estimate,
     logits_bytes,
     lora_parameter_count,
     parameter_count,
-    sft_estimate,
 )
 
 
@@ -354,7 +354,7 @@ def test_chunked_logprobs_peak_stays_small_on_a_real_vocabulary():
 
 TRIM_SCRIPT = textwrap.dedent("""
     import torch
-    from minirl.run.memory import trim_heap
+    from minirl.run.budget import trim_heap
 
     def rss():
         return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) * 1024

@@ -1,4 +1,4 @@
-"""The memory guard (memory.fit_pass, budget_bytes; sft_memory.plan_memory, grpo_memory.plan_memory / fit_learning): a run
+"""The memory guard (budget.fit_pass, budget_bytes; sft_memory.plan_memory, grpo_memory.plan_memory / fit_learning): a run
 that would not fit first shrinks its passes or turns on activation checkpointing and says so in one line,
 training exactly as it would have; a run that cannot fit stops before allocating, naming flags that would."""
 
@@ -13,19 +13,14 @@ from minirl.config import Qwen2Config
 from minirl.data import encode, read_conversations
 from minirl.fast import FAST
 from minirl.fast.prefix_sft import shared_prefix_length
+from minirl.run.budget import MemoryBudgetError, available_bytes, budget_bytes, fit_pass
 from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo import train as grpo_train
-from minirl.run.memory import (
-    GB,
-    MemoryBudgetError,
-    MemoryEstimate,
-    available_bytes,
-    budget_bytes,
-    fit_pass,
-    sft_estimate,
-)
+from minirl.run.memory import MemoryEstimate
 from minirl.run.sft import SFTConfig
 from minirl.run.sft import train as sft_train
+from minirl.run.sft_memory import sft_estimate
+from minirl.run.sizes import GB
 from minirl.tokenizer import Tokenizer
 from minirl.toy import build_checkpoint
 

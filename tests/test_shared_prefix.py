@@ -186,7 +186,7 @@ def test_groups_of_samples_share_their_prompt_once_with_the_same_logprobs_and_gr
 
 def test_with_checkpointing_the_groups_pass_keeps_only_layer_inputs():
     """The groups' pass (GroupPrefixes) is kept for all of a step's minibatches; with activation
-    checkpointing it keeps each layer's input, not every activation (memory.activation_bytes counts that)."""
+    checkpointing it keeps each layer's input, not every activation (sizes.activation_bytes counts that)."""
 
     model = tiny_lora_model(seed=4).train()
     ids = torch.tensor([SUFFIXES[2], SUFFIXES[2][::-1]])

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..lora import LoRALinear
-from ..run.memory import available_bytes
+from ..run.budget import available_bytes
 from ..trainable_tokens import TokenHead
 
 # the row counts where the transposed product measured faster (float32, CPU)

@@ -36,10 +36,10 @@ from ..tasks import EnvTask, make_task
 from ..tokenizer import Tokenizer
 from ..weights import load_pretrained
 from . import distributed, training
+from .budget import budget_bytes
 from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .flags import FlagError, check_grpo
 from .grpo_memory import LearningGuard, plan_memory
-from .memory import budget_bytes
 from .rollout_log import RolloutLog, rollout_records
 
 

@@ -3,7 +3,7 @@
 plan_memory runs before anything is allocated, on the task's longest held-out prompt; LearningGuard
 runs every step between sampling and learning (grpo_step's fit_memory), on the batch actually
 sampled. `cfg` is the run's GRPOConfig (run/grpo.py). Both shrink the sequences per pass, then turn on
-activation checkpointing (memory.fit_pass), or stop naming the flags that would fit. `fast` (a
+activation checkpointing (budget.fit_pass), or stop naming the flags that would fit. `fast` (a
 fast.Speedups) says how the learner lays out its batch: with prefixes (fast/prefix_learner.py) or
 whole rows (learner.py), with chunked log-probs or the logits.
 """
@@ -16,17 +16,8 @@ from ..fast.prefixes import common_prefix_length
 from ..rollout import prompt_ids
 from ..tasks import EnvTask
 from . import distributed
-from .memory import (
-    MemoryBudgetError,
-    MemoryEstimate,
-    describe_choice,
-    estimate,
-    fit_pass,
-    learning_items,
-    persistent_items,
-    trim_heap,
-    what_fits,
-)
+from .budget import MemoryBudgetError, describe_choice, fit_pass, trim_heap, what_fits
+from .memory import MemoryEstimate, estimate, learning_items, persistent_items
 
 
 def logged_rollouts(cfg, prompts: int, group_size: int) -> int:
@@ -63,7 +54,7 @@ def memory_estimator(
     fast,
     episodes=False,
 ):
-    """estimate_for(rows, checkpointing, **change) for memory.fit_pass: one step of this run, itemized
+    """estimate_for(rows, checkpointing, **change) for budget.fit_pass: one step of this run, itemized
     (episodes: the task plays episodes, tasks.EnvTask)."""
 
     def estimate_for(rows, checkpointing, **change):

@@ -36,87 +36,24 @@ down_proj; the base weights wait on the CPU meanwhile).
 bench/memory.py compares this estimate with the measured peak.
 """
 
-import ctypes
 from dataclasses import dataclass
 
-import torch
-
 from ..config import Qwen2Config
-
-GB = 1e9
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def linear_shapes(config: Qwen2Config) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each linear layer of one decoder layer."""
-    C, F, HD, KD = (
-        config.hidden_size,
-        config.intermediate_size,
-        config.num_attention_heads * config.head_dim,
-        config.num_key_value_heads * config.head_dim,
-    )
-    return {
-        "q_proj": (C, HD),
-        "k_proj": (C, KD),
-        "v_proj": (C, KD),
-        "o_proj": (HD, C),
-        "gate_proj": (C, F),
-        "up_proj": (C, F),
-        "down_proj": (F, C),
-    }
-
-
-def parameter_count(config: Qwen2Config) -> int:
-    """Every parameter: embeddings, per layer the 7 matrices + q/k/v biases + 2 norms, final norm,
-    and the lm_head when it is not tied to the embeddings."""
-    C, V = config.hidden_size, config.vocab_size
-    shapes = linear_shapes(config)
-    per_layer = sum(i * o for i, o in shapes.values()) + sum(
-        shapes[p][1] for p in ("q_proj", "k_proj", "v_proj")
-    )
-    per_layer += 2 * C
-    head = 0 if config.tie_word_embeddings else V * C
-    return V * C + config.num_hidden_layers * per_layer + C + head
-
-
-def lora_parameter_count(config: Qwen2Config, r: int, targets=LORA_TARGETS) -> int:
-    """A (r × in) and B (out × r) for every targeted linear of every layer."""
-    shapes = linear_shapes(config)
-    return config.num_hidden_layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
-
-
-def activation_bytes_per_token_layer(config: Qwen2Config, e: int, lora: bool, r: int = 16) -> int:
-    """What autograd keeps for one token in one decoder layer (model.py), in bytes, e = model bytes
-    per value. A frozen weight needs no saved input (only trained weights need their inputs), so
-    LoRA keeps less than full fine-tuning:
-      2 RMSNorms   x in float32 (4C) and 1/rms (4); full fine-tuning also the normalized x and the
-                   norm's output in the model dtype (2·e·C)
-      RoPE         cos and sin cast to the model dtype for q and k (4·D·e, none in float32)
-      attention    q and k rotated, v, the SDPA output (e(2·HD + 2·KD)), its log-sum-exp (4·H)
-      MLP          gate output, silu output, up output (3·e·F); full fine-tuning also down's input (e·F)
-      LoRA         each adapter keeps its float32 input: q, k, v, gate and up read C values, o reads
-                   H·D, down reads F (a float32 model shares one input per layer group), and A's
-                   output (r floats, 7 adapters)
-    tests/test_memory.py checks this against the tensors autograd actually saves.
-    """
-    C, F, D, H = (
-        config.hidden_size,
-        config.intermediate_size,
-        config.head_dim,
-        config.num_attention_heads,
-    )
-    HD, KD = H * D, config.num_key_value_heads * D
-    norms = 2 * (4 * C + 4) + (0 if lora else 4 * e * C)
-    rope = 4 * D * e if e != 4 else 0
-    attention = e * (2 * HD + 2 * KD) + 4 * H
-    mlp = (3 if lora else 4) * e * F
-    if not lora:
-        adapters = 0
-    elif e != 4:
-        adapters = 4 * (5 * C + HD + F) + 7 * r * 4  # each adapter's own float32 copy of its input
-    else:
-        adapters = 4 * (2 * C + HD + F) + 7 * r * 4  # the float32 inputs themselves, shared
-    return norms + rope + attention + mlp + adapters
+from .sizes import (
+    CPU_RUNTIME_BYTES,
+    GB,
+    ROLLOUT_RECORD_TOKEN_BYTES,
+    activation_bytes,
+    cpu_allocator_slack,
+    episode_bytes,
+    kv_bytes,
+    learning_batch_bytes,
+    logits_bytes,
+    logprob_chunk_bytes,
+    lora_parameter_count,
+    parameter_count,
+    prefill_bytes,
+)
 
 
 @dataclass
@@ -149,135 +86,6 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def activation_bytes(
-    config: Qwen2Config,
-    e: int,
-    *,
-    lora: bool,
-    r: int,
-    rows: int,
-    tokens: int,
-    prefix: int = 0,
-    groups: int = 0,
-    group_tokens: int = 0,
-    checkpointing: bool = True,
-) -> int:
-    """What one forward pass of `rows` sequences keeps for backward: `tokens` of each row's own (with
-    checkpointing every layer's input plus one layer recomputed during backward, else every layer's
-    activations), the final norm and the hidden states it returns; a shared prefix of `prefix`
-    tokens run once (fast/prefixes.SharedPrefix, never checkpointed) and `groups` group parts of
-    `group_tokens` each, run once per group (fast/prefixes.GroupPrefixes, checkpointed with the rows), both
-    kept for all of a learning pass's minibatches; and every row's own copy of the keys and values its
-    attention reads from them (one layer's worth when checkpointed)."""
-    L, C = config.num_hidden_layers, config.hidden_size
-    KD = config.num_key_value_heads * config.head_dim
-    per_token_layer = activation_bytes_per_token_layer(config, e, lora=lora, r=r)
-
-    # what a pass of n tokens keeps: with checkpointing each layer's input and one layer
-    def kept(n):
-        return L * n * e * C + n * per_token_layer if checkpointing else L * n * per_token_layer
-
-    n = rows * tokens
-    copies = (1 if checkpointing else L) * rows * (prefix + group_tokens) * 2 * KD * e
-    return (
-        kept(n)
-        + n * (4 + 2 * e) * C
-        + L * prefix * per_token_layer
-        + kept(groups * group_tokens)
-        + copies
-    )
-
-
-# On a CPU, glibc's malloc serves every tensor under its mmap threshold (which rises to each large
-# block freed, up to 32 MB) from its heap, and the holes freed tensors leave there stay resident: the
-# process's RSS runs ahead of the tensors alive, the more the longer it runs. Measured on
-# Qwen2.5-0.5B SFT (float32, LoRA, rows of 136 + 159 shared tokens), as a share of the activations a
-# pass keeps without checkpointing: 22-23 % after one step, 27 % over 11 steps, 53 % over the
-# recipe's 40 steps (two graduation tests between them); with checkpointing 46-56 % after one step
-# (each layer recomputed during backward lands in new holes). GPU memory goes through torch's
-# caching allocator, whose reserve the items already are.
-CPU_SLACK = {False: 0.6, True: 0.7}  # x the activations one pass keeps without checkpointing
-
-
-def cpu_allocator_slack(config: Qwen2Config, e: int, *, checkpointing: bool, **layout) -> int:
-    """The CPU heap's excess over the live tensors during a learning pass (CPU_SLACK, measured): a
-    share of what the pass laid out as `layout` (activation_bytes's) keeps without checkpointing."""
-    full_pass = activation_bytes(config, e, checkpointing=False, **layout)
-    return int(CPU_SLACK[checkpointing] * full_pass)
-
-
-def logprob_chunk_bytes(config: Qwen2Config, e: int, chunk_size: int) -> int:
-    """fast/chunked_logprobs.ChunkLogprobs: one chunk's logits in float32, plus the model-dtype
-    product they are cast from (none in float32), alive at once in forward and again in backward."""
-    return chunk_size * config.vocab_size * (4 + (e if e != 4 else 0))
-
-
-def logits_bytes(config: Qwen2Config, e: int, positions: int) -> int:
-    """The plain head (learner.lm_head_logprobs, sft.lm_head_sft_loss): the lm_head's logits of every
-    position, (positions, V), and at the peak of their backward four float32 buffers of that shape
-    (the saved log-softmax, its incoming gradient, the softmax and the result), plus the model-dtype
-    product (none in float32)."""
-    return positions * config.vocab_size * (16 + (e if e != 4 else 0))
-
-
-def kv_bytes(config: Qwen2Config, e: int, rows: int, slots: int) -> int:
-    """A KV cache of `rows` sequences of `slots` positions: every layer's keys and values."""
-    return (
-        config.num_hidden_layers
-        * 2
-        * rows
-        * config.num_key_value_heads
-        * config.head_dim
-        * slots
-        * e
-    )
-
-
-def prefill_bytes(config: Qwen2Config, e: int, rows: int, tokens: int, slots: int) -> int:
-    """What the sampler's prefill of `rows` prompts of `tokens` holds at once, besides the KV cache
-    it fills (no gradients: one layer's intermediates at a time): the residual stream and the
-    normed input (2C), q, k, v and the attention output (at most 2C each in Qwen2: 4C), the MLP's
-    gate, up, silu and product (4F), in the model dtype; the attention mask over the `slots`
-    keys, as bools and as the float mask the CPU kernel builds from them (5 bytes a slot), and
-    the scores of every head over them in float32 (4H a slot: an explicit mask leaves the CPU no
-    fused kernel). fast/decoder.py prefills each distinct prompt once; sampling.generate every row."""
-    C, F, H = config.hidden_size, config.intermediate_size, config.num_attention_heads
-    return rows * tokens * (e * (4 * F + 6 * C) + (5 + 4 * H) * slots)
-
-
-def learning_batch_bytes(rows: int, row_tokens: int, completion: int) -> int:
-    """The step's whole batch as the learner holds it (learner.py / fast/prefix_learner.py
-    learning_batch, and grpo_step's per-token results), alive from the first pass to the last:
-    ids and attention over each row's tokens (int64), the action mask (int64) and four float32
-    (rows, Lc) tensors: the sampler's log-probs, π_ref's, π_old's and those the loss saw."""
-    return rows * (16 * row_tokens + (8 + 4 * 4) * completion)
-
-
-# On a CPU the step's episodes live in the same memory as its tensors, as Python objects: a
-# rollout.Trajectory with its prompt, text and dicts, and per completion token its id, action-mask
-# entry and sampling log-prob in lists. tracemalloc on the toy arithmetic task (the rollouts of a
-# step, scored): ~900 bytes an episode and ~60 a token; token ids above 256 (every real
-# vocabulary) are objects of their own, 32 bytes more. With a margin for pymalloc's arenas:
-EPISODE_BYTES = 1500
-EPISODE_TOKEN_BYTES = 100
-# run/rollout_log.rollout_records: a record per logged completion, ~10 lists over its prompt and
-# completion (ids, text pieces, masks, five log-prob columns); 135-175 bytes a token measured
-# (tracemalloc, toy task), with a margin
-ROLLOUT_RECORD_TOKEN_BYTES = 250
-
-
-# What a CPU run's process adds before and besides its tensors, measured on the toy checkpoint
-# (tests/test_memory_rss.py): loading the checkpoint and the tokenizer, and the first forward pass
-# (oneDNN's kernels, OpenMP's threads): 95-107 MB of RSS over the process at planning time, which
-# is what the budget is measured against. On a GPU this is host memory, outside the estimate.
-CPU_RUNTIME_BYTES = 150_000_000
-
-
-def episode_bytes(episodes: int, completion: int) -> int:
-    """The Python objects of `episodes` rollouts of up to `completion` tokens (EPISODE_BYTES)."""
-    return episodes * (EPISODE_BYTES + EPISODE_TOKEN_BYTES * completion)
-
-
 def persistent_items(
     config: Qwen2Config, e: int, full: bool, lora_r: int, beta: float
 ) -> dict[str, int]:
@@ -294,7 +102,7 @@ def persistent_items(
     return items
 
 
-def _check_sizes(full: bool, **sizes):
+def check_sizes(full: bool, **sizes):
     for name, value in sizes.items():
         if value < 1 and not (name == "lora_r" and full):
             raise ValueError(f"{name} must be >= 1, got {value}")
@@ -416,7 +224,7 @@ def estimate(
     packed: the sampler holds a second copy of the weights packed for oneDNN while it samples
     (fast/cpu_matmul.packed_weights, on a CPU with bfloat16 instructions; counted for every weight,
     though the smallest are not packed)."""
-    _check_sizes(
+    check_sizes(
         full,
         lora_r=lora_r,
         group_size=group_size,
@@ -491,173 +299,3 @@ def estimate(
         f"{'on' if checkpointing else 'off'}{', compiled decoding' if compile else ''}"
     )
     return MemoryEstimate(items, sampling, persistent + sum(learning.values()), description)
-
-
-def sft_estimate(
-    config: Qwen2Config,
-    *,
-    full: bool = False,
-    lora_r: int = 16,
-    rows: int = 4,
-    tokens: int = 1024,
-    shared_prefix: int = 0,
-    dtype_bytes: int = 4,
-    checkpointing: bool = False,
-    chunk_size: int = 512,
-    eval_sequences: int = 128,
-    eval_tokens: int = 1152,
-    cpu: bool = False,
-    chunked: bool = True,
-    packed: bool = False,
-) -> MemoryEstimate:
-    """Itemized memory of supervised fine-tuning: one forward/backward of `rows` conversations of
-    `tokens` (the longest in the data, `shared_prefix` of them common to all and run once: 0 without
-    fast/prefix_sft.py), and the graduation test's sampling of `eval_sequences` completions of up to
-    `eval_tokens` (prompt + new tokens); cpu, chunked and packed as in estimate()."""
-    _check_sizes(
-        full,
-        lora_r=lora_r,
-        rows=rows,
-        tokens=tokens,
-        dtype_bytes=dtype_bytes,
-        chunk_size=chunk_size,
-        eval_sequences=eval_sequences,
-        eval_tokens=eval_tokens,
-    )
-    e, V = dtype_bytes, config.vocab_size
-    items = persistent_items(config, e, full, lora_r, beta=0)
-    persistent = sum(v for k, v in items.items() if k != "gradients")
-    layout = dict(lora=not full, r=lora_r, rows=rows, tokens=tokens - shared_prefix)
-    layout.update(prefix=shared_prefix, checkpointing=checkpointing)
-    activations = activation_bytes(config, e, **layout)
-    if chunked:
-        chunks = logprob_chunk_bytes(config, e, chunk_size)
-    else:
-        chunks = logits_bytes(config, e, rows * tokens)
-    slack = cpu_allocator_slack(config, e, **layout) if cpu else 0
-    kv = kv_bytes(config, e, eval_sequences, eval_tokens)
-    sampling_logits = eval_sequences * V * 4 * 3
-    shape = f"{rows} x {tokens - shared_prefix}" + (
-        f" + {shared_prefix} shared" if shared_prefix else ""
-    )
-    items[
-        f"activations ({shape} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"
-    ] = activations
-    if chunked:
-        items[f"loss chunks ({chunk_size} x {V} logits)"] = chunks
-    else:
-        items[f"logits ({rows} x {tokens} x {V}, and their gradient)"] = chunks
-    if cpu:
-        items["CPU allocator slack (freed blocks kept resident)"] = slack
-    items[f"graduation sampling: KV cache ({eval_sequences} x {eval_tokens} tokens)"] = kv
-    items["graduation sampling: logits (float32, 3 copies)"] = sampling_logits
-    packed_copy = parameter_count(config) * e if packed else 0
-    if packed:
-        items["graduation sampling: weights packed for oneDNN (a second copy)"] = packed_copy
-    mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
-    description = (
-        f"SFT, {mode}, {e}-byte weights: {rows} conversations of up to {tokens} tokens per forward, "
-        f"checkpointing {'on' if checkpointing else 'off'}"
-    )
-    return MemoryEstimate(
-        items,
-        persistent + kv + sampling_logits + packed_copy,
-        persistent + items["gradients"] + activations + chunks + slack,
-        description,
-    )
-
-
-# ---- the guard: fit a run into the memory the device has ---------------------------------------------------
-# plan within 90 % of what is available: the estimate leaves out small tensors and slack
-HEADROOM = 0.9
-
-
-class MemoryBudgetError(ValueError):
-    """No setting of the automatic knobs fits the run into the memory available; says what would."""
-
-
-def available_bytes(device) -> int:
-    """What this process can still allocate on `device`: a GPU's free memory, or on a CPU the kernel's
-    MemAvailable, lowered to the room left under the cgroup's limit when one is set (containers)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    with open("/proc/meminfo") as f:
-        available = next(
-            int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")
-        )
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        with open("/sys/fs/cgroup/memory.current") as f:
-            used = int(f.read())
-        if limit != "max":
-            available = min(available, int(limit) - used)
-    except (OSError, ValueError):
-        pass
-    return available
-
-
-def trim_heap() -> None:
-    """Hand the free pages of the CPU heap back to the kernel (glibc's malloc_trim; a no-op where there
-    is none), so that what one stage freed is not still resident when the next one is measured."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def budget_bytes(device, limit_gb: float = 0.0) -> int:
-    """The memory a run plans within: --memory-limit GB when given, else HEADROOM x what is available."""
-    return int(limit_gb * GB) if limit_gb > 0 else int(HEADROOM * available_bytes(device))
-
-
-def fit_pass(estimate_for, budget: float, rows: int, checkpointing: bool, phase: str = "peak"):
-    """The forward/backward setting that fits. estimate_for(rows, checkpointing) -> MemoryEstimate;
-    the estimate's `phase` ("peak", or "learning" once sampling is over) must stay within `budget`.
-    Tries the requested rows per pass, then halves them, without activation checkpointing first (it
-    recomputes every layer's forward), then with it; checkpointing asked for is kept on. Returns
-    (rows, checkpointing, estimate); MemoryBudgetError when even 1 row with checkpointing needs more."""
-    sizes = [rows]
-    while sizes[-1] > 1:
-        sizes.append(sizes[-1] // 2)
-    for c in (True,) if checkpointing else (False, True):
-        for r in sizes:
-            plan = estimate_for(r, c)
-            if getattr(plan, phase) <= budget:
-                return r, c, plan
-    raise MemoryBudgetError(
-        f"even 1 sequence per pass with activation checkpointing needs "
-        f"{getattr(plan, phase) / GB:.2f} GB, over the {budget / GB:.2f} GB planned within\n"
-        f"{plan.table()}"
-    )
-
-
-def what_fits(estimate_for, budget: float, changes: dict[str, dict]) -> list[str]:
-    """The flags among `changes` ({"--max-new-tokens 64": {"max_new_tokens": 64}, ...}) under which
-    1 row per pass with checkpointing fits: estimate_for(rows, checkpointing, **change)."""
-    return [
-        f"{flags} ({estimate_for(1, True, **change).peak / GB:.2f} GB)"
-        for flags, change in changes.items()
-        if estimate_for(1, True, **change).peak <= budget
-    ]
-
-
-def describe_choice(
-    rows: int,
-    checkpointing: bool,
-    requested: tuple[int, bool],
-    peak: float,
-    budget: float,
-    what: str,
-) -> str:
-    """One line: how the guard changed --minibatch-size / --checkpointing, and why."""
-    changes = []
-    if rows != requested[0]:
-        changes.append(f"{rows} sequences per {what} pass instead of {requested[0]}")
-    if checkpointing != requested[1]:
-        changes.append("activation checkpointing on")
-    return (
-        f"memory: {' and '.join(changes)}, so the estimated peak ({peak / GB:.1f} GB) stays within "
-        f"{budget / GB:.1f} GB (python -m minirl memory itemizes it; --memory-limit GB sets the budget)"
-    )

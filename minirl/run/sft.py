@@ -39,9 +39,9 @@ from ..tokenizer import Tokenizer
 from ..trainable_tokens import add_trainable_tokens, spelled_rows, untrained_tokens
 from ..weights import load_pretrained
 from . import distributed, graduation, training
+from .budget import budget_bytes
 from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .flags import check_sft
-from .memory import budget_bytes
 from .sft_memory import plan_memory
 
 

@@ -1,4 +1,5 @@
-"""The memory guard for SFT: plan a run's passes before the model is allocated (memory.py's estimates).
+"""SFT's memory: its itemized estimate (sft_estimate), and the guard that plans a run's passes before
+the model is allocated.
 
 grpo_memory.py does the same for a GRPO step. `cfg` is the run's SFTConfig (run/sft.py); `fast` (a
 fast.Speedups) says whether the shared prefix runs once (fast/prefix_sft.py) and whether the loss is
@@ -7,10 +8,94 @@ chunked (fast/chunked_logprobs.py).
 
 import torch
 
+from ..config import Qwen2Config
 from ..fast.cpu_matmul import native_bfloat16
 from ..fast.prefix_sft import shared_prefix_length
 from . import distributed
-from .memory import MemoryBudgetError, describe_choice, fit_pass, sft_estimate, what_fits
+from .budget import MemoryBudgetError, describe_choice, fit_pass, what_fits
+from .memory import MemoryEstimate, check_sizes, persistent_items
+from .sizes import (
+    activation_bytes,
+    cpu_allocator_slack,
+    kv_bytes,
+    logits_bytes,
+    logprob_chunk_bytes,
+    parameter_count,
+)
+
+
+def sft_estimate(
+    config: Qwen2Config,
+    *,
+    full: bool = False,
+    lora_r: int = 16,
+    rows: int = 4,
+    tokens: int = 1024,
+    shared_prefix: int = 0,
+    dtype_bytes: int = 4,
+    checkpointing: bool = False,
+    chunk_size: int = 512,
+    eval_sequences: int = 128,
+    eval_tokens: int = 1152,
+    cpu: bool = False,
+    chunked: bool = True,
+    packed: bool = False,
+) -> MemoryEstimate:
+    """Itemized memory of supervised fine-tuning: one forward/backward of `rows` conversations of
+    `tokens` (the longest in the data, `shared_prefix` of them common to all and run once: 0 without
+    fast/prefix_sft.py), and the graduation test's sampling of `eval_sequences` completions of up to
+    `eval_tokens` (prompt + new tokens); cpu, chunked and packed as in estimate()."""
+    check_sizes(
+        full,
+        lora_r=lora_r,
+        rows=rows,
+        tokens=tokens,
+        dtype_bytes=dtype_bytes,
+        chunk_size=chunk_size,
+        eval_sequences=eval_sequences,
+        eval_tokens=eval_tokens,
+    )
+    e, V = dtype_bytes, config.vocab_size
+    items = persistent_items(config, e, full, lora_r, beta=0)
+    persistent = sum(v for k, v in items.items() if k != "gradients")
+    layout = dict(lora=not full, r=lora_r, rows=rows, tokens=tokens - shared_prefix)
+    layout.update(prefix=shared_prefix, checkpointing=checkpointing)
+    activations = activation_bytes(config, e, **layout)
+    if chunked:
+        chunks = logprob_chunk_bytes(config, e, chunk_size)
+    else:
+        chunks = logits_bytes(config, e, rows * tokens)
+    slack = cpu_allocator_slack(config, e, **layout) if cpu else 0
+    kv = kv_bytes(config, e, eval_sequences, eval_tokens)
+    sampling_logits = eval_sequences * V * 4 * 3
+    shape = f"{rows} x {tokens - shared_prefix}" + (
+        f" + {shared_prefix} shared" if shared_prefix else ""
+    )
+    items[
+        f"activations ({shape} tokens, {'checkpointed' if checkpointing else 'all layers kept'})"
+    ] = activations
+    if chunked:
+        items[f"loss chunks ({chunk_size} x {V} logits)"] = chunks
+    else:
+        items[f"logits ({rows} x {tokens} x {V}, and their gradient)"] = chunks
+    if cpu:
+        items["CPU allocator slack (freed blocks kept resident)"] = slack
+    items[f"graduation sampling: KV cache ({eval_sequences} x {eval_tokens} tokens)"] = kv
+    items["graduation sampling: logits (float32, 3 copies)"] = sampling_logits
+    packed_copy = parameter_count(config) * e if packed else 0
+    if packed:
+        items["graduation sampling: weights packed for oneDNN (a second copy)"] = packed_copy
+    mode = "full fine-tuning" if full else f"LoRA r={lora_r}"
+    description = (
+        f"SFT, {mode}, {e}-byte weights: {rows} conversations of up to {tokens} tokens per forward, "
+        f"checkpointing {'on' if checkpointing else 'off'}"
+    )
+    return MemoryEstimate(
+        items,
+        persistent + kv + sampling_logits + packed_copy,
+        persistent + items["gradients"] + activations + chunks + slack,
+        description,
+    )
 
 
 def plan_memory(

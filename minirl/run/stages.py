@@ -29,9 +29,9 @@ from contextlib import contextmanager
 
 from ..lora import load_adapter, merge_and_unload
 from ..weights import load_pretrained
+from .budget import trim_heap
 from .checkpoint import latest_checkpoint
 from .files import fresh_folder
-from .memory import trim_heap
 
 # what a resumed run must share with the run it continues (keys of the recipe's summary)
 IDENTITY = ("model", "seed", "settings", "held_out_tasks")
