@@ -17,7 +17,7 @@ from .config import Qwen2Config
 
 class CacheProtocol(Protocol):
     """What model.py asks of a cache, the one protocol every cache follows: KVCache here, and the
-    drop-ins fast/decoder.StaticKVCache (fixed shapes) and fast/prefixes.SharedPrefix, GroupPrefixes
+    drop-ins fast/static_cache.StaticKVCache (fixed shapes) and fast/prefixes.SharedPrefix, GroupPrefixes
     and GroupRows (prompt tokens many rows share, with gradients). In one forward pass the model
     reads `next_pos`, calls `append_mask` once, `write` once per layer, then `advance` once."""
 

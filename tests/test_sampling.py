@@ -13,8 +13,9 @@ from conftest import SUM_ORDER, cpu_compiler_missing
 
 from minirl import load_model
 from minirl.fast import decoder as fast_decoder
-from minirl.fast.decoder import SYNC_EVERY, Decoder, StaticKVCache
+from minirl.fast.decoder import SYNC_EVERY, Decoder
 from minirl.fast.inverse_cdf import inverse_cdf_draw
+from minirl.fast.static_cache import StaticKVCache
 from minirl.kv_cache import KVCache
 from minirl.next_token import multinomial_draw, sample_next
 from minirl.sampling import generate, stream

@@ -20,6 +20,9 @@ the last row stops. A Decoder (passed as generate(..., decoder=)) does the same 
 - pack: each call's weights packed for oneDNN on a CPU with bfloat16 instructions
   (fast/cpu_matmul.py's third speed-up), the copy dropped when the call returns.
 
+The shared prefill and the cache rows it and compaction move are fast/prefill.py's; the fixed-shape
+cache is fast/static_cache.py's. This module is the decoding loop and what it keeps between calls.
+
 The turn cache is a layer on top (fast/turn_cache.py's TurnCacheDecoder): this class only marks where
 it hooks in, `_leaving` (rows about to leave the batch), `_called` (a call's completions) and
 `_prefill`, each a no-op or the plain prefill here, and `episodes()`, the sampler for one batch of
@@ -35,193 +38,22 @@ import functools
 
 import torch
 
-from ..config import Qwen2Config
 from ..kv_cache import KVCache
 from ..next_token import sample_next
-from ..sampling import (
-    Completion,
-    check_prompts,
-    completions,
-    eval_mode,
-    generator,
-    left_padded,
-    stop_tokens,
-)
+from ..sampling import Completion, check_prompts, completions, eval_mode, generator, stop_tokens
 from .cpu_matmul import packed_weights
 from .inverse_cdf import inverse_cdf_draw
-from .length_passes import passes
-from .prefixes import common_prefix_length
+from .prefill import prefill, select_rows
+from .static_cache import StaticKVCache
 
 # fixed shapes: tokens between the host's checks whether every row has stopped
 SYNC_EVERY = 8
 # compacting: drop the stopped rows once they are this share of the batch
 COMPACT_AT = 0.125
-# tokens every prompt must share before their prefill is shared
-MIN_SHARED_PREFIX = 16
 # fixed shapes: caches a Decoder keeps (one per batch size, the least recently used goes)
 KEPT_CACHES = 4
 # fixed shapes: cache lengths are rounded up to this, so similar calls reuse one step
 SLOTS_MULTIPLE = 256
-
-
-class StaticKVCache(KVCache):
-    """kv_cache.KVCache with shapes that never change, for torch.compile and CUDA graphs.
-
-    KVCache slices its buffers to the filled length, so every decoding step has new shapes and reads
-    a Python counter. Here every step reads all S = max_len slots (unfilled ones are masked out), the
-    fill counter `slot` is a tensor, and writes go in place with index_copy_: the decode step is one
-    fixed graph that can be compiled once and replayed; the buffers are written only in place, so
-    they keep their addresses, which CUDA graphs require.
-    Prefill still runs on a plain KVCache (prompt lengths vary); `load` copies it in.
-    """
-
-    def __init__(
-        self, config: Qwen2Config, batch_size: int, max_len: int, dtype=torch.float32, device="cpu"
-    ):
-        super().__init__(config, batch_size, max_len, dtype, device)
-        # slots filled, as a tensor
-        self.slot = torch.zeros((), dtype=torch.long, device=device)
-        for buffer in (self.keys, self.values, self.key_mask, self.next_pos, self.slot):
-            # compiled graphs may keep pointing at it
-            torch._dynamo.mark_static_address(buffer)
-
-    def load(self, cache: KVCache, rows: torch.Tensor):
-        """Fill from a prefilled cache: row i of this cache gets row rows[i] of `cache` (a prompt's
-        prefill copied into the G rows of its group). Copies in place; the slots after the prompt
-        are masked out."""
-        S = cache.length
-        if len(rows) != self.batch_size or S > self.max_len:
-            raise ValueError(
-                f"cannot load {len(rows)} rows x {S} slots into a static cache of "
-                f"{self.batch_size} rows x {self.max_len} slots"
-            )
-        # one layer at a time: the gathered copy is one layer's, not the whole cache's
-        for layer in range(self.keys.shape[0]):
-            self.keys[layer, :, :, :S] = cache.keys[layer, rows, :, :S]
-            self.values[layer, :, :, :S] = cache.values[layer, rows, :, :S]
-        self.key_mask.zero_()
-        self.key_mask[:, :S] = cache.key_mask[rows, :S]
-        self.next_pos.copy_(cache.next_pos[rows])
-        self.slot.fill_(S)
-        # the prefill's length; decoding counts in `slot` (a Python int would recompile)
-        self.length = S
-
-    def append_mask(self, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """As KVCache.append_mask, but over all max_len slots, with no Python-side bookkeeping (the
-        caller makes sure the cache is long enough: checking would need the GPU's counter)."""
-        slots = self.slot + torch.arange(real.shape[1], device=real.device)  # (T,)
-        self.key_mask.index_copy_(1, slots, real)
-        return self.key_mask, slots  # (B, S), (T,)
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Store k, v (B, K, T, D) at the next T slots, in place; return every slot (B, K, S, D)."""
-        slots = self.slot + torch.arange(k.shape[2], device=k.device)  # (T,)
-        self.keys[layer].index_copy_(2, slots, k)
-        self.values[layer].index_copy_(2, slots, v)
-        return self.keys[layer], self.values[layer]
-
-    def advance(self, attention_mask: torch.Tensor):
-        self.slot += attention_mask.shape[1]
-        self.next_pos += attention_mask.sum(-1).to(self.next_pos.dtype)
-
-
-def place(cache: KVCache, part: KVCache, rows: torch.Tensor, offset: int):
-    """Copy `part`'s filled slots into rows `rows` of `cache`, part's slot s to slot offset + s (a
-    one-row part goes to every row). Attention reads keys by the mask, not by their order, so a
-    row's slots need not be where a single left-padded batch would have put them. The caller sets
-    cache.length."""
-    S = part.length
-    cache.keys[:, rows, :, offset : offset + S] = part.keys[:, :, :, :S]
-    cache.values[:, rows, :, offset : offset + S] = part.values[:, :, :, :S]
-    cache.key_mask[rows, offset : offset + S] = part.key_mask[:, :S]
-    cache.next_pos[rows] = part.next_pos
-
-
-def select_rows(cache: KVCache, rows: torch.Tensor):
-    """Keep (or repeat) a KVCache's rows by index, in place: drop finished sequences, or copy a
-    prefilled prompt into the G rows of its group. Only the filled slots are copied, one layer at a
-    time; the others are left unset (torch.empty: nothing reads a slot before it is written).
-    Dropping rows (`rows` ascending, fewer than the cache holds) moves the kept ones to the front of
-    the same buffers, so the cache never exists twice: the peak is the cache and one layer's copy
-    of the kept rows (counted in run/memory.py), where a new cache would add up to 2.3 times its
-    own size. A StaticKVCache keeps its rows (its shapes are fixed): load() refills it."""
-    if isinstance(cache, StaticKVCache):
-        raise RuntimeError(
-            "a StaticKVCache keeps its rows (its shapes are fixed); load() refills it"
-        )
-    S, n = cache.length, len(rows)
-    dropping = n <= cache.batch_size and bool((rows[1:] > rows[:-1]).all())
-    if dropping:
-        keys, values = cache.keys, cache.values
-    else:
-        shape = (cache.keys.shape[0], n, *cache.keys.shape[2:])
-        keys = torch.empty(shape, dtype=cache.keys.dtype, device=cache.keys.device)
-        values = torch.empty_like(keys)
-    # row i <- row rows[i]: the right side is gathered (one layer's copy) before it is written
-    for layer in range(keys.shape[0]):
-        keys[layer, :n, :, :S] = cache.keys[layer, rows, :, :S]
-        values[layer, :n, :, :S] = cache.values[layer, rows, :, :S]
-    cache.keys, cache.values = keys[:, :n], values[:, :n]
-    cache.key_mask = cache.key_mask[rows]
-    cache.next_pos = cache.next_pos[rows]
-
-
-def prefill(model, prompts, max_len, num_samples, share: bool):
-    """Run the prompts through the model into a KVCache of max_len slots. Returns the cache, the
-    logits of each cache row's last position (B, V) and, for each of the len(prompts) * num_samples
-    sequences (prompt-major), the cache row it starts from. share: one row per distinct prompt, a
-    prefix every prompt begins with run once for all rows, and passes of similar lengths, placed in
-    one cache with every row's last token in the same slot; else one row per sequence, one pass."""
-    device = model.device
-    if not share:
-        rows = [list(p) for p in prompts for _ in range(num_samples)]
-        cache = KVCache(model.config, len(rows), max_len, model.dtype, device)
-        return cache, run_prompts(model, rows, cache), torch.arange(len(rows), device=device)
-    distinct = list(dict.fromkeys(map(tuple, prompts)))
-    first_row = {p: i for i, p in enumerate(distinct)}
-    group_of_row = torch.tensor([first_row[tuple(p)] for p in prompts], device=device)
-    group_of_row = group_of_row.repeat_interleave(num_samples)
-    shared = 0
-    if len(distinct) > 1:
-        shared = common_prefix_length(distinct, limit=min(map(len, distinct)) - 1)
-    shared = shared if shared >= MIN_SHARED_PREFIX else 0
-    prefix = None
-    if shared:
-        prefix = KVCache(model.config, 1, shared, model.dtype, device)
-        model.model(torch.tensor([distinct[0][:shared]], device=device), kv_cache=prefix)
-    rest = [p[shared:] for p in distinct]
-    longest = max(len(p) for p in rest)
-    groups = passes([len(p) for p in rest], len(rest))
-    if len(groups) == 1:
-        cache = _cache_after(model, prefix, len(rest), max_len)
-        return cache, run_prompts(model, rest, cache), group_of_row
-    cache = KVCache(model.config, len(rest), max_len, model.dtype, device)
-    logits = torch.empty(len(rest), model.config.vocab_size, dtype=model.dtype, device=device)
-    for rows in groups:
-        part_len = max(len(rest[i]) for i in rows)
-        part = _cache_after(model, prefix, len(rows), shared + part_len)
-        index = torch.tensor(rows, device=device)
-        logits[index] = run_prompts(model, [rest[i] for i in rows], part)
-        # every row's last token in slot shared + longest - 1
-        place(cache, part, index, longest - part_len)
-    cache.length = shared + longest
-    return cache, logits, group_of_row
-
-
-def _cache_after(model, prefix: KVCache | None, rows: int, max_len: int) -> KVCache:
-    """A cache of `rows` rows that starts with the shared prefix's slots (or empty without one)."""
-    cache = KVCache(model.config, rows, max_len, model.dtype, model.device)
-    if prefix is not None:
-        place(cache, prefix, torch.arange(rows, device=model.device), 0)
-        cache.length = prefix.length
-    return cache
-
-
-def run_prompts(model, prompts: list[list[int]], cache: KVCache) -> torch.Tensor:
-    """The prompts, left-padded into one batch, run on top of `cache`: the logits of each one's last
-    position (B, V)."""
-    ids, mask = left_padded(prompts, model.device)
-    return model(ids, mask, kv_cache=cache, logits_to_keep=1)[:, -1]
 
 
 def _decode_step(model, tokens, cache):

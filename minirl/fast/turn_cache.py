@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from ..kv_cache import KVCache
-from .decoder import Decoder, run_prompts
+from .decoder import Decoder
+from .prefill import run_prompts
 
 
 @dataclass

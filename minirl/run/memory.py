@@ -109,7 +109,7 @@ def check_sizes(full: bool, **sizes):
 
 
 def compiled_cache_item(config: Qwen2Config, e: int, rows: int, tokens: int) -> dict[str, int]:
-    """Compiled decoding's KV cache (fast/decoder.StaticKVCache): its length rounded up to 256
+    """Compiled decoding's KV cache (fast/static_cache.StaticKVCache): its length rounded up to 256
     slots, and kept from step to step, so alive while learning too."""
     slots = min(-(-tokens // 256) * 256, config.max_position_embeddings)
     return {f"KV cache ({rows} sequences x {slots} slots, kept)": kv_bytes(config, e, rows, slots)}
@@ -252,7 +252,7 @@ def estimate(
     kv = sum(cache.values())
     # sampling's transients, one after the other: the prefill, then the gather that copies the
     # prefilled prompts into the rows of their groups and drops stopped rows (one layer's copy:
-    # fast/decoder.select_rows, StaticKVCache.load)
+    # fast/prefill.select_rows, StaticKVCache.load)
     prefilled = prompts_per_step if shared_prefill else N
     prefill = prefill_bytes(config, e, prefilled, prompt_len, T)
     gather = kv // (2 * L)
