@@ -13,14 +13,13 @@ from minirl.config import Qwen2Config
 from minirl.data import encode, read_conversations
 from minirl.fast import FAST
 from minirl.fast.prefix_sft import shared_prefix_length
-from minirl.run.budget import MemoryBudgetError, available_bytes, budget_bytes, fit_pass
+from minirl.run.budget import GB, MemoryBudgetError, available_bytes, budget_bytes, fit_pass
 from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo import train as grpo_train
 from minirl.run.memory import MemoryEstimate
 from minirl.run.sft import SFTConfig
 from minirl.run.sft import train as sft_train
 from minirl.run.sft_memory import sft_estimate
-from minirl.run.sizes import GB
 from minirl.tokenizer import Tokenizer
 from minirl.toy import build_checkpoint
 

@@ -19,10 +19,9 @@ import torch
 
 from minirl.config import Qwen2Config
 from minirl.fast import FAST
-from minirl.run.budget import MemoryBudgetError
+from minirl.run.budget import GB, MemoryBudgetError
 from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo_memory import plan_memory
-from minirl.run.sizes import GB
 from minirl.tasks import make_task
 from minirl.tokenizer import Tokenizer
 from minirl.toy import build_checkpoint

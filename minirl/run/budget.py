@@ -8,7 +8,7 @@ import ctypes
 
 import torch
 
-from .sizes import GB
+GB = 1e9
 
 # plan within 90 % of what is available: the estimate leaves out small tensors and slack
 HEADROOM = 0.9

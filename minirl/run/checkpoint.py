@@ -134,7 +134,7 @@ def claim_run_folder(cfg, command: str) -> None:
             "--resume continues the run in --out and --overwrite replaces it: pick one"
         )
     settings, saved = run_settings(cfg, command), _read_settings(out)
-    # an eval folder's run.json (evaluation.write_run) has no training run behind it
+    # an eval folder's run.json (apps/eval_folder.write_run) has no training run behind it
     if saved is not None and saved.get("command", "eval") == "eval":
         raise RunFolderError(
             f"--out {out} is an eval folder (its {RUN_FILE}): a training run would replace its "

@@ -39,9 +39,9 @@ bench/memory.py compares this estimate with the measured peak.
 from dataclasses import dataclass
 
 from ..config import Qwen2Config
+from .budget import GB
 from .sizes import (
     CPU_RUNTIME_BYTES,
-    GB,
     ROLLOUT_RECORD_TOKEN_BYTES,
     activation_bytes,
     cpu_allocator_slack,

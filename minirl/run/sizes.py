@@ -8,7 +8,6 @@ model's bytes per value (2 for bfloat16), and LoRA adapters train in float32.
 
 from ..config import Qwen2Config
 
-GB = 1e9
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
