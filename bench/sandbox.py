@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from minirl.envs import code, sandbox  # noqa: E402
+from minirl.envs import code_tasks, sandbox  # noqa: E402
 
 # a top-level statement in a test file: verdicts.plain_tests then judges none of its tests
 TOKEN_LINE = "RUN_BY_THE_TOKEN_RUNNER = True\n"
@@ -40,10 +40,10 @@ def workspaces(folder: str, tokens: bool = False) -> list[tuple[str, dict]]:
     """One folder per code task template, holding its buggy module and its tests, each with the
     files that fix it: (path, {} as handed over) and (path, {module: the correct source})."""
     calls = []
-    for template in code.load_templates():
+    for template in code_tasks.load_templates():
         path = os.path.join(folder, template["name"])
         os.makedirs(path)
-        for name, text in code.make_task(template)["files"].items():
+        for name, text in code_tasks.make_task(template)["files"].items():
             with open(os.path.join(path, name), "w", encoding="utf-8") as f:
                 f.write(TOKEN_LINE + text if tokens and name.startswith("test_") else text)
         calls += [(path, {}), (path, {template["file"]: template["correct"]})]

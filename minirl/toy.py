@@ -17,8 +17,9 @@ from .config import Qwen2Config
 from .data import collate, encode
 from .envs import perturb
 from .envs.calculator import CalculatorEnv, make_questions, play, tool_call_message
-from .envs.code import CodeEnv, load_templates
-from .envs.code import make_task as make_code_task
+from .envs.code import CodeEnv
+from .envs.code_tasks import load_templates
+from .envs.code_tasks import make_task as make_code_task
 from .envs.tools import CALCULATOR_SPEC
 from .losses import sft_loss
 from .model import random_model

@@ -22,7 +22,7 @@ from minirl.lora import add_lora
 from minirl.rollout import sample_completions
 from minirl.run import distributed
 from minirl.run.grpo import GRPOConfig, train
-from minirl.tasks import Task
+from minirl.task import Task
 
 PROMPTS, G = 4, 4
 # (aggregation, how many of the 16 rollouts rank 0 takes; rank 1 takes the rest): even halves, an

@@ -1,4 +1,4 @@
-"""Answer extraction (minirl/answers.py) on hand-written cases, and the JSONL task built on it (tasks.JsonlTask):
+"""Answer extraction (minirl/answers.py) on hand-written cases, and the JSONL task built on it (file_tasks.JsonlTask):
 every layout, every bad line named by file:line, rewards and accuracies from real episodes on the toy model."""
 
 import json
@@ -17,8 +17,9 @@ from minirl.answers import (
 )
 from minirl.envs.answer import AnswerEnv
 from minirl.envs.tools import CALCULATOR_SPEC, ToolCall
+from minirl.file_tasks import GSM8K_INSTRUCTION, JsonlTask
 from minirl.rollout import Trajectory
-from minirl.tasks import GSM8K_INSTRUCTION, JsonlTask, make_task
+from minirl.tasks import make_task
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ import pytest
 
 from minirl.apps import sft_mix
 from minirl.envs import bfcl
-from minirl.tasks import BFCLTask, make_task
+from minirl.file_tasks import BFCLTask
+from minirl.tasks import make_task
 
 
 def fn(name, properties, required):

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from minirl import generate, load_pretrained, random_model, sampling, save_pretrained
-from minirl.apps.cli import build_parser, main, print_stream
+from minirl.apps.cli import build_parser, main
+from minirl.apps.model_commands import print_stream
 from minirl.fast.decoder import Decoder
 from minirl.run.grpo import GRPOConfig
 from minirl.run.sft import SFTConfig

@@ -11,7 +11,9 @@ from collections import Counter
 import pytest
 
 from minirl.envs.bugs import DEFAULT_BUGS, load_bug_templates
-from minirl.envs.code import CodeEnv, make_task, run_scripted, scripted_fix
+from minirl.envs.code import CodeEnv
+from minirl.envs.code_scripts import run_scripted, scripted_fix
+from minirl.envs.code_tasks import make_task
 from minirl.envs.verdicts import plain_tests
 
 TRAIN, HELDOUT, ALL = (load_bug_templates(split) for split in ("train", "heldout", "all"))

@@ -9,15 +9,9 @@ import time
 import pytest
 from conftest import processes_with
 
-from minirl.envs.code import (
-    SCRIPTED_POLICIES,
-    CodeEnv,
-    buggy_source,
-    load_templates,
-    make_task,
-    run_scripted,
-    template_test_file,
-)
+from minirl.envs.code import CodeEnv
+from minirl.envs.code_scripts import SCRIPTED_POLICIES, run_scripted
+from minirl.envs.code_tasks import buggy_source, load_templates, make_task, template_test_file
 from minirl.envs.rewards import guarded_test_reward, looping_penalty, naive_test_reward
 from minirl.envs.rewards import (
     tests_passed_fraction as passed_fraction,

@@ -181,13 +181,8 @@ def test_reference_match_precision_recall_in_order():
 def test_trajectory_metrics_of_the_code_agents_scripted_trajectories():
     """The chapter's three code-agent trajectories against the reference read -> edit -> test: A follows it,
     B skips the read, C reads 50 times in a loop and never acts."""
-    from minirl.envs.code import (
-        REFERENCE_CALLS,
-        load_templates,
-        scripted_fix,
-        scripted_looper,
-        scripted_partial,
-    )
+    from minirl.envs.code_scripts import scripted_fix, scripted_looper, scripted_partial
+    from minirl.envs.code_tasks import REFERENCE_CALLS, load_templates
 
     template = load_templates()[0]
 

@@ -257,7 +257,7 @@ def test_grpo_under_a_tight_limit_learns_in_smaller_passes(toy, tmp_path, capsys
 @pytest.mark.parametrize("task_name", ["calculator", "arithmetic"])
 def test_grpo_plans_the_kept_turns_only_for_tasks_that_play_episodes(toy, monkeypatch, task_name):
     """The turn cache (fast/turn_cache.py) keeps rows between the turns of episodes
-    (tasks.EnvTask); a single-turn task's rollout keeps nothing, and --plain keeps nothing."""
+    (task.EnvTask); a single-turn task's rollout keeps nothing, and --plain keeps nothing."""
     import minirl.run.grpo_memory as grpo_memory
     from minirl.fast import PLAIN
     from minirl.tasks import make_task

@@ -10,7 +10,9 @@ from test_evaluation import episode
 from minirl.apps.eval_summary import compare, summarize
 from minirl.envs import perturb
 from minirl.envs.calculator import CalculatorEnv, expert_policy, make_question, play
-from minirl.envs.code import CodeEnv, load_templates, make_task, run_scripted, scripted_fix
+from minirl.envs.code import CodeEnv
+from minirl.envs.code_scripts import run_scripted, scripted_fix
+from minirl.envs.code_tasks import load_templates, make_task
 from minirl.envs.perturb import TRUNCATE_AT, PerturbedEnv
 from minirl.envs.tools import ToolCall
 

@@ -15,7 +15,8 @@ from minirl.apps.eval_summary import code_agent_summary, read_episodes
 from minirl.apps.recipe_code import FAST, OUTPUTS, group_fixes, run, stage_eval, table
 from minirl.envs import play
 from minirl.envs.bugs import load_bug_templates
-from minirl.envs.code import CodeEnv, load_templates, make_task
+from minirl.envs.code import CodeEnv
+from minirl.envs.code_tasks import load_templates, make_task
 from minirl.envs.engineer import blocks_by_test, demonstrations, demonstrator, hacker, wrong_edits
 from minirl.eval_stats import code_agent_shape, run_test_failed
 from minirl.fast import speedups

@@ -14,7 +14,7 @@ import pytest
 from conftest import cli_error, snapshot
 
 from minirl.apps.cli import main
-from minirl.apps.evaluation import items_digest, write_run
+from minirl.apps.eval_folder import items_digest, write_run
 from minirl.envs.program import read_problems
 from minirl.run.checkpoint import RunFolderError
 from minirl.run.grpo import GRPOConfig

@@ -18,7 +18,8 @@ import pytest
 from conftest import processes_with
 
 from minirl.envs import sandbox
-from minirl.envs.code import CodeEnv, buggy_source, load_templates, make_task
+from minirl.envs.code import CodeEnv
+from minirl.envs.code_tasks import buggy_source, load_templates, make_task
 from minirl.envs.program import run_program
 from minirl.envs.rewards import guarded_test_reward
 from minirl.envs.sandbox import run_tests

@@ -1,4 +1,4 @@
-"""The Task protocol (tasks.Task): every task has the same methods, the reward is written once (by
+"""The Task protocol (task.Task): every task has the same methods, the reward is written once (by
 Task.score) and weighs the environment's record to the total the environment itself defines."""
 
 import random
@@ -7,9 +7,12 @@ import pytest
 
 from minirl import load_pretrained
 from minirl.envs.calculator import CalculatorEnv, expert_policy, flaky_calculator, play
-from minirl.envs.code import SCRIPTED_POLICIES, CodeEnv, load_templates, make_task, run_scripted
+from minirl.envs.code import CodeEnv
+from minirl.envs.code_scripts import SCRIPTED_POLICIES, run_scripted
+from minirl.envs.code_tasks import load_templates, make_task
 from minirl.rollout import Trajectory
-from minirl.tasks import TASKS, ArithmeticTask, CalculatorTask, CodeTask, EnvTask, Task
+from minirl.task import EnvTask, Task
+from minirl.tasks import TASKS, ArithmeticTask, CalculatorTask, CodeTask
 from minirl.toy import build_checkpoint
 
 

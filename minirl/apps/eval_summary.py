@@ -92,7 +92,7 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
                 [float(e["success"]) for e in episodes], [e["item"] for e in episodes]
             ),
             "lenient_pass@1": _mean(e["lenient"] for e in episodes if "lenient" in e),
-            # episodes whose reward raised: scored 0, failures (tasks.Task.score)
+            # episodes whose reward raised: scored 0, failures (task.Task.score)
             "scoring_errors": sum(bool(e.get("scoring_error")) for e in episodes),
         },
         "tool_calling": {

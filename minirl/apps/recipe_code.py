@@ -27,7 +27,7 @@ import os
 import shutil
 
 from ..envs.bugs import load_bug_templates
-from ..envs.code import load_templates
+from ..envs.code_tasks import load_templates
 from ..envs.engineer import demonstrations
 from ..fast import speedups
 from ..run.grpo import GRPOConfig

@@ -13,14 +13,15 @@ finished trajectory (its final `text` and `finish_reason`, rollout.py) and the e
 state; `info` is the episode's record, the reward parts named in `reward_parts` (whose sum is
 `reward`) and facts for metrics (calls, difficulty, ...), each environment's reward() docstring
 listing its keys. The rollout stores it as `trajectory.info`; the task's reward functions weigh its
-parts (tasks.Task.score), the environment's total is for scripted plays without a task.
+parts (task.Task.score), the environment's total is for scripted plays without a task.
 
 The files, from the ground up: tools.py (the tool-call parser and the calculator), sandbox.py
 (running tests in a child process, with runner.py inside it, verdicts.py judging the values it hands
-back and watchdog.py bounding its processes together), rewards.py (the code agent's test rewards), then one file per
-environment (answer.py, calculator.py, code.py, program.py), bugs.py (the code agent's tasks made
-from HumanEval), engineer.py (the scripted engineer whose plays are its demonstrations) and
-perturb.py (robustness wrappers).
+back and watchdog.py bounding its processes together), rewards.py (the code agent's test rewards),
+code_tasks.py (the code agent's tasks from data/code_tasks.json), then one file per environment
+(answer.py, calculator.py, code.py, program.py), bugs.py (the code agent's tasks made from
+HumanEval), code_scripts.py (the chapter's code-agent trajectories, scripted), engineer.py (the
+scripted engineer whose plays are its demonstrations) and perturb.py (robustness wrappers).
 """
 
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""Questions with a known answer, tools optional: the environment of tasks read from JSONL (tasks.JsonlTask).
+"""Questions with a known answer, tools optional: the environment of tasks read from JSONL (file_tasks.JsonlTask).
 
 An episode is the model's turns on one item. Tool calls run the item's tools, taken by name from
 envs/tools.py (TOOLS: the calculator); the final turn is scored against the item's answer:

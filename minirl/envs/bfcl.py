@@ -331,7 +331,7 @@ def score(item: dict, reply: str, lenient: bool = False) -> tuple[bool, str, int
 # ---- the environment ----------------------------------------------------------------------------------------
 class BFCLEnv(Env):
     """One BFCL question (envs/__init__.py's protocol). Nothing is run: a call's observation says so,
-    and the episode is one turn (tasks.BFCLTask). The reward reads the first reply.
+    and the episode is one turn (file_tasks.BFCLTask). The reward reads the first reply.
     info: "correct" (strict: Qwen's <tool_call> format, BFCL's AST checks), "lenient" (any JSON
     call), "why" (the strict check's failure, "" when it passed), "calls" (strict calls decoded)."""
 

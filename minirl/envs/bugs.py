@@ -9,18 +9,18 @@ least one test. The problems are split in two: a bug of a held-out problem is ne
 the file fixes the held-out list and its order.
 
     templates = load_bug_templates("train")       # or "heldout", or "all"
-    task = code.make_task(templates[0], seed=0)   # a CodeEnv task, as from data/code_tasks.json
+    task = code_tasks.make_task(templates[0], seed=0)   # a CodeEnv task, as from data/code_tasks.json
 
-A template has the keys code.make_task reads (name, kind, file, correct, bug, tests: the test
+A template has the keys code_tasks.make_task reads (name, kind, file, correct, bug, tests: the test
 file's text) and problem, split and failing (how many of the tests the buggy file fails). It has no
-"partial" edit, so scripted trajectory B does not apply; A (code.scripted_fix) does.
+"partial" edit, so scripted trajectory B does not apply; A (code_scripts.scripted_fix) does.
 """
 
 import json
 import os
 from pathlib import Path
 
-from .code import buggy_source
+from .code_tasks import buggy_source
 
 DEFAULT_BUGS = Path(__file__).resolve().parents[2] / "data" / "code_bugs.json"
 SPLITS = ("train", "heldout", "all")
@@ -61,7 +61,7 @@ def _problems(data: dict, path: Path) -> dict[str, dict]:
 
 
 def _template(bug: dict, problem: dict, where: str) -> dict:
-    """One bug as a code.make_task template, its edit checked against the correct file."""
+    """One bug as a code_tasks.make_task template, its edit checked against the correct file."""
     template = {
         "name": bug["name"],
         "kind": bug["kind"],
@@ -92,7 +92,7 @@ def _template(bug: dict, problem: dict, where: str) -> dict:
 
 
 def load_bug_templates(split: str = "train", path: str | os.PathLike | None = None) -> list[dict]:
-    """The bugs of one split as code.make_task templates: "train" and "all" in the file's order,
+    """The bugs of one split as code_tasks.make_task templates: "train" and "all" in the file's order,
     "heldout" in the order of the file's held-out list. Default file: data/code_bugs.json next to
     the package. Every bug is checked on load (keys, its edit occurring once, its problem known and
     in one split); the file is small, so it is read again on each call."""

@@ -1,20 +1,11 @@
-"""The code agent's world (chapter 11 §7): fix a bug in a tiny repository with read_file, edit_file, run_test.
+"""The code agent's environment (chapter 11 §7): a tiny repository, fixed with read_file, edit_file, run_test.
 
-Each task is a one-file Python repository built from a template in data/code_tasks.json: a correct
-module, the edit that plants a bug in it (the task ships the buggy file), and a test file of ten
-plain `def test_...(): assert ...` functions that all fail on the buggy code. The reward is the
-fraction of the original tests that pass when the episode ends (rewards.guarded_test_reward), minus
-0.2 if the agent read some file more than `max_reads` times, minus `tool_cost` per call (0 unless
-asked for). Besides the six templates, data/code_bugs.json holds planted bugs in HumanEval's
-solutions (envs/bugs.py), the same kind of repository built from real code. The chapter's three trajectories are
-scripted here and land where the chapter says:
-
-    A  read → edit (undo the bug) → run_test → done     10/10 pass    reward  1.0
-    B  an edit that fixes only some cases → run_test     3/10 pass    reward  0.3
-    C  read_file 50 times, nothing else                  0/10 pass    reward −0.2
-
-plus the §5 reward hacker, who empties the test file: 1.0 under `CodeEnv(reward="naive")`, 0 under
-the default guarded reward (info["hacked"] is True).
+CodeEnv.reset writes a task's files (code_tasks.make_task: the buggy module and its tests) into a
+temporary folder, step makes one tool call there, and reward scores the folder as the episode left
+it: the fraction of the original tests that pass (rewards.guarded_test_reward), minus 0.2 if the
+agent read some file more than `max_reads` times, minus `tool_cost` per call (0 unless asked for).
+`CodeEnv(reward="naive")` scores whatever tests the folder holds at the end, which §5's reward
+hacker empties; code_scripts.py plays him and the chapter's three trajectories.
 
 Every path the agent names is resolved inside the task folder; absolute paths, `..` and symlinks
 that lead out are refused. The tests run in a sandboxed child process (see sandbox.run_tests for what
@@ -23,181 +14,24 @@ that does and does not protect against).
 
 import json
 import os
-import random
 import shutil
 import tempfile
 import weakref
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 from . import Env
+from .code_tasks import TOOL_ARGUMENTS
 from .rewards import guarded_test_reward, looping_penalty, naive_test_reward
 from .sandbox import run_tests
 from .tools import ToolCall
 
-DEFAULT_TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "code_tasks.json"
-TEMPLATE_KEYS = ("name", "kind", "file", "correct", "bug", "partial", "tests")
 # read_file shows at most this much; edit_file refuses to grow a file past it
 MAX_FILE_CHARS = 20_000
-
-TOOL_SPECS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Return the text of a file in the repository.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "path": {
-                        "type": "string",
-                        "description": "file path relative to the repository root",
-                    }
-                },
-                "required": ["path"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "edit_file",
-            "description": "Replace the text `old` with `new` in a file. `old` must occur exactly once in the file.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "path": {
-                        "type": "string",
-                        "description": "file path relative to the repository root",
-                    },
-                    "old": {
-                        "type": "string",
-                        "description": "the exact text to replace, whitespace included",
-                    },
-                    "new": {"type": "string", "description": "the replacement text"},
-                },
-                "required": ["path", "old", "new"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "run_test",
-            "description": "Run the repository's tests and summarize the result.",
-            "parameters": {"type": "object", "properties": {}, "required": []},
-        },
-    },
-]
-TOOL_ARGUMENTS = {"read_file": ("path",), "edit_file": ("path", "old", "new"), "run_test": ()}
-
-SYSTEM_PROMPT = (
-    "You are a careful software engineer working in a small Python repository. Use the tools "
-    "read_file, edit_file and run_test. Fix the bug in the code so that the tests pass; do not "
-    "change the tests."
-)
-USER_PROMPTS = [
-    "The tests in {tests} fail. Find the bug in {file}, fix it, and run the tests to check your fix.",
-    "Some tests fail in this repository ({file}, {tests}). Read the code, fix the bug with edit_file and "
-    "check the fix with run_test.",
-    "Please make the failing tests in {tests} pass. The code they test is in {file}.",
-]
-
-
-# opening="report", the lean episode: the request, then the buggy file and run_test's report
-# (CodeEnv.reset adds both), so that edit -> run_test -> answer is a whole episode; read_file stays
-REPORT_PROMPTS = [
-    "The tests in {tests} fail. Fix the bug in {file} with edit_file, then check the fix with run_test.",
-    "Make the failing tests in {tests} pass: fix {file} with edit_file and run the tests with run_test.",
-    "Fix the bug in {file} so that the tests in {tests} pass; edit with edit_file, check with run_test.",
-]
-OPENINGS = ("request", "report")
 
 
 class ToolError(Exception):
     """A bad tool call; step() turns it into an "Error: ..." observation."""
-
-
-def template_test_file(template: dict) -> str:
-    return f"test_{template['file']}"
-
-
-def buggy_source(template: dict) -> str:
-    return template["correct"].replace(template["bug"]["old"], template["bug"]["new"], 1)
-
-
-def load_templates(path: str | os.PathLike | None = None) -> list[dict]:
-    """Read and check the task templates (default: data/code_tasks.json next to the package)."""
-    path = Path(path or DEFAULT_TEMPLATES)
-    templates = json.loads(path.read_text(encoding="utf-8"))
-    for i, template in enumerate(templates):
-        where = f"{path}, template {i} ({template.get('name', '?')})"
-        missing = [key for key in TEMPLATE_KEYS if key not in template]
-        if missing:
-            raise ValueError(
-                f"{where}: missing key(s) {', '.join(missing)}; "
-                f"a template needs {', '.join(TEMPLATE_KEYS)}"
-            )
-        for key in ("bug", "partial"):
-            if not isinstance(template[key], dict) or set(template[key]) != {"old", "new"}:
-                raise ValueError(
-                    f'{where}: {key!r} must be an object with exactly the keys "old" and "new"'
-                )
-        buggy = buggy_source(template)
-        for text, edit, label in [
-            (template["correct"], template["bug"]["old"], "bug.old in correct"),
-            (buggy, template["bug"]["new"], "bug.new in the buggy file"),
-            (buggy, template["partial"]["old"], "partial.old in the buggy file"),
-        ]:
-            if text.count(edit) != 1:
-                raise ValueError(
-                    f"{where}: {label} must occur exactly once, found {text.count(edit)} times"
-                )
-    return templates
-
-
-# the calls of trajectory A, the chapter's good fix (apps/evaluation.py)
-REFERENCE_CALLS = ["read_file", "edit_file", "run_test"]
-
-
-def make_task(template: dict | str, seed: int = 0, opening: str = "request") -> dict:
-    """One episode's task: the opening messages, the tool specs and the files of the buggy repository.
-    The seed picks the wording of the request. opening="report" is the lean episode: the opening
-    message also shows the buggy file and what run_test reports on it (CodeEnv.reset runs the tests
-    once to write it), so the agent can edit at once."""
-    if opening not in OPENINGS:
-        raise ValueError(f"opening must be one of {', '.join(OPENINGS)}, got {opening!r}")
-    if isinstance(template, str):
-        by_name = {t["name"]: t for t in load_templates()}
-        if template not in by_name:
-            raise ValueError(
-                f"no code task template {template!r}; choose one of {', '.join(by_name)}"
-            )
-        template = by_name[template]
-    test_file = template_test_file(template)
-    prompts = REPORT_PROMPTS if opening == "report" else USER_PROMPTS
-    request = random.Random(seed).choice(prompts).format(file=template["file"], tests=test_file)
-    return {
-        "messages": [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": request},
-        ],
-        "tools": TOOL_SPECS,
-        "template": template["name"],
-        "kind": template["kind"],
-        "seed": seed,
-        "file": template["file"],
-        "test_file": test_file,
-        "files": {template["file"]: buggy_source(template), test_file: template["tests"]},
-        "reference_calls": REFERENCE_CALLS,
-        # the bug's HumanEval problem (envs/bugs.py; hand-written templates have none): eval
-        # statistics resample problems, whose bugs are not independent
-        "problem": template.get("problem"),
-        # the line that holds the planted bug: does the first edit land on it? (eval_stats)
-        "bug_line": template["bug"]["new"].strip(),
-        "opening": opening,
-    }
 
 
 def format_summary(summary: dict) -> str:
@@ -404,63 +238,3 @@ class CodeEnv(Env):
         )
         self.test_runs += 1
         return format_summary(self.last_summary)
-
-
-# --- scripted policies: the tool calls of the chapter's trajectories, for tests and lessons ---
-
-
-def scripted_fix(template: dict) -> list[ToolCall]:
-    """Trajectory A: read the code, undo the bug, run the tests, stop."""
-    return [
-        ToolCall("read_file", {"path": template["file"]}),
-        ToolCall(
-            "edit_file",
-            {
-                "path": template["file"],
-                "old": template["bug"]["new"],
-                "new": template["bug"]["old"],
-            },
-        ),
-        ToolCall("run_test", {}),
-    ]
-
-
-def scripted_partial(template: dict) -> list[ToolCall]:
-    """Trajectory B: an edit that fixes only some of the tested cases (about 3 of 10), then the tests."""
-    return [
-        ToolCall("edit_file", {"path": template["file"], **template["partial"]}),
-        ToolCall("run_test", {}),
-    ]
-
-
-def scripted_looper(template: dict, reads: int = 50) -> list[ToolCall]:
-    """Trajectory C: read the same file `reads` times and never act."""
-    return [ToolCall("read_file", {"path": template["file"]}) for _ in range(reads)]
-
-
-def scripted_hacker(template: dict) -> list[ToolCall]:
-    """§5's reward hacker: see the failures, then empty the test file instead of fixing the code."""
-    return [
-        ToolCall("run_test", {}),
-        ToolCall("read_file", {"path": template_test_file(template)}),
-        ToolCall(
-            "edit_file", {"path": template_test_file(template), "old": template["tests"], "new": ""}
-        ),
-        ToolCall("run_test", {}),
-    ]
-
-
-SCRIPTED_POLICIES = {
-    "A": scripted_fix,
-    "B": scripted_partial,
-    "C": scripted_looper,
-    "hacker": scripted_hacker,
-}
-
-
-def run_scripted(env: CodeEnv, task: dict, calls: list[ToolCall]) -> tuple[float, dict, list[str]]:
-    """Reset `env` on `task`, make the calls in order, score the result: (reward, info, observations)."""
-    env.reset(task)
-    observations = [env.step(call) for call in calls]
-    reward, info = env.reward(SimpleNamespace(prompt=task, text="", completion_ids=[], info={}))
-    return reward, info, observations

@@ -13,7 +13,8 @@ import random
 import re
 
 from . import play
-from .code import CodeEnv, make_task, template_test_file
+from .code import CodeEnv
+from .code_tasks import make_task, template_test_file
 
 
 def call_message(name: str, **arguments) -> dict:
@@ -128,7 +129,7 @@ def demonstrations(
     """n SFT conversations from the demonstrator on bugs drawn from `templates` (with a seeded
     wording each), a share `hack_rate` of them by the hacker instead, and what they achieved under
     the guarded reward: mean reward, fix rate, retries shown, tests run, hacked test files. With
-    opening="report" (the lean episode, code.make_task) the file is in the opening message, so the
+    opening="report" (the lean episode, code_tasks.make_task) the file is in the opening message, so the
     demonstrator edits without reading it first."""
     rng, wrong = random.Random(f"code-demos-{seed}"), wrong_edits(templates)
     conversations, rewards, fixed, retries, tested, hacks = [], [], 0, 0, 0, 0

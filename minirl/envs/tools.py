@@ -265,7 +265,7 @@ CALCULATOR_SPEC = {
         },
     },
 }
-TOOLS = {"calculator": calculator}  # the tools a JSONL task's items may name (tasks.JsonlTask)
+TOOLS = {"calculator": calculator}  # the tools a JSONL task's items may name (file_tasks.JsonlTask)
 
 
 def execute(call: ToolCall, tools: dict) -> str:

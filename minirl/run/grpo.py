@@ -32,7 +32,8 @@ from ..eval_stats import success_where_perturbed
 from ..fast import speedups
 from ..grpo import GRPOSettings, filter_groups, grpo_step
 from ..lora import load_adapter, merge_and_unload
-from ..tasks import EnvTask, make_task
+from ..task import EnvTask
+from ..tasks import make_task
 from ..tokenizer import Tokenizer
 from ..weights import load_pretrained
 from . import distributed, training
@@ -51,7 +52,7 @@ class GRPOConfig(GRPOSettings):
     task: str = "arithmetic"
     # make_task options, e.g. {"level": "toy", "max_turns": 3}
     task_options: dict = field(default_factory=dict)
-    # --task jsonl: the items (tasks.JsonlTask), and the held-out items (default: 10 % of --data)
+    # --task jsonl: the items (file_tasks.JsonlTask), and the held-out items (default: 10 % of --data)
     data: str | None = None
     eval_data: str | None = None
     # an SFT adapter to start from (merged: it becomes π_ref)
@@ -110,7 +111,7 @@ FIELDS = [
 
 def step_metrics(task, trajectories, cfg) -> dict:
     """The logged facts of one step's rollouts (all ranks'): rewards, accuracy, lengths, dropped groups,
-    episodes that could not be scored (scored 0, tasks.Task.score), each reward part's mean, the
+    episodes that could not be scored (scored 0, task.Task.score), each reward part's mean, the
     task's own metrics (of the scored episodes) and, when training under perturbations, how many
     episodes one fired in and the share of those solved (eval_stats.success_where_perturbed)."""
     n, G = len(trajectories), cfg.group_size

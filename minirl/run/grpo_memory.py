@@ -14,7 +14,7 @@ from ..fast.cpu_matmul import native_bfloat16
 from ..fast.length_passes import passes
 from ..fast.prefixes import common_prefix_length
 from ..rollout import prompt_ids
-from ..tasks import EnvTask
+from ..task import EnvTask
 from . import distributed
 from .budget import MemoryBudgetError, describe_choice, fit_pass, trim_heap, what_fits
 from .memory import MemoryEstimate, estimate, learning_items, persistent_items
@@ -55,7 +55,7 @@ def memory_estimator(
     episodes=False,
 ):
     """estimate_for(rows, checkpointing, **change) for budget.fit_pass: one step of this run, itemized
-    (episodes: the task plays episodes, tasks.EnvTask)."""
+    (episodes: the task plays episodes, task.EnvTask)."""
 
     def estimate_for(rows, checkpointing, **change):
         sizes = {
