@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from minirl.envs import code_tasks, sandbox  # noqa: E402
+from minirl.envs import code_tasks, isolation, sandbox  # noqa: E402
 
 # a top-level statement in a test file: verdicts.plain_tests then judges none of its tests
 TOKEN_LINE = "RUN_BY_THE_TOKEN_RUNNER = True\n"
@@ -53,9 +53,9 @@ def workspaces(folder: str, tokens: bool = False) -> list[tuple[str, dict]]:
 def use(level: str) -> None:
     """Make the next run_tests use this isolation level (isolation() decides once per process)."""
     os.environ["MINIRL_SANDBOX"] = level
-    sandbox.isolation.cache_clear()
+    isolation.isolation.cache_clear()
     with contextlib.redirect_stderr(io.StringIO()):  # its one line, again at every switch
-        sandbox.isolation()
+        isolation.isolation()
 
 
 def main():

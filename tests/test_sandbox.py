@@ -17,7 +17,7 @@ import time
 import pytest
 from conftest import processes_with
 
-from minirl.envs import sandbox
+from minirl.envs import isolation
 from minirl.envs.code import CodeEnv
 from minirl.envs.code_tasks import buggy_source, load_templates, make_task
 from minirl.envs.program import run_program
@@ -41,18 +41,18 @@ TESTS = "from mod import add\n\n" + "".join(
 def level(request, monkeypatch):
     """Each isolation level in turn (MINIRL_SANDBOX), the choice made afresh and restored after."""
     monkeypatch.setenv("MINIRL_SANDBOX", request.param)
-    sandbox.isolation.cache_clear()
+    isolation.isolation.cache_clear()
     try:
         if request.param == "namespaces":
-            sandbox.isolation()
+            isolation.isolation()
     except RuntimeError as e:
         pytest.skip(str(e))
     yield request.param
-    sandbox.isolation.cache_clear()
+    isolation.isolation.cache_clear()
 
 
 def jail_available() -> bool:
-    return sys.platform.startswith("linux") and sandbox._jail_problem() is None
+    return sys.platform.startswith("linux") and isolation._jail_problem() is None
 
 
 needs_jail = pytest.mark.skipif(
@@ -486,15 +486,15 @@ def test_the_verdict_process_is_out_of_reach(tmp_path):
 
 def test_the_level_in_use_is_named_once(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("MINIRL_SANDBOX", "limits")
-    sandbox.isolation.cache_clear()
+    isolation.isolation.cache_clear()
     try:
         folder = str(workspace(tmp_path))
         assert run_tests(folder)["isolation"] == run_tests(folder)["isolation"] == "limits"
         lines = [line for line in capfd.readouterr().err.splitlines() if "minirl sandbox" in line]
         assert len(lines) == 1 and "WARNING: resource limits only" in lines[0]
         monkeypatch.setenv("MINIRL_SANDBOX", "chroot")
-        sandbox.isolation.cache_clear()
+        isolation.isolation.cache_clear()
         with pytest.raises(ValueError, match="MINIRL_SANDBOX='chroot'"):
             run_tests(folder)
     finally:
-        sandbox.isolation.cache_clear()
+        isolation.isolation.cache_clear()

@@ -366,7 +366,7 @@ def main():
     except (OSError, ValueError) as e:
         report(jail_error=str(e))
         os._exit(1)
-    if config.get("probe"):  # sandbox.isolation() asking whether the jail can be built here
+    if config.get("probe"):  # isolation.isolation() asking whether the jail can be built here
         report(jail="ready")
         os._exit(0)
     _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
