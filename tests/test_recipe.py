@@ -1,4 +1,4 @@
-"""`python -m minirl recipe calculator` (minirl/apps/recipe.py): every stage end to end on the toy checkpoint in its
+"""`python -m minirl recipe calculator` (minirl/apps/recipe.py, recipe_metrics.py): every stage end to end on the toy checkpoint in its
 fast mode, the metrics it reports on hand-made episodes, and (real tier) a shortened run on a real Qwen2.5."""
 
 import json
@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from minirl.apps.recipe import OUTPUTS, policy_metrics, run, table
+from minirl.apps.recipe import OUTPUTS, run
+from minirl.apps.recipe_metrics import policy_metrics, table
 from minirl.apps.sft_mix import mix_conversations
 from minirl.rollout import Trajectory
 from minirl.toy import build_checkpoint

@@ -11,8 +11,10 @@ import sys
 
 import pytest
 
-from minirl.apps.eval_summary import code_agent_summary, read_episodes
-from minirl.apps.recipe_code import FAST, OUTPUTS, group_fixes, run, stage_eval, table
+from minirl.apps.eval_folder import read_episodes
+from minirl.apps.eval_summary import code_agent_summary
+from minirl.apps.recipe_code import FAST, OUTPUTS, run
+from minirl.apps.recipe_code_metrics import group_fixes, stage_eval, table
 from minirl.envs import play
 from minirl.envs.bugs import load_bug_templates
 from minirl.envs.code import CodeEnv

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from minirl.apps.cli import main
-from minirl.apps.viewer import build_page, keep_steps, token_roles, write_page
+from minirl.apps.viewer import build_page, write_page
+from minirl.apps.viewer_data import keep_steps, token_roles
 from minirl.chat import tool_turn_text
 from minirl.rollout import Trajectory, sample_completions
 from minirl.run.grpo import GRPOConfig, train

@@ -28,8 +28,16 @@ from ..run.flags import at_least, check_sampling
 from ..tasks import make_task, parse_options
 from ..tokenizer import Tokenizer
 from ..weights import load_pretrained
-from .eval_folder import check_comparable, check_eval_out, file_digest, items_digest, write_run
-from .eval_summary import compare, read_episodes, rescore, table
+from .eval_folder import (
+    check_comparable,
+    check_eval_out,
+    file_digest,
+    items_digest,
+    read_episodes,
+    rescore,
+    write_run,
+)
+from .eval_summary import compare, table
 from .evaluation import play
 
 

@@ -1,20 +1,24 @@
-"""The eval folder: episodes.jsonl, run.json and summary.json, written whole, and which two pair.
+"""The eval folder: episodes.jsonl, run.json and summary.json, written whole, read back, and which two pair.
 
 An eval (`minirl eval`, or a training loop's held-out check) is kept as a folder that `eval
 --rescore`, `eval --compare` and `minirl view` read. It is written into a hidden folder that then
 takes the old one's place, so a write that fails leaves the previous eval as it was, and an --out
 that holds anything else (a training run's folder) is refused. run.json records what was played:
 the task, its options and seed, and hashes of the data file and of the held-out items, so two
-folders are paired item by item only when they played the same items.
+folders are paired item by item only when they played the same items. Read back, every record of
+episodes.jsonl is checked (read_episodes), and summary.json is recomputed from them alone (rescore).
 """
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 
-from .eval_summary import rescore
+from ..data import read_jsonl
+from ..run.files import atomic_write
+from .eval_summary import summarize
 
 # an eval folder's files; `minirl view` adds viewer.html, which a new eval there replaces with the rest
 EVAL_FILES = ("episodes.jsonl", "summary.json", "run.json", "viewer.html")
@@ -86,6 +90,63 @@ def write_run(out: str, episodes: list[dict], meta: dict) -> dict:
         ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return summary
+
+
+RECORD_FIELDS = (
+    "item",
+    "sample",
+    "seed",
+    "success",
+    "reward",
+    "finish_reason",
+    "turns",
+    "prompt_tokens",
+    "completion_tokens",
+    "seconds",
+    "tool_calls",
+    "malformed_calls",
+)
+
+
+NUMBERS = ("reward", "turns", "prompt_tokens", "completion_tokens", "seconds", "malformed_calls")
+
+
+def read_episodes(folder: str) -> list[dict]:
+    path = os.path.join(folder, "episodes.jsonl")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file (is {folder} an eval folder?)")
+    episodes = []
+    for lineno, record in read_jsonl(path):
+        missing = [k for k in RECORD_FIELDS if not isinstance(record, dict) or k not in record]
+        if missing:
+            raise ValueError(
+                f"{path}:{lineno}: not an episode record (missing {', '.join(missing)})"
+            )
+        for k in NUMBERS:
+            value = record[k]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{path}:{lineno}: {k} must be a number, got {value!r}")
+            # NaN is a reward that failed (the summary shows it as None); infinity has no JSON
+            if math.isinf(value):
+                raise ValueError(f"{path}:{lineno}: {k} is {value}, not a finite number")
+        episodes.append(record)
+    if not episodes:
+        raise ValueError(f"{path}: no episodes")
+    return episodes
+
+
+def rescore(folder: str) -> dict:
+    """summary.json of an eval folder, recomputed from its episodes.jsonl alone, and written whole."""
+    summary = summarize(read_episodes(folder))
+    # serialized before the file is opened: valid JSON or nothing
+    text = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    atomic_write(os.path.join(folder, "summary.json"), write)
     return summary
 
 

@@ -1,16 +1,14 @@
-"""An eval folder's records -> summary.json: the six kinds (but regression) and the paired comparison.
+"""Episode records -> summary and table: the six kinds (but regression) and the paired comparison.
 
-summarize() reads episode records only (evaluation.episode_record writes them), so `eval --rescore`
-rebuilds summary.json offline and `eval --compare` pairs two runs; the formulas are eval_stats.py's.
+summarize() reads episode records only (evaluation.episode_record writes them; eval_folder.py reads
+them back and writes summary.json), so `eval --rescore` rebuilds summary.json offline and `eval
+--compare` pairs two runs; the formulas are eval_stats.py's.
 Perturbed episodes (envs/perturb.py) count only toward their own robustness rows.
 """
 
-import json
 import math
-import os
 from collections import defaultdict
 
-from ..data import read_jsonl
 from ..eval_stats import (
     cluster_bootstrap,
     clustered_stderr,
@@ -24,7 +22,6 @@ from ..eval_stats import (
     reference_match,
     success_where_perturbed,
 )
-from ..run.files import atomic_write
 
 
 def _mean(values) -> float:
@@ -291,63 +288,6 @@ def compare(
         "b_significantly_worse": high < 0,
         "b_significantly_better_by_problem": bool(by_problem) and by_problem[0] > 0,
     }
-
-
-RECORD_FIELDS = (
-    "item",
-    "sample",
-    "seed",
-    "success",
-    "reward",
-    "finish_reason",
-    "turns",
-    "prompt_tokens",
-    "completion_tokens",
-    "seconds",
-    "tool_calls",
-    "malformed_calls",
-)
-
-
-NUMBERS = ("reward", "turns", "prompt_tokens", "completion_tokens", "seconds", "malformed_calls")
-
-
-def read_episodes(folder: str) -> list[dict]:
-    path = os.path.join(folder, "episodes.jsonl")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file (is {folder} an eval folder?)")
-    episodes = []
-    for lineno, record in read_jsonl(path):
-        missing = [k for k in RECORD_FIELDS if not isinstance(record, dict) or k not in record]
-        if missing:
-            raise ValueError(
-                f"{path}:{lineno}: not an episode record (missing {', '.join(missing)})"
-            )
-        for k in NUMBERS:
-            value = record[k]
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{path}:{lineno}: {k} must be a number, got {value!r}")
-            # NaN is a reward that failed (the summary shows it as None); infinity has no JSON
-            if math.isinf(value):
-                raise ValueError(f"{path}:{lineno}: {k} is {value}, not a finite number")
-        episodes.append(record)
-    if not episodes:
-        raise ValueError(f"{path}: no episodes")
-    return episodes
-
-
-def rescore(folder: str) -> dict:
-    """summary.json of an eval folder, recomputed from its episodes.jsonl alone, and written whole."""
-    summary = summarize(read_episodes(folder))
-    # serialized before the file is opened: valid JSON or nothing
-    text = json.dumps(summary, indent=2, sort_keys=True, allow_nan=False) + "\n"
-
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    atomic_write(os.path.join(folder, "summary.json"), write)
-    return summary
 
 
 def table(summary: dict) -> str:

@@ -22,10 +22,10 @@ recomputed offline and compared across runs. The six kinds:
   regression    compare(): the paired difference in pass@1 with a bootstrap 95 % interval over items,
                 an exact McNemar test on the items that flipped, and the flipped items themselves
 
-The formulas live in eval_stats.py, the summary of episode records (summarize, compare, --rescore)
-in eval_summary.py, the eval folder (written whole; which two folders pair) in eval_folder.py, and
-the `minirl eval` command in eval_command.py. This file plays the episodes and records them (play),
-and is the training loops' held-out evaluation (evaluate). Shapes are plain lists; n samples per
+The formulas live in eval_stats.py, the summary of episode records (summarize, compare) in
+eval_summary.py, the eval folder (written whole, read back, --rescore; which two folders pair) in
+eval_folder.py, and the `minirl eval` command in eval_command.py. This file plays the episodes and
+records them (play), and is the training loops' held-out evaluation (evaluate). Shapes are plain lists; n samples per
 item, c of them successes.
 """
 

@@ -12,9 +12,10 @@ library's own command, run in this process:
      (format >= 0.9, loss plateau, distinct samples), checked every few steps;
   4. stage 2, `minirl grpo --adapter`: GRPO from the SFT policy with the environment's reward
      (exact final answer, a penalty for calls made after the answer was known), KL to π_SFT;
-  5. the held-out set again after each stage; summary.json, results.md (the table) and a figure;
-     and its robustness (ch. 11 §4's recovery): greedy again under an injected tool error and a
-     flaky tool (envs/perturb.py), kept as eval folders (eval/STAGE) for `minirl eval --compare`.
+  5. the held-out set again after each stage (recipe_metrics.py); summary.json, results.md (the
+     table) and a figure; and its robustness (ch. 11 §4's recovery): greedy again under an injected
+     tool error and a flaky tool (envs/perturb.py), kept as eval folders (eval/STAGE) for
+     `minirl eval --compare`.
 
     python -m minirl recipe calculator --model qwen2.5-0.5b-instruct           # README "The chapter on a real Qwen2.5"
     python -m minirl recipe calculator --model DIR --demonstrator expert       # a perfect teacher instead
@@ -38,8 +39,7 @@ import json
 import os
 import random
 
-from ..envs.calculator import CalculatorEnv, expert_policy, play
-from ..envs.tools import foreign_tool_call, parse_assistant
+from ..envs.calculator import expert_policy
 from ..fast import speedups
 from ..run.files import fresh_folder
 from ..run.grpo import GRPOConfig
@@ -50,8 +50,9 @@ from ..run.sft import train as sft_train
 from ..run.stages import StageMeter, load_policy
 from ..tasks import CalculatorTask
 from ..toy import demonstrations, demonstrator
-from .eval_summary import compare, read_episodes
-from .evaluation import evaluate as evaluate_episodes
+from .eval_folder import read_episodes
+from .eval_summary import compare
+from .recipe_metrics import evaluate, robustness, scripted_metrics, stage_line, table
 from .sft_mix import mix_conversations
 
 # what a run writes in its folder: the only names a new run there may remove (files.fresh_folder)
@@ -65,8 +66,6 @@ OUTPUTS = {
     "grpo",
     "eval",
 }
-# the held-out set is played again under these (envs/perturb.py) after every stage
-ROBUSTNESS = ("tool_error", "flaky_tool")
 
 # One setting per scale: the real recipe (measured in the README) and --fast, which runs every stage shrunk.
 FULL = dict(
@@ -107,117 +106,6 @@ FAST = dict(
     tool_cost=0.05,
     grpo_eval_every=1,
 )
-
-
-def policy_metrics(trajectories) -> dict:
-    """Accuracy and tool use on hard and easy questions, and format failures: episodes whose text holds
-    a tool call the parser cannot read (a call in another format, or a malformed <tool_call>)."""
-
-    def share(values):
-        values = list(values)
-        return sum(values) / len(values) if values else float("nan")
-
-    hard = [t for t in trajectories if t.prompt["difficulty"] == "hard"]
-    easy = [t for t in trajectories if t.prompt["difficulty"] == "easy"]
-
-    def format_failure(t):
-        turns = [m["content"] for m in t.messages if m["role"] == "assistant"]
-        return any(parse_assistant(text).errors or foreign_tool_call(text) for text in turns)
-
-    return {
-        "accuracy": share(t.info["correct"] for t in trajectories),
-        "accuracy_hard": share(t.info["correct"] for t in hard),
-        "accuracy_easy": share(t.info["correct"] for t in easy),
-        "tool_use_hard": share(t.info["used_tool"] for t in hard),
-        "tool_use_easy": share(t.info["used_tool"] for t in easy),
-        "format_failures": share(map(format_failure, trajectories)),
-        "calls_per_episode": share(t.info["calls"] for t in trajectories),
-        "completion_tokens": share(sum(t.action_mask) for t in trajectories),
-    }
-
-
-def evaluate(model, tokenizer, task: CalculatorTask, max_new_tokens: int, seed: int, fast) -> dict:
-    """The held-out set, greedy and sampled once per question at temperature 1 (fixed seed), with
-    the drop-ins `fast` turns on (fast.Speedups)."""
-    fast.apply(model)
-    decoder, out = fast.decoder(model), {}
-    for name, temperature in (("greedy", 0.0), ("sampled", 1.0)):
-        trajectories = task.rollout(
-            model,
-            tokenizer,
-            task.eval_items(),
-            1,
-            max_new_tokens,
-            temperature=temperature,
-            seed=seed,
-            decoder=decoder,
-        )
-        out[name] = policy_metrics(trajectories)
-    return out
-
-
-def robustness(model, tokenizer, task, max_new_tokens: int, seed: int, fast, out: str) -> dict:
-    """The held-out set greedy, clean and under each of ROBUSTNESS, as an eval folder (`out`): the
-    clean pass@1, recovery after an injected tool error (success among the episodes it hit) and
-    the pass@1 under a flaky tool with its drop from the clean one."""
-    fast.apply(model)
-    summary = evaluate_episodes(
-        model,
-        tokenizer,
-        task,
-        max_new_tokens,
-        seed,
-        out=out,
-        decoder=fast.decoder(model),
-        perturbations=ROBUSTNESS,
-    )
-    runs = summary["robustness"]["perturbations"]
-    return {
-        "clean": summary["final_answer"]["pass@1"],
-        "recovery": runs["tool_error"]["success_where_perturbed"],
-        "hit": runs["tool_error"]["episodes_perturbed"],
-        "flaky": runs["flaky_tool"]["pass@1"],
-        "flaky_drop": runs["flaky_tool"]["drop"],
-    }
-
-
-def table(summary: dict) -> str:
-    """The results as a markdown table: one row per policy, greedy on the held-out set."""
-    lines = [
-        "| policy | accuracy | hard: accuracy | hard: tool use | easy: tool use | format failures | "
-        "accuracy at T=1 |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    demo = summary["demonstrator"]
-    lines.append(
-        f"| demonstrator ({demo['kind']}, scripted) | {demo['accuracy']:.3f} | {demo['accuracy_hard']:.3f} | "
-        f"{demo['tool_use_hard']:.2f} | {demo['tool_use_easy']:.2f} | 0 | - |"
-    )
-    for stage, label in (("base", "untrained"), ("sft", "SFT (LoRA)"), ("grpo", "GRPO from SFT")):
-        g, s = summary[stage]["greedy"], summary[stage]["sampled"]
-        lines.append(
-            f"| {label} | {g['accuracy']:.3f} | {g['accuracy_hard']:.3f} | {g['tool_use_hard']:.2f} | "
-            f"{g['tool_use_easy']:.2f} | {g['format_failures']:.2f} | {s['accuracy']:.3f} |"
-        )
-    lines += [
-        "",
-        "| robustness (greedy) | clean | recovery after an injected tool error | "
-        "under a flaky tool (p 0.3) | its drop |",
-        "|---|---|---|---|---|",
-    ]
-    for stage, label in (("base", "untrained"), ("sft", "SFT (LoRA)"), ("grpo", "GRPO from SFT")):
-        r = summary[stage]["robustness"]
-        recovery = "-" if r["recovery"] is None else f"{r['recovery']:.3f}"
-        lines.append(
-            f"| {label} | {r['clean']:.3f} | {recovery} of {r['hit']} | {r['flaky']:.3f} | "
-            f"{r['flaky_drop']:+.3f} |"
-        )
-    c = summary["compare"]["sft->grpo"]
-    lines.append(
-        f"\nSFT -> GRPO (clean, greedy): {c['pass@1_a']:.3f} -> {c['pass@1_b']:.3f}, McNemar p "
-        f"{c['mcnemar_p']:.3g}"
-    )
-    return "\n".join(lines)
 
 
 def run(
@@ -276,7 +164,7 @@ def run(
     )
     with meter.stage("base_eval"):
         summary["base"] = measure("base", [])
-    print("   " + _line(summary["base"]))
+    print("   " + stage_line(summary["base"]))
 
     print(
         f"2. demonstrations: the {demonstrator_kind} scripted policy plays {s['train_questions']} questions"
@@ -289,7 +177,7 @@ def run(
     train_items = task.sample(s["train_questions"], random.Random(f"recipe-train-{seed}"))
     # under --perturb the demonstrations meet the faults too, and show what to do after one
     conversations, _ = demonstrations(train_items, policy_fn, perturb, seed=seed)
-    _, demo_rates = _scripted_metrics(policy_fn, task.eval_items())
+    _, demo_rates = scripted_metrics(policy_fn, task.eval_items())
     summary["demonstrator"] = {
         "kind": demonstrator_kind,
         "tool_rate_hard": tool_rate if demonstrator_kind != "expert" else 1.0,
@@ -339,7 +227,7 @@ def run(
         )
     with meter.stage("sft_eval"):
         summary["sft"] = measure("sft", [os.path.join(sft_dir, "adapter")])
-    print("   " + _line(summary["sft"]))
+    print("   " + stage_line(summary["sft"]))
 
     print("4. stage 2: GRPO from the SFT adapter, the environment's reward, KL to the SFT policy")
     grpo_dir = os.path.join(out_dir, "grpo")
@@ -367,7 +255,7 @@ def run(
         )
     with meter.stage("grpo_eval"):
         summary["grpo"] = measure("grpo", [os.path.join(d, "adapter") for d in (sft_dir, grpo_dir)])
-    print("   " + _line(summary["grpo"]))
+    print("   " + stage_line(summary["grpo"]))
     evals = {stage: os.path.join(out_dir, "eval", stage) for stage in ("sft", "grpo")}
     summary["compare"] = {
         "sft->grpo": compare(read_episodes(evals["sft"]), read_episodes(evals["grpo"]))
@@ -394,24 +282,6 @@ def run(
     return summary
 
 
-def _scripted_metrics(policy, items) -> tuple[list, dict]:
-    """A scripted policy's numbers on the held-out items, in policy_metrics' terms."""
-    rows = []
-    for item in items:
-        _, _, info = play(CalculatorEnv(), item, policy)
-        rows.append(info)
-    hard = [r for r in rows if r["difficulty"] == "hard"]
-    easy = [r for r in rows if r["difficulty"] == "easy"]
-    mean = lambda values: sum(values) / len(values) if values else float("nan")  # noqa: E731
-    return rows, {
-        "accuracy": mean([r["correct"] for r in rows]),
-        "accuracy_hard": mean([r["correct"] for r in hard]),
-        "accuracy_easy": mean([r["correct"] for r in easy]),
-        "tool_use_hard": mean([r["used_tool"] for r in hard]),
-        "tool_use_easy": mean([r["used_tool"] for r in easy]),
-    }
-
-
 def _graduation_data(out_dir: str, task: CalculatorTask, policy, n: int, seed: int) -> str:
     """SFT's graduation prompts (--eval-data): n questions of their own, neither trained on nor held out."""
     items = task.sample(n, random.Random(f"recipe-graduation-{seed}"))
@@ -419,12 +289,3 @@ def _graduation_data(out_dir: str, task: CalculatorTask, policy, n: int, seed: i
     with open(path, "w") as f:
         f.writelines(json.dumps(c) + "\n" for c in demonstrations(items, policy, seed=seed + 2)[0])
     return path
-
-
-def _line(metrics: dict) -> str:
-    g, s = metrics["greedy"], metrics["sampled"]
-    return (
-        f"greedy: accuracy {g['accuracy']:.3f} (hard {g['accuracy_hard']:.3f}), tool use hard "
-        f"{g['tool_use_hard']:.2f} / easy {g['tool_use_easy']:.2f}, format failures {g['format_failures']:.2f}; "
-        f"T=1: accuracy {s['accuracy']:.3f}"
-    )

@@ -8,10 +8,10 @@ sft_step per --grad-accum micro-batches, shuffled per epoch with a fixed seed, o
 learning rate. Every --save-every steps a checkpoint (adapter or weights, optimizer, scheduler, RNG,
 loss history) is written to a temporary folder and renamed into place; --resume continues from the
 newest one and, on CPU with the same seed, reproduces the uninterrupted loss curve exactly.
-Graduation (graduation.py) is measured every --eval-every steps and at the end; with --eval-task the
-task's held-out items are played then too, by the same code as `python -m minirl eval` and GRPO's
-held-out numbers (apps/evaluation.py): eval_accuracy in metrics.csv, each evaluation kept as an eval folder
-in out/eval/step-NNNNNN.
+Graduation (graduation.py) is measured every --eval-every steps and at the end (sft_eval.py); with
+--eval-task the task's held-out items are played then too, by the same code as `python -m minirl
+eval` and GRPO's held-out numbers (apps/evaluation.py): eval_accuracy in metrics.csv, each
+evaluation kept as an eval folder in out/eval/step-NNNNNN.
 
 Under torchrun (distributed.py, docs/gpu.md "Scale-out") --batch-size stays the global micro-batch:
 each rank trains on its share of every micro-batch (conversations rank, rank + N, ...), sft_step
@@ -22,19 +22,16 @@ split between ranks too; rank 0 writes metrics, checkpoints and the adapter.
 
 import math
 import os
-import random
 import time
 from dataclasses import dataclass, field, fields
 
 from tqdm import tqdm
 
 from .. import data
-from ..apps import evaluation
 from ..config import Qwen2Config
 from ..fast import speedups
 from ..losses import IGNORE_INDEX
 from ..sft import SFTSettings, cosine_with_warmup, sft_step
-from ..tasks import DATA_TASKS, make_task
 from ..tokenizer import Tokenizer
 from ..trainable_tokens import add_trainable_tokens, spelled_rows, untrained_tokens
 from ..weights import load_pretrained
@@ -42,6 +39,7 @@ from . import distributed, graduation, training
 from .budget import budget_bytes
 from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .flags import check_sft
+from .sft_eval import GraduationCheck, eval_row, eval_task, split_heldout
 from .sft_memory import plan_memory
 
 
@@ -102,37 +100,6 @@ METRIC_FIELDS = [
     "eval_accuracy",
     "eval_accuracy_lenient",
 ]
-
-
-def split_heldout(conversations: list[dict], seed: int) -> tuple[list[dict], list[dict], str]:
-    """(train, eval, where): a held-out slice (10 %, at most 32) when there are >= 10 conversations;
-    with fewer, graduation is measured on training prompts and the summary says so."""
-    if len(conversations) < 10:
-        return conversations, conversations, "train"
-    order = list(range(len(conversations)))
-    random.Random(seed).shuffle(order)
-    n_eval = min(32, len(conversations) // 10)
-    held = set(order[:n_eval])
-    return (
-        [c for i, c in enumerate(conversations) if i not in held],
-        [c for i, c in enumerate(conversations) if i in held],
-        "heldout",
-    )
-
-
-def eval_task(cfg: SFTConfig):
-    """--eval-task: a task object, or one made by name with --task-option (None without one). Tasks that
-    read a data file (jsonl, humaneval) are for `python -m minirl eval --data`."""
-    if cfg.eval_task is None or not isinstance(cfg.eval_task, str):
-        if cfg.task_options:
-            raise ValueError("--task-option is for --eval-task NAME")
-        return cfg.eval_task
-    if cfg.eval_task in DATA_TASKS:
-        raise ValueError(
-            f"--eval-task {cfg.eval_task} reads a data file; evaluate its checkpoints with "
-            "python -m minirl eval --data FILE"
-        )
-    return make_task(cfg.eval_task, seed=cfg.seed, **cfg.task_options)
 
 
 def read_data(cfg: SFTConfig, tokenizer, model_config):
@@ -302,39 +269,6 @@ def add_trained_parts(model, cfg: SFTConfig, tokenizer, examples):
         add_trainable_tokens(model, rows, init)
 
 
-class GraduationCheck:
-    """check(step, losses) -> (metrics, graduation): graduation's samples on the eval conversations
-    and, with --eval-task, the task's held-out items played as `minirl eval` plays them (kept as
-    out/eval/step-NNNNNN)."""
-
-    def __init__(self, cfg: SFTConfig, model, tokenizer, eval_convs, task, decoder):
-        self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
-        self.eval_convs, self.task, self.decoder = eval_convs, task, decoder
-
-    def __call__(self, step: int, losses: list) -> tuple[dict, dict]:
-        cfg, model, tokenizer = self.cfg, self.model, self.tokenizer
-        max_new_tokens, decoder = cfg.eval_max_new_tokens, self.decoder
-        metrics = evaluate(
-            model,
-            tokenizer,
-            self.eval_convs,
-            cfg.samples_per_prompt,
-            max_new_tokens,
-            cfg.seed,
-            decoder=decoder,
-        )
-        if self.task is not None:
-            out = os.path.join(cfg.out, "eval", f"step-{step:06d}")
-            held_out = evaluation.evaluate(
-                model, tokenizer, self.task, max_new_tokens, cfg.seed, out=out, decoder=decoder
-            )
-            metrics.update(
-                eval_accuracy=held_out["final_answer"]["pass@1"],
-                eval_accuracy_lenient=held_out["final_answer"]["lenient_pass@1"],
-            )
-        return metrics, graduation.graduated(metrics, losses, cfg.min_format, cfg.min_distinct)
-
-
 def step_row(step: int, epoch: int, done: dict, seconds: float, elapsed: float) -> dict:
     """metrics.csv's row for a step (sft_step's result `done`), before any evaluation."""
     return {
@@ -349,14 +283,6 @@ def step_row(step: int, epoch: int, done: dict, seconds: float, elapsed: float) 
     }
 
 
-def eval_row(metrics: dict, grad: dict) -> dict:
-    """An evaluation's columns of metrics.csv (GraduationCheck's result)."""
-    shown = ("format_accuracy", "distinct_completions", "distinct_2")
-    shown += ("eval_accuracy", "eval_accuracy_lenient")
-    row = {k: f"{metrics[k]:.4f}" for k in shown if k in metrics}
-    return {**row, "loss_plateau": int(grad["loss_plateau"]), "graduated": int(grad["graduated"])}
-
-
 def saved_config(cfg: SFTConfig) -> dict:
     """The run's settings as a checkpoint keeps them (--resume compares them); a task object is
     left out (it is not JSON)."""
@@ -365,42 +291,6 @@ def saved_config(cfg: SFTConfig) -> dict:
         for f in fields(cfg)
         if f.name != "eval_task" or isinstance(cfg.eval_task, str)
     }
-
-
-def evaluate(
-    model, tokenizer, conversations, samples_per_prompt, max_new_tokens, seed, decoder=None
-) -> dict:
-    """graduation.evaluate; under torchrun each rank samples its share of the prompts and the metrics,
-    all means over prompts (format accuracy: k samples for each), are averaged over all of them."""
-    if distributed.world_size() == 1:
-        return graduation.evaluate(
-            model,
-            tokenizer,
-            conversations,
-            samples_per_prompt,
-            max_new_tokens,
-            seed=seed,
-            decoder=decoder,
-        )
-    mine = conversations[distributed.rank() :: distributed.world_size()]
-    keys = ("format_accuracy", "distinct_completions", "distinct_2")
-    metrics = (
-        graduation.evaluate(
-            model,
-            tokenizer,
-            mine,
-            samples_per_prompt,
-            max_new_tokens,
-            seed=distributed.rank_seed(seed),
-            decoder=decoder,
-        )
-        if mine
-        else dict.fromkeys(keys, 0.0)
-    )
-    sums = distributed.all_reduce_sums(
-        {**{k: metrics[k] * len(mine) for k in keys}, "prompts": len(mine)}
-    )
-    return {k: sums[k] / sums["prompts"] for k in keys}
 
 
 def tokens_to_train(choice: str, model, tokenizer, examples) -> list[int]:
