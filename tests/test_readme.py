@@ -1,8 +1,10 @@
 """The README's promises: an entry point of at most 300 lines, the Quickstart block of exactly two
 commands and the test command CI runs, the shape-letter glossary, a chapter table whose functions
 exist, and links (README.md and docs/*.md) that lead to files and headings that exist. Also that
-docs/DESIGN.md's layout names every module of minirl/ (the file tree the README used to hold)."""
+docs/DESIGN.md's layout names every module of minirl/ (the file tree the README used to hold) at the
+floor its imports give it."""
 
+import ast
 import glob
 import importlib
 import os
@@ -110,3 +112,64 @@ def test_design_layout_names_every_module():
     ]
     missing = sorted(m for m in modules if f"`{m}`" not in design)
     assert not missing, f"modules docs/DESIGN.md's layout does not name: {missing}"
+
+
+def imported_modules(path: str, package: dict) -> set[str]:
+    """The modules of minirl/ a module imports (relative to minirl/), anywhere in it: a function's
+    own import counts too. `from . import sibling` also stands on its package's __init__.py."""
+    rel = os.path.relpath(path, os.path.join(ROOT, "minirl"))
+    folder = os.path.dirname(rel).split(os.sep) if os.path.dirname(rel) else []
+    found = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            parts_list = [a.name.split(".")[1:] for a in node.names if a.name.startswith("minirl.")]
+            for parts in parts_list:
+                found |= {c for c in ("/".join(parts) + ".py", "/".join(parts + ["__init__.py"]))}
+            continue
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = folder[: len(folder) - node.level + 1]
+            parts = base + (node.module.split(".") if node.module else [])
+        elif (node.module or "").startswith("minirl"):
+            parts = node.module.split(".")[1:]
+        else:
+            continue
+        if node.module:
+            found |= {"/".join(parts) + ".py", "/".join(parts + ["__init__.py"])}
+        elif node.level == 1 and parts:
+            found.add("/".join(parts + ["__init__.py"]))
+        found |= {"/".join(parts + [a.name]) + ".py" for a in node.names}
+    return {m for m in found if m in package and m != rel}
+
+
+def test_design_floors_are_the_imports():
+    """docs/DESIGN.md gives every module a floor, one above the highest floor it imports (the
+    layout's rule): the tables must say what the imports are, and no module may import another
+    that imports it back."""
+    paths = glob.glob(os.path.join(ROOT, "minirl", "**", "*.py"), recursive=True)
+    package = {os.path.relpath(p, os.path.join(ROOT, "minirl")): p for p in paths}
+    imports = {m: imported_modules(p, package) for m, p in package.items()}
+    floors = {}
+
+    def floor(module, chain=()):
+        assert module not in chain, "an import cycle: " + " -> ".join(chain + (module,))
+        if module not in floors:
+            floors[module] = 1 + max(
+                (floor(m, chain + (module,)) for m in imports[module]), default=0
+            )
+        return floors[module]
+
+    said = {}
+    for number, cell in re.findall(r"^\| (\d+) \| ([^|]+) \|", read("docs/DESIGN.md"), re.M):
+        for name in re.findall(r"`([\w/]+\.py)`", cell):
+            said[name] = int(number)
+    wrong = sorted(
+        f"{m}: DESIGN says {n}, its imports make it {floor(m)}"
+        for m, n in said.items()
+        if floor(m) != n
+    )
+    assert not wrong, "floors in docs/DESIGN.md that are not the imports':\n" + "\n".join(wrong)
+    untabled = sorted(m for m in package if m not in said and not m.startswith("envs/"))
+    assert not untabled, f"modules outside DESIGN.md's floor tables: {untabled}"
+    assert all(floor(m) <= 5 for m in package if m.startswith("envs/")), "envs/ is floors 1-5"
