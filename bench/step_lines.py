@@ -5,6 +5,7 @@ drop-ins on) and as `--plain` runs it, counted by tracing the step, not by readi
     python bench/step_lines.py                 # both steps, both paths: a table by file role
     python bench/step_lines.py --files         # and the lines read in every file
     python bench/step_lines.py --step grpo     # one of the two steps
+    python bench/step_lines.py --speedups prefixes   # and a row for a default of that set
 
 The runs, on toy.tool_policy (a tiny Qwen2 whose calculator episodes take 2-4 turns, so the
 environment's tool calls run too), the other settings at their defaults (step 2 logs no rollouts
@@ -189,8 +190,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", action="store_true", help="list the lines read in each file")
     parser.add_argument("--step", choices=("grpo", "sft", "both"), default="both")
+    parser.add_argument(
+        "--speedups",
+        action="append",
+        default=[],
+        metavar="SET",
+        help="also trace the steps with this set of drop-ins, e.g. prefixes+cpu_matmul "
+        "(bench/with_speedups.py's SET; repeat for several)",
+    )
     args = parser.parse_args()
     import torch
+    from with_speedups import parse_set, use_speedups
 
     from minirl.fast import cpu_matmul
     from minirl.toy import tool_policy
@@ -208,6 +218,12 @@ def main():
                 torch.manual_seed(0)
                 out = os.path.join(tmp, f"{kind}-{plain}", "run")
                 paths[f"{kind} {'--plain' if plain else 'default'}"] = lines(toy, out, plain)
+            for chosen in args.speedups:
+                use_speedups(parse_set(chosen))
+                torch.manual_seed(0)
+                out = os.path.join(tmp, f"{kind}-{chosen}", "run")
+                paths[f"{kind} {chosen}"] = lines(toy, out, False)
+                use_speedups(None)
     print(table(paths))
     if args.files:
         for name, (_, read) in paths.items():

@@ -294,11 +294,13 @@ def test_the_gpu_tier_runs_in_one_process():
 
 @pytest.mark.slow
 def test_step_lines_counts_the_drop_ins_on_the_default_path_only():
-    """step_lines.py traces an SFT step as the command runs it and as --plain runs it: the plain
-    step reads no drop-in line, the default one does, and a file's read lines include its
-    executed ones."""
+    """step_lines.py traces an SFT step as the command runs it, as --plain runs it and with one
+    set of drop-ins (--speedups, bench/with_speedups.py's SET): the plain step reads no drop-in
+    line, the default one does, the set's fewer, and a file's read lines include its executed
+    ones."""
+    script = os.path.join(ROOT, "bench", "step_lines.py")
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "step_lines.py"), "--step", "sft"],
+        [sys.executable, script, "--step", "sft", "--speedups", "prefixes"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -311,13 +313,47 @@ def test_step_lines_counts_the_drop_ins_on_the_default_path_only():
             counts = [int(c) for c in cells[2:7]]
             assert sum(counts[:4]) == counts[4], line
             rows[cells[0], cells[1]] = dict(zip(("chapter", "drop-ins", "harness", "apps"), counts))
-    assert set(rows) == {
-        (p, c) for p in ("SFT default", "SFT --plain") for c in ("executed", "read")
-    }
+    paths = ("SFT default", "SFT --plain", "SFT prefixes")
+    assert set(rows) == {(p, c) for p in paths for c in ("executed", "read")}
     assert rows["SFT --plain", "read"]["drop-ins"] == 0
     assert rows["SFT default", "executed"]["drop-ins"] > 0
-    for path in ("SFT default", "SFT --plain"):
+    # prefixes alone: fast/prefix_sft.py and fast/prefixes.py, not the chunked head's lines
+    alone, every = (rows[p, "executed"]["drop-ins"] for p in ("SFT prefixes", "SFT default"))
+    assert 0 < alone < every
+    for path in paths:
         for role in ("chapter", "drop-ins", "harness"):
             assert rows[path, "executed"][role] <= rows[path, "read"][role]
         # the step itself (sft.sft_step) and the loop around it (run/sft.train) are both traced
         assert rows[path, "executed"]["chapter"] > 0 and rows[path, "executed"]["harness"] > 0
+
+
+def test_with_speedups_puts_its_set_where_the_commands_pick_theirs(monkeypatch):
+    """bench/with_speedups.py: SET names fast.Speedups' fields (or all, none); every module that
+    picks the commands' drop-ins gets it, and None gives them back --plain's choice; a name that is
+    no drop-in, or --plain beside a set, is refused."""
+    import importlib.util
+
+    from minirl.fast import FAST, PLAIN
+    from minirl.run import grpo as run_grpo
+    from minirl.run import sft as run_sft
+
+    path = os.path.join(ROOT, "bench", "with_speedups.py")
+    spec = importlib.util.spec_from_file_location("with_speedups", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.parse_set("all") == FAST and bench.parse_set("none") == PLAIN
+    chosen = bench.parse_set("prefixes+cpu_matmul")
+    on = {name for name, value in vars(chosen).items() if value}
+    assert on == {"prefixes", "cpu_matmul"}
+    with pytest.raises(SystemExit, match="unknown drop-in prefix"):
+        bench.parse_set("prefix+cpu_matmul")
+    for name in bench.USERS:
+        monkeypatch.setattr(importlib.import_module(name), "speedups", bench.fast.speedups)
+    bench.use_speedups(chosen)
+    assert run_grpo.speedups(True) is chosen and run_sft.speedups(False) is chosen
+    bench.use_speedups(None)
+    assert run_grpo.speedups(True) == PLAIN and run_sft.speedups(False) == FAST
+    refused = subprocess.run(
+        [sys.executable, path, "none", "quickstart", "--plain"], capture_output=True, text=True
+    )
+    assert refused.returncode != 0 and "name the set instead" in refused.stderr
