@@ -38,7 +38,7 @@ def parse_set(text: str) -> Speedups:
     """SET -> a Speedups: prefixes+cpu_matmul is PLAIN with those two on; all is FAST, none PLAIN."""
     if text in ("all", "none"):
         return FAST if text == "all" else PLAIN
-    names = {f.name for f in dataclasses.fields(Speedups)}
+    names = [f.name for f in dataclasses.fields(Speedups)]
     chosen = text.split("+")
     unknown = [n for n in chosen if n not in names]
     if unknown:
@@ -54,8 +54,11 @@ def use_speedups(chosen: Speedups | None) -> None:
 
 
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):
-        raise SystemExit(__doc__)
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
+    if len(sys.argv) < 3:
+        sys.exit(f"usage: python bench/with_speedups.py SET COMMAND [ARGS ...]\n{__doc__}")
     if "--plain" in sys.argv[2:]:
         raise SystemExit("--plain picks no drop-in: name the set instead (none)")
     use_speedups(parse_set(sys.argv[1]))
