@@ -332,6 +332,7 @@ def test_with_speedups_puts_its_set_where_the_commands_pick_theirs(monkeypatch):
     picks the commands' drop-ins gets it, and None gives them back --plain's choice; a name that is
     no drop-in, or --plain beside a set, is refused."""
     import importlib.util
+    import re
 
     from minirl.fast import FAST, PLAIN
     from minirl.run import grpo as run_grpo
@@ -347,6 +348,16 @@ def test_with_speedups_puts_its_set_where_the_commands_pick_theirs(monkeypatch):
     assert on == {"prefixes", "cpu_matmul"}
     with pytest.raises(SystemExit, match="unknown drop-in prefix"):
         bench.parse_set("prefix+cpu_matmul")
+    # USERS is every module of minirl/ that imports fast.speedups
+    importers = set()
+    for folder, _, files in os.walk(os.path.join(ROOT, "minirl")):
+        for file in (f for f in files if f.endswith(".py")):
+            with open(os.path.join(folder, file)) as f:
+                text = f.read()
+            if re.search(r"from \.+fast import [^\n]*\bspeedups\b", text):
+                module = os.path.relpath(os.path.join(folder, file[:-3]), ROOT)
+                importers.add(module.replace(os.sep, "."))
+    assert importers == set(bench.USERS)
     for name in bench.USERS:
         monkeypatch.setattr(importlib.import_module(name), "speedups", bench.fast.speedups)
     bench.use_speedups(chosen)
