@@ -5,13 +5,16 @@ drop-ins on) and as `--plain` runs it, counted by tracing the step, not by readi
     python bench/step_lines.py                 # both steps, both paths: a table by file role
     python bench/step_lines.py --files         # and the lines read in every file
     python bench/step_lines.py --step grpo     # one of the two steps
+    python bench/step_lines.py --step by-hand  # only grpo_step called by hand (lesson 06's way)
     python bench/step_lines.py --speedups prefixes   # and a row for a default of that set
 
 The runs, on toy.tool_policy (a tiny Qwen2 whose calculator episodes take 2-4 turns, so the
 environment's tool calls run too), the other settings at their defaults (step 2 logs no rollouts
 and saves no checkpoint, as most steps of a run do not):
 - GRPO: run/grpo.train, 3 steps of 2 prompts x 4 samples, β = 0.04, LoRA;
-- SFT: run/sft.train, 3 steps of 2 of the toy's calculator conversations, LoRA.
+- SFT: run/sft.train, 3 steps of 2 of the toy's calculator conversations, LoRA;
+- GRPO by hand: grpo_step called 3 times as lesson 06 calls it, outside run/grpo.train (no memory
+  guard, metrics or logs), on the same task and sizes, with the commands' drop-ins and plain.
 The trace covers step 2 only (from its grpo_step or sft_step call to the next one): the loop's own
 lines (metrics, the log, the memory guard's fit) and everything the step calls; not the run's
 setup, not step 1 (first-call work) and not the last step's evaluation. Size-gated drop-ins are
@@ -142,6 +145,52 @@ def grpo_step_lines(toy: str, out: str, plain: bool):
     return traced(run_grpo, "grpo_step", lambda: run_grpo.train(cfg))
 
 
+def grpo_by_hand_lines(toy: str, plain: bool):
+    """Step 2 of 3 calls of grpo_step made by hand, as lesson 06 makes its one (no harness: no
+    memory guard, metrics, logs or checkpoints), on the same task and sizes as grpo_step_lines;
+    with the commands' drop-ins (fast=FAST and its Decoder) unless plain."""
+    import random
+
+    import torch
+
+    from minirl import grpo
+    from minirl.fast import speedups
+    from minirl.grpo import GRPOSettings
+    from minirl.lora import add_lora
+    from minirl.tasks import make_task
+    from minirl.weights import load_pretrained
+
+    model, tokenizer = load_pretrained(toy)
+    add_lora(model, r=16, alpha=32)
+    fast = speedups(plain)
+    fast.apply(model)
+    decoder = fast.decoder(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=5e-5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    task = make_task("calculator", seed=0)
+    cfg = GRPOSettings(group_size=4, prompts_per_step=2, max_new_tokens=16, beta=0.04)
+
+    def run():
+        for step in range(3):
+            items = task.sample(cfg.prompts_per_step, random.Random(step))
+            # through the module, so that traced() sees the call
+            grpo.grpo_step(
+                model,
+                tokenizer,
+                task,
+                items,
+                optimizer,
+                scheduler,
+                cfg,
+                seed=step,
+                decoder=decoder,
+                fast=fast,
+            )
+
+    return traced(grpo, "grpo_step", run)
+
+
 def sft_step_lines(toy: str, out: str, plain: bool):
     """Step 2 of a 3-step SFT run (run/sft.train) on 6 of the toy's calculator conversations."""
     from minirl.run import sft as run_sft
@@ -189,7 +238,7 @@ def files(lines_read) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", action="store_true", help="list the lines read in each file")
-    parser.add_argument("--step", choices=("grpo", "sft", "both"), default="both")
+    parser.add_argument("--step", choices=("grpo", "sft", "by-hand", "both"), default="both")
     parser.add_argument(
         "--speedups",
         action="append",
@@ -224,6 +273,10 @@ def main():
                 out = os.path.join(tmp, f"{kind}-{chosen}", "run")
                 paths[f"{kind} {chosen}"] = lines(toy, out, False)
                 use_speedups(None)
+        if args.step in ("both", "grpo", "by-hand"):
+            for plain in (False, True):
+                torch.manual_seed(0)
+                paths[f"GRPO by hand{', plain' if plain else ''}"] = grpo_by_hand_lines(toy, plain)
     print(table(paths))
     if args.files:
         for name, (_, read) in paths.items():

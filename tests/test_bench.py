@@ -327,6 +327,41 @@ def test_step_lines_counts_the_drop_ins_on_the_default_path_only():
         assert rows[path, "executed"]["chapter"] > 0 and rows[path, "executed"]["harness"] > 0
 
 
+@pytest.mark.slow
+def test_step_lines_by_hand_runs_the_step_without_the_harness():
+    """step_lines.py --step by-hand traces grpo_step called as lesson 06 calls it: plain, it runs no
+    drop-in line and of the harness only what grpo_step itself calls: the torchrun helpers
+    (run/distributed.py, which return at once in one process) and the check that the loss and the
+    gradient norm are finite (run/finite.py); no memory guard. With the drop-ins it runs theirs."""
+    script = os.path.join(ROOT, "bench", "step_lines.py")
+    result = subprocess.run(
+        [sys.executable, script, "--step", "by-hand", "--files"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows, files, section = {}, {}, None
+    for line in result.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 8 and cells[0].startswith("GRPO"):
+            rows[cells[0], cells[1]] = dict(
+                zip(("chapter", "drop-ins", "harness"), map(int, cells[2:5]))
+            )
+        elif line.endswith(": lines read per file"):
+            section = line.split(":")[0]
+            files[section] = set()
+        elif section and line.strip():
+            files[section].add(line.split()[-1])
+    assert set(files) == {"GRPO by hand", "GRPO by hand, plain"}
+    plain, fast = rows["GRPO by hand, plain", "executed"], rows["GRPO by hand", "executed"]
+    assert plain["drop-ins"] == 0 < fast["drop-ins"]
+    assert plain["chapter"] > 0 and plain["harness"] > 0
+    harness = {f for f in files["GRPO by hand, plain"] if f.startswith("minirl/run/")}
+    assert harness == {"minirl/run/distributed.py", "minirl/run/finite.py"}, harness
+    assert "minirl/grpo.py" in files["GRPO by hand"]
+
+
 def test_with_speedups_puts_its_set_where_the_commands_pick_theirs(monkeypatch):
     """bench/with_speedups.py: SET names fast.Speedups' fields (or all, none); every module that
     picks the commands' drop-ins gets it, and None gives them back --plain's choice; a name that is
