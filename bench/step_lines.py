@@ -14,7 +14,8 @@ and saves no checkpoint, as most steps of a run do not):
 - GRPO: run/grpo.train, 3 steps of 2 prompts x 4 samples, β = 0.04, LoRA;
 - SFT: run/sft.train, 3 steps of 2 of the toy's calculator conversations, LoRA;
 - GRPO by hand: grpo_step called 3 times as lesson 06 calls it, outside run/grpo.train (no memory
-  guard, metrics or logs), on the same task and sizes, with the commands' drop-ins and plain.
+  guard, metrics or logs), with the same sizes, with the commands' drop-ins and plain; on the same
+  calculator episodes, and "one turn" on the arithmetic task (one reply, no tool: lesson 06's kind).
 The trace covers step 2 only (from its grpo_step or sft_step call to the next one): the loop's own
 lines (metrics, the log, the memory guard's fit) and everything the step calls; not the run's
 setup, not step 1 (first-call work) and not the last step's evaluation. Size-gated drop-ins are
@@ -32,7 +33,7 @@ drop-ins; minirl/run/ the harness; minirl/apps/ the apps. "Chapter share" is the
 the read lines. It counts a torchrun or a check line inside a chapter module as chapter: an upper
 bound on the idea's share, where the drop-in and harness lines are the floor of what is not.
 
-Expected time on 2 CPU cores: ~30 s.
+Expected time on 2 CPU cores: ~20 s.
 """
 
 import argparse
@@ -67,7 +68,8 @@ class StepTrace:
         return self.local_trace
 
     def local_trace(self, frame, event, arg):
-        if self.on and event == "line":
+        # the caller of the step is traced too: its lines count when it is minirl/'s (run/*.train)
+        if self.on and event == "line" and frame.f_code.co_filename.startswith(PACKAGE):
             self.lines.add((frame.f_code.co_filename, frame.f_lineno))
         return self.local_trace
 
@@ -145,10 +147,11 @@ def grpo_step_lines(toy: str, out: str, plain: bool):
     return traced(run_grpo, "grpo_step", lambda: run_grpo.train(cfg))
 
 
-def grpo_by_hand_lines(toy: str, plain: bool):
+def grpo_by_hand_lines(toy: str, plain: bool, task_name: str = "calculator"):
     """Step 2 of 3 calls of grpo_step made by hand, as lesson 06 makes its one (no harness: no
-    memory guard, metrics, logs or checkpoints), on the same task and sizes as grpo_step_lines;
-    with the commands' drop-ins (fast=FAST and its Decoder) unless plain."""
+    memory guard, metrics, logs or checkpoints), with grpo_step_lines' sizes, on its task (the
+    calculator's episodes) or another (arithmetic: one turn, as lesson 06's own task); with the
+    commands' drop-ins (fast=FAST and its Decoder) unless plain."""
     import random
 
     import torch
@@ -168,7 +171,7 @@ def grpo_by_hand_lines(toy: str, plain: bool):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=5e-5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    task = make_task("calculator", seed=0)
+    task = make_task(task_name, seed=0)
     cfg = GRPOSettings(group_size=4, prompts_per_step=2, max_new_tokens=16, beta=0.04)
 
     def run():
@@ -274,9 +277,11 @@ def main():
                 paths[f"{kind} {chosen}"] = lines(toy, out, False)
                 use_speedups(None)
         if args.step in ("both", "grpo", "by-hand"):
-            for plain in (False, True):
-                torch.manual_seed(0)
-                paths[f"GRPO by hand{', plain' if plain else ''}"] = grpo_by_hand_lines(toy, plain)
+            for task, what in (("calculator", ""), ("arithmetic", ", one turn")):
+                for plain in (False, True):
+                    torch.manual_seed(0)
+                    name = f"GRPO by hand{what}{', plain' if plain else ''}"
+                    paths[name] = grpo_by_hand_lines(toy, plain, task)
     print(table(paths))
     if args.files:
         for name, (_, read) in paths.items():

@@ -353,13 +353,22 @@ def test_step_lines_by_hand_runs_the_step_without_the_harness():
             files[section] = set()
         elif section and line.strip():
             files[section].add(line.split()[-1])
-    assert set(files) == {"GRPO by hand", "GRPO by hand, plain"}
-    plain, fast = rows["GRPO by hand, plain", "executed"], rows["GRPO by hand", "executed"]
-    assert plain["drop-ins"] == 0 < fast["drop-ins"]
-    assert plain["chapter"] > 0 and plain["harness"] > 0
-    harness = {f for f in files["GRPO by hand, plain"] if f.startswith("minirl/run/")}
-    assert harness == {"minirl/run/distributed.py", "minirl/run/finite.py"}, harness
-    assert "minirl/grpo.py" in files["GRPO by hand"]
+    names = {"GRPO by hand", "GRPO by hand, one turn"}
+    assert set(files) == names | {f"{name}, plain" for name in names}
+    # the bench's own lines, which call the step, are not counted (the harness's would be)
+    assert all(f.startswith("minirl/") for listed in files.values() for f in listed)
+    for name in names:
+        plain, fast = rows[f"{name}, plain", "executed"], rows[name, "executed"]
+        assert plain["drop-ins"] == 0 < fast["drop-ins"]
+        assert plain["chapter"] > 0 and plain["harness"] > 0
+        harness = {f for f in files[f"{name}, plain"] if f.startswith("minirl/run/")}
+        assert harness == {"minirl/run/distributed.py", "minirl/run/finite.py"}, harness
+        assert "minirl/grpo.py" in files[name]
+    # one turn: no environment, so none of envs/ and fewer chapter lines than the episodes
+    assert not any(f.startswith("minirl/envs/") for f in files["GRPO by hand, one turn, plain"])
+    assert "minirl/envs/calculator.py" in files["GRPO by hand, plain"]
+    one_turn, episodes = (rows[f"{n}, plain", "executed"]["chapter"] for n in sorted(names)[::-1])
+    assert one_turn < episodes
 
 
 def test_with_speedups_puts_its_set_where_the_commands_pick_theirs(monkeypatch):
