@@ -163,8 +163,9 @@ def grpo_by_hand_lines(toy: str, plain: bool, task_name: str = "calculator"):
     from minirl.tasks import make_task
     from minirl.weights import load_pretrained
 
+    cfg = GRPOSettings(group_size=4, prompts_per_step=2, max_new_tokens=16, beta=0.04)
     model, tokenizer = load_pretrained(toy)
-    add_lora(model, r=16, alpha=32)
+    add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha)
     fast = speedups(plain)
     fast.apply(model)
     decoder = fast.decoder(model)
@@ -172,7 +173,6 @@ def grpo_by_hand_lines(toy: str, plain: bool, task_name: str = "calculator"):
     optimizer = torch.optim.AdamW(params, lr=5e-5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     task = make_task(task_name, seed=0)
-    cfg = GRPOSettings(group_size=4, prompts_per_step=2, max_new_tokens=16, beta=0.04)
 
     def run():
         for step in range(3):
