@@ -1,7 +1,9 @@
 """Conversations -> token ids plus the loss mask that says which tokens the policy is trained on.
 
 Only what the assistant writes is trained (mask 1): its content or tool calls and the closing
-<|im_end|> (so the model learns to stop). System and user turns, the "<|im_start|>assistant\\n"
+<|im_end|> (so the model learns to stop), unless the message carries "weight": 0 (OpenAI's
+fine-tuning format): a turn kept as context but not imitated, e.g. a demonstrator's deliberate
+mistake that the conversation then recovers from (envs/engineer.py). System and user turns, the "<|im_start|>assistant\\n"
 header and tool results are context (mask 0): the model did not produce them, so it must not be
 taught to predict them. The ids are exactly `tokenizer.encode(apply_chat_template(messages, tools))`;
 the mask comes from the character span of each token.

@@ -106,8 +106,15 @@ def check_conversation(record) -> dict:
             raise ValueError(f"message {i} ({m['role']}): missing content (a string)")
         elif m["role"] == "assistant" and not m["content"].strip():
             raise ValueError(f"message {i}: empty assistant turn (no content and no tool calls)")
+        if "weight" in m and (m["role"] != "assistant" or m["weight"] not in (0, 1)):
+            raise ValueError(
+                f'message {i} ({m["role"]}): "weight" must be 0 or 1 and only on an assistant '
+                f"message (0: context, not trained on), got {m['weight']!r}"
+            )
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("no assistant turn: nothing to train on")
+    if not any(m["role"] == "assistant" and m.get("weight", 1) for m in messages):
+        raise ValueError('every assistant turn has "weight": 0: nothing to train on')
     return {"messages": messages, "tools": tools}
 
 

@@ -154,7 +154,11 @@ class CodeTask(EnvTask):
     HumanEval's solutions (data/code_bugs.json, envs/bugs.py), split by problem: `sample` draws from
     the training problems' bugs, `eval_items` is the fixed held-out list (its first `eval_size`, all
     of it by default), whose problems training never sees. opening="report": the lean episode
-    (envs/code_tasks.make_task), the buggy file and the failing tests shown in the opening message."""
+    (envs/code_tasks.make_task), the buggy file and the failing tests shown in the opening message.
+    rollback=True: a failing run_test puts the files back (CodeEnv), so each attempt starts from
+    the file shown. pool=FILE (a JSON list of training bug names, or {"bugs": [...]}, as
+    recipe_code_metrics.bug_pool writes it): `sample` draws a share `pool_share` of each batch from
+    those bugs, the rest from every training bug as before."""
 
     name = "code"
     metric_names = [
@@ -163,6 +167,8 @@ class CodeTask(EnvTask):
         "edited_tests_rate",
         "edited_tests_reward",
         "recovery_rate",
+        "retry_rate",
+        "recovered",
         "test_runs",
         "turns",
     ]
@@ -178,7 +184,16 @@ class CodeTask(EnvTask):
         outcome: str = "fraction",
         opening: str = "request",
         line_bonus: float = 0.0,
+        rollback: bool = False,
+        pool: str | None = None,
+        pool_share: float = 0.5,
     ):
+        if not isinstance(rollback, bool):
+            raise ValueError(f"rollback must be true or false, got {rollback!r}")
+        if isinstance(pool_share, bool) or not isinstance(pool_share, (int, float)):
+            raise ValueError(f"pool_share must be a number within 0..1, got {pool_share!r}")
+        if not 0 <= pool_share <= 1:
+            raise ValueError(f"pool_share must be within 0..1, got {pool_share}")
         if line_bonus < 0:
             raise ValueError(f"line_bonus must be >= 0, got {line_bonus}")
         if opening not in OPENINGS:
@@ -191,6 +206,7 @@ class CodeTask(EnvTask):
             raise ValueError(f"eval_size must be >= 1, got {eval_size}")
         self.reward, self.max_turns, self.tool_cost = reward, max_turns, tool_cost
         self.tasks, self.outcome, self.opening = tasks, outcome, opening
+        self.rollback, self.pool_share = rollback, pool_share
         self.reward_functions = {
             part: (lambda t, part=part: t.info[part], 1.0) for part in CodeEnv.reward_parts
         }
@@ -217,21 +233,25 @@ class CodeTask(EnvTask):
                 )
                 for i in range(eval_size or 12)
             ]
+        self.pool = read_pool(pool, self.templates) if pool else []
         CodeEnv(reward=reward, tool_cost=tool_cost)  # a bad reward or tool_cost fails here
 
     def sample(self, n: int, rng: random.Random) -> list[dict]:
-        return [
-            make_code_task(
-                rng.choice(self.templates), seed=rng.randrange(10**6), opening=self.opening
-            )
-            for _ in range(n)
-        ]
+        """n episodes of training bugs: round(n * pool_share) drawn from the pool (with one), the
+        rest from every training bug."""
+        if not self.pool:
+            drawn = [rng.choice(self.templates) for _ in range(n)]
+        else:
+            from_pool = round(n * self.pool_share)
+            drawn = [rng.choice(self.pool) for _ in range(from_pool)]
+            drawn += [rng.choice(self.templates) for _ in range(n - from_pool)]
+        return [make_code_task(t, seed=rng.randrange(10**6), opening=self.opening) for t in drawn]
 
     def eval_items(self) -> list[dict]:
         return self._eval
 
     def make_env(self, rng):
-        return CodeEnv(reward=self.reward, tool_cost=self.tool_cost)
+        return CodeEnv(reward=self.reward, tool_cost=self.tool_cost, rollback=self.rollback)
 
     def accuracy(self, trajectory) -> dict:
         return {
@@ -244,6 +264,8 @@ class CodeTask(EnvTask):
         reward's 0); edited_tests_rate: an edit of the test file went through (the §5 hack,
         whatever the reward made of it), and edited_tests_reward the mean reward of those
         episodes; recovery_rate: fixed among the episodes whose run_test reported a failure;
+        retry_rate: among the episodes whose run_test failed after an edit, those that edited
+        again; recovered: how many episodes were fixed by editing again (a count, not a share);
         edit_on_bug_line: among episodes that edited, the first edit touched the bug's line."""
         n = len(trajectories)
         shapes = [
@@ -257,6 +279,8 @@ class CodeTask(EnvTask):
         hacks = [t.reward for t, shape in zip(trajectories, shapes) if shape["edited_tests"]]
         failed = [t for t, shape in zip(trajectories, shapes) if shape["saw_failed_test"]]
         aimed = [s["edit_on_bug_line"] for s in shapes if s["edit_on_bug_line"] is not None]
+        retries = [s["retried"] for s in shapes if s["failed_after_edit"]]
+        fixed = [self.verdict(t)["strict"] for t in trajectories]
         return {
             "edit_on_bug_line": sum(aimed) / len(aimed) if aimed else float("nan"),
             "hacked_rate": sum(bool(t.info.get("hacked")) for t in trajectories) / n,
@@ -265,6 +289,8 @@ class CodeTask(EnvTask):
             "recovery_rate": sum(self.verdict(t)["strict"] for t in failed) / len(failed)
             if failed
             else float("nan"),
+            "retry_rate": sum(retries) / len(retries) if retries else float("nan"),
+            "recovered": sum(won and s["retried"] for won, s in zip(fixed, shapes)),
             "test_runs": sum(t.info.get("test_runs", 0) for t in trajectories) / n,
             "turns": sum(t.turns for t in trajectories) / n,
         }
@@ -289,6 +315,31 @@ def first_edit_on_bug_line(trajectory) -> float:
     in_file = os.path.normpath(str(path)) == trajectory.prompt["file"]
     near = bug_line in old and old.count("\n") <= 2
     return float(in_file and bool(old) and (near or old in bug_line))
+
+
+def read_pool(path: str, templates: list[dict]) -> list[dict]:
+    """The training bugs a pool file names (CodeTask's pool option): a JSON list of bug names, or an
+    object whose "bugs" is one. A name that is not a training bug (a held-out one, say) is refused."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            names = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--task-option pool={path}: cannot read it ({e})") from None
+    names = names.get("bugs") if isinstance(names, dict) else names
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(
+            f'--task-option pool={path}: expected a non-empty list of bug names (or {{"bugs": '
+            "[...]}), as recipe_code_metrics.bug_pool writes it"
+        )
+    by_name = {t["name"]: t for t in templates}
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise ValueError(
+            f"--task-option pool={path}: {unknown[0]!r} is not a training bug"
+            + (f" ({len(unknown) - 1} more)" if len(unknown) > 1 else "")
+            + "; a pool holds bugs the task trains on, never held-out ones"
+        )
+    return [by_name[name] for name in names]
 
 
 TASKS = {

@@ -54,7 +54,8 @@ def chat_pieces(
 ) -> list[tuple[str, bool]]:
     """Qwen2.5-Instruct's chat template (tokenizer_config.json, "chat_template"), statement by statement,
     as (text, is_completion) pieces: is_completion marks what an assistant turn generates, i.e. the
-    text after "<|im_start|>assistant\\n" up to and including its "<|im_end|>" (chat.py trains on it)."""
+    text after "<|im_start|>assistant\\n" up to and including its "<|im_end|>" (chat.py trains on it),
+    unless the message says "weight": 0 (OpenAI's fine-tuning format: context, not a target)."""
     if not messages:
         raise ValueError("messages is empty; a conversation needs at least one message")
     for i, m in enumerate(messages):
@@ -92,7 +93,7 @@ def chat_pieces(
             # body starts with "\n": it belongs to the generation prompt "<|im_start|>assistant\n"
             pieces += [
                 ("<|im_start|>assistant\n", False),
-                (body[1:] + "<|im_end|>", True),
+                (body[1:] + "<|im_end|>", m.get("weight", 1) != 0),
                 ("\n", False),
             ]
             continue

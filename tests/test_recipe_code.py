@@ -54,7 +54,19 @@ def test_code_agent_shape_by_hand():
         "tested_after_last_edit": True,
         "saw_failed_test": True,
         "edited_tests": False,
+        # the first attempt failed its test, and an edit went through after that: a retry
+        "failed_after_edit": True,
+        "retried": True,
     }
+    # a test that failed before any edit is no failed attempt; an edit that errors is no retry
+    for calls, failed_attempt, retried in [
+        ([call("run_test", "1 passed, 1 failed (2 tests)."), fixed[1], fixed[4]], False, False),
+        ([fixed[1], fixed[2], call("edit_file", "Error: no", True, path="f.py")], True, False),
+        ([fixed[1], fixed[2], call("read_file", path="f.py"), fixed[3]], True, True),
+        ([fixed[1], fixed[4]], False, False),
+    ]:
+        shape = code_agent_shape(calls, "test_f.py")
+        assert (shape["failed_after_edit"], shape["retried"]) == (failed_attempt, retried)
     # an edit that failed is no edit; the read of another file does not count
     blind = [
         call("read_file", path="test_f.py"),
@@ -107,6 +119,10 @@ def test_code_agent_summary_counts_recovery_among_failed_tests():
     assert summary["episodes_with_failed_test"] == 3
     assert math.isclose(summary["recovery_after_failed_test"], 2 / 3)
     assert summary["run_test_per_episode"] == 1.25 and summary["edited_tests_rate"] == 0.0
+    # two attempts failed their test (episodes 1 and 2); one edited again and was fixed
+    assert summary["episodes_failed_after_edit"] == 2
+    assert summary["retry_after_failed_test"] == 0.5
+    assert summary["recovered"] == 1 and summary["recovered_rate"] == 0.25
 
 
 @pytest.mark.parametrize("template", load_templates(), ids=lambda t: t["name"])

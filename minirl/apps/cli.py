@@ -106,8 +106,12 @@ def cmd_recipe(args):
             grpo_steps=args.grpo_steps,
             episode=args.episode,
             resume=args.resume,
+            skip_untrained=args.skip_untrained,
+            grpo_minutes=args.grpo_minutes,
         )
         return
+    if args.skip_untrained or args.grpo_minutes:
+        raise ValueError("--skip-untrained, --grpo-minutes: code only")
     if args.resume:
         raise ValueError("--resume: code only (the calculator recipe runs in one sitting)")
     if args.episode != "full":
@@ -197,9 +201,23 @@ def add_recipe_parser(sub, fmt):
     c.add_argument(
         "--episode",
         default="full",
-        choices=["full", "lean"],
+        choices=["full", "lean", "retry"],
         help="code: lean shows the buggy file and the failing tests in the opening message "
-        "(edit -> run_test -> answer), with GRPO on the all-or-nothing outcome",
+        "(edit -> run_test -> answer), with GRPO on the all-or-nothing outcome; retry adds a "
+        "rollback after each failed test, up to 3 attempts, and an imperfect teacher",
+    )
+    c.add_argument(
+        "--skip-untrained",
+        action="store_true",
+        help="code: no evaluation of the untrained policy (it fixes nothing: 0.000 on the lean "
+        "episode)",
+    )
+    c.add_argument(
+        "--grpo-minutes",
+        type=float,
+        default=0.0,
+        help="code: pause GRPO after the step during which this many minutes of this sitting's "
+        "GRPO have passed, its checkpoint kept; --resume continues it (0: no limit)",
     )
     c.add_argument(
         "--resume",

@@ -37,7 +37,7 @@ from .eval_folder import (
     rescore,
     write_run,
 )
-from .eval_summary import compare, table
+from .eval_summary import compare, recovery, table
 from .evaluation import play
 
 
@@ -85,8 +85,15 @@ def command(args):
             kind: compare(*runs, seed=args.seed, perturbation=kind, verdict=verdict)
             for kind in shared
         }
+        # the code agent: the same paired test on "recovered" (fixed by an edit made after a test
+        # failed on an earlier one), beside the fix rate
+        extra = []
+        if all("test_file" in e for episodes in runs for e in episodes):
+            runs = [[{**e, **recovery(e)} for e in episodes] for episodes in runs]
+            result["recovered"] = compare(*runs, seed=args.seed, verdict="recovered")
+            extra = [("recovered", result["recovered"])]
         print(json.dumps(result, indent=2))
-        for kind, pair in [("clean", result), *result["perturbations"].items()]:
+        for kind, pair in [("clean", result), *result["perturbations"].items(), *extra]:
             low, high = pair["interval_95"]
             by_problem = ""
             if pair["interval_95_by_problem"]:

@@ -153,6 +153,14 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
     return _no_nan(summary)
 
 
+def recovery(episode: dict) -> dict:
+    """A code-agent episode's recovery in the chapter's words: "retried" (it edited again after a
+    run_test failed on its edit) and "recovered" (retried, and the bug ended fixed), from its calls
+    (eval_stats.code_agent_shape), so that folders written before these keys existed read the same."""
+    shape = code_agent_shape(episode["tool_calls"], episode["test_file"], episode.get("bug_line"))
+    return {"retried": shape["retried"], "recovered": shape["retried"] and episode["success"]}
+
+
 def code_agent_summary(episodes: list[dict]) -> dict:
     """The code agent's trajectory shape (eval_stats.code_agent_shape): the share of episodes that
     changed a file; among those, the share that read it first, whose first edit touched the bug's
@@ -164,6 +172,8 @@ def code_agent_summary(episodes: list[dict]) -> dict:
         for e in episodes
     ]
     edited = [shape for shape, _ in shapes if shape["edited"]]
+    # the attempt failed its test: did the agent edit again (retry), and did that fix it?
+    retries = [(shape["retried"], won) for shape, won in shapes if shape["failed_after_edit"]]
     aimed = [shape["edit_on_bug_line"] for shape in edited if shape["edit_on_bug_line"] is not None]
     failed = [won for shape, won in shapes if shape["saw_failed_test"]]
     return {
@@ -177,6 +187,11 @@ def code_agent_summary(episodes: list[dict]) -> dict:
         ),
         "episodes_with_failed_test": len(failed),
         "recovery_after_failed_test": _mean(failed),
+        "episodes_failed_after_edit": len(retries),
+        "retry_after_failed_test": _mean(retried for retried, _ in retries),
+        # how many episodes were fixed by an edit made after a failed test, and their share of all
+        "recovered": sum(retried and won for retried, won in retries),
+        "recovered_rate": _mean(shape["retried"] and won for shape, won in shapes),
         "edited_tests_rate": _mean(shape["edited_tests"] for shape, _ in shapes),
     }
 

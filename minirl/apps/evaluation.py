@@ -40,7 +40,7 @@ from ..envs.tools import parse_assistant
 from ..eval_stats import call_problems
 from ..run import distributed
 from .eval_folder import items_digest, write_run
-from .eval_summary import summarize
+from .eval_summary import recovery, summarize
 
 
 # ---- episodes: one record each (eval_summary.py summarizes the records) ----------------------------------
@@ -82,12 +82,14 @@ def episode_record(
         "malformed_calls": malformed,
         "messages": t.messages,
     }
-    # the code agent's "problem" (what its bugs share: eval_summary.compare resamples problems) and
-    # "bug_line" (where the planted bug is: did the first edit land there?)
+    # the code agent's "problem" (what its bugs share: eval_summary.compare resamples problems),
+    # "bug_line" (where the planted bug is: did the first edit land there?) and "template" (the bug)
     keys = ("difficulty", "question", "reference_calls", "test_file", "problem", "bug_line")
-    for key in (*keys, "id", "category"):
+    for key in (*keys, "template", "id", "category"):
         if key in t.prompt:
             record[key] = t.prompt[key]
+    if "test_file" in t.prompt:
+        record.update(recovery(record))
     if t.info.get("why"):  # what BFCL's checks found wrong with the call (envs/bfcl.py)
         record["why"] = t.info["why"]
     if t.info.get("test_error"):  # a program's failing test (envs/program.py)

@@ -20,30 +20,41 @@ Each stage is the library's own command, run in this process, as in `recipe calc
     python -m minirl recipe code --model DIR          # docs/results.md "The code agent"
     python -m minirl recipe code --model DIR --hack-rate 0.1   # §5 seeded: a tenth of the demos cheat
     python -m minirl recipe code --model DIR --episode lean    # the file and failing tests shown up front
+    python -m minirl recipe code --model DIR --episode retry --skip-untrained --grpo-minutes 200
+        # recovery: a teacher who misses half the time and retries sometimes (envs/teacher.py),
+        # files rolled back after a failed test, GRPO in stages (RETRY below); --resume continues
     python -m minirl recipe code --model DIR --fast   # plumbing only, seconds on the toy model
 """
 
+import dataclasses
 import json
 import os
+import time
 
 from ..envs.bugs import load_bug_templates
 from ..envs.code_tasks import load_templates
 from ..envs.engineer import demonstrations
+from ..envs.teacher import retry_demonstrations
 from ..fast import speedups
+from ..run.checkpoint import latest_checkpoint
 from ..run.grpo import GRPOConfig
 from ..run.grpo import train as grpo_train
-from ..run.plots import code_recipe_figure
+from ..run.plots import code_recipe_figure, retry_figure
 from ..run.sft import SFTConfig
 from ..run.sft import train as sft_train
 from ..run.stages import Progress, load_policy
 from ..tasks import CodeTask
 from ..weights import load_pretrained
+from .bug_pool import write_pool
 from .eval_folder import read_episodes
-from .eval_summary import compare
+from .eval_summary import compare, recovery
 from .recipe_code_metrics import (
     STAGES,
+    bug_records,
     group_fixes,
     grpo_eval,
+    grpo_gate,
+    sft_gate,
     stage_eval,
     stage_line,
     stage_row,
@@ -56,12 +67,24 @@ OUTPUTS = {
     "summary.json.tmp",
     "results.md",
     "recipe.png",
+    "retry.png",
     "demonstrations.jsonl",
+    "bugs",
     "eval",
     "sft",
     "grpo",
 }
 
+# what only the retry episode (below) sets: every other episode keeps the step's defaults
+NOT_RETRY = dict(
+    rollback=False,
+    teacher="engineer",
+    aggregation="token",
+    gate_step=0,
+    pool_after=0,
+    pool_share=0.0,
+    gates=False,
+)
 # The real recipe (docs/results.md) and --fast, every stage shrunk to run on the toy model.
 FULL = dict(
     tasks="bugs",
@@ -90,6 +113,7 @@ FULL = dict(
     retry_rate=0.5,
     outcome="fraction",
     dynamic_sampling=False,
+    **NOT_RETRY,
 )
 FAST = dict(
     tasks="templates",
@@ -114,6 +138,7 @@ FAST = dict(
     retry_rate=0.5,
     outcome="fraction",
     dynamic_sampling=False,
+    **NOT_RETRY,
 )
 # --episode lean (docs/results.md): the buggy file and run_test's report in the opening message, so
 # an episode is edit -> run_test -> answer; demonstrations without the wrong first edit (a retry
@@ -138,13 +163,104 @@ LEAN_SIZES = dict(
     group_size=8,
     grpo_steps=12,
 )
-EPISODES = ("full", "lean")
+# --episode retry (envs/teacher.py; docs/results.md "Recovery"): the lean episode's opening, files
+# rolled back after a failed test so each of 3 attempts starts from the file shown, 7 turns (edit,
+# test, edit, test, edit, test, answer); demonstrations by the imperfect teacher (wrong edits not
+# trained on); GRPO in the chapter's form, decided before the run: advantages (r - mean) / std and
+# each episode's tokens averaged before the episodes are (a loss over the whole episode, every
+# episode weighted alike), all-or-nothing outcome, flat groups skipped, no KL term. Its checks:
+# after SFT's evaluation, and at GRPO step `gate_step` (recipe_code_metrics); from step
+# `pool_after` + 1 on, `pool_share` of each step's bugs come from apps/bug_pool.py's pool
+RETRY = dict(
+    opening="report",
+    max_turns=7,
+    rollback=True,
+    teacher="imperfect",
+    retry_rate=0.5,
+    outcome="solved",
+    dynamic_sampling=True,
+    beta=0.0,
+    tool_cost=0.0,
+    aggregation="sequence",
+    advantage_scale="std",
+    gates=True,
+)
+RETRY_SIZES = dict(
+    eval_max_new_tokens=128,
+    grpo_max_new_tokens=128,
+    demonstrations=240,
+    prompts_per_step=4,
+    group_size=8,
+    grpo_steps=29,
+    gate_step=8,
+    pool_after=14,
+    pool_share=0.5,
+)
+# --fast --episode retry: the same stages in miniature; the checks are recorded, not enforced (a toy
+# policy fixes nothing)
+RETRY_FAST = dict(grpo_steps=3, gate_step=1, pool_after=2, pool_share=0.5, gates=False)
+EPISODES = ("full", "lean", "retry")
 # training stages save a checkpoint every this many steps (what --resume can lose; a step of the
 # real recipe takes minutes, a save of the adapter and its optimizer state about a second)
 SAVE_EVERY = 1
 
 
 # ---- the recipe ------------------------------------------------------------------------------------------
+def settings(
+    fast: bool,
+    episode: str,
+    retry_rate: float | None,
+    test_rate: float,
+    hack_rate: float,
+    eval_size: int | None,
+    grpo_steps: int | None,
+) -> dict:
+    """The run's settings: FULL or FAST, the episode's on top, then the flags that override them,
+    each checked."""
+    if episode not in EPISODES:
+        raise ValueError(f"--episode must be one of {', '.join(EPISODES)}, got {episode!r}")
+    s = dict(FAST if fast else FULL)
+    if episode == "lean":
+        s.update(LEAN, **({} if fast else LEAN_SIZES))
+    if episode == "retry":
+        s.update(RETRY, **(RETRY_FAST if fast else RETRY_SIZES))
+        if hack_rate or test_rate != 1:
+            raise ValueError(
+                "--hack-rate, --test-rate: the retry episode's teacher always tests its edit and "
+                "never cheats (envs/teacher.py); they are for --episode full or lean"
+            )
+    retry_rate = s["retry_rate"] if retry_rate is None else retry_rate
+    rates = (("--retry-rate", retry_rate), ("--test-rate", test_rate), ("--hack-rate", hack_rate))
+    for name, rate in rates:
+        if not 0 <= rate <= 1:
+            raise ValueError(f"{name} must be within 0..1, got {rate}")
+    for name, value in (("--eval-size", eval_size), ("--grpo-steps", grpo_steps)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    s.update({k: v for k, v in (("eval_size", eval_size), ("grpo_steps", grpo_steps)) if v})
+    s.update(retry_rate=retry_rate, test_rate=test_rate, hack_rate=hack_rate)
+    return s
+
+
+def code_task(s: dict, seed: int, pool: str | None = None) -> CodeTask:
+    return CodeTask(
+        seed=seed,
+        tasks=s["tasks"],
+        eval_size=s["eval_size"],
+        max_turns=s["max_turns"],
+        tool_cost=s["tool_cost"],
+        outcome=s["outcome"],
+        opening=s["opening"],
+        rollback=s["rollback"],
+        pool=pool,
+        pool_share=s["pool_share"] if pool else 0.5,
+    )
+
+
+class Paused(Exception):
+    """GRPO stopped at --grpo-minutes with its checkpoint kept: --resume continues it."""
+
+
 def run(
     model: str,
     out_dir: str = os.path.join("runs", "recipe-code"),
@@ -159,35 +275,21 @@ def run(
     grpo_steps: int | None = None,
     episode: str = "full",
     resume: bool = False,
+    skip_untrained: bool = False,
+    grpo_minutes: float = 0.0,
 ) -> dict:
     """The recipe (module docstring) into out_dir. eval_size: the first N held-out tasks instead
     of the setting's (all of them); grpo_steps: GRPO's steps instead of the setting's; retry_rate:
-    the demonstrations' instead of the setting's (0.5; 0 with episode="lean"); episode="lean": the
-    LEAN settings above. resume: continue the run in out_dir (Progress)."""
-    if episode not in EPISODES:
-        raise ValueError(f"--episode must be one of {', '.join(EPISODES)}, got {episode!r}")
-    s, speed = dict(FAST if fast else FULL), speedups(plain)
-    if episode == "lean":
-        s.update(LEAN, **({} if fast else LEAN_SIZES))
-    retry_rate = s["retry_rate"] if retry_rate is None else retry_rate
-    rates = (("--retry-rate", retry_rate), ("--test-rate", test_rate), ("--hack-rate", hack_rate))
-    for name, rate in rates:
-        if not 0 <= rate <= 1:
-            raise ValueError(f"{name} must be within 0..1, got {rate}")
-    for name, value in (("--eval-size", eval_size), ("--grpo-steps", grpo_steps)):
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    s.update({k: v for k, v in (("eval_size", eval_size), ("grpo_steps", grpo_steps)) if v})
-    s.update(retry_rate=retry_rate, test_rate=test_rate, hack_rate=hack_rate)
-    task = CodeTask(
-        seed=seed,
-        tasks=s["tasks"],
-        eval_size=s["eval_size"],
-        max_turns=s["max_turns"],
-        tool_cost=s["tool_cost"],
-        outcome=s["outcome"],
-        opening=s["opening"],
-    )
+    the share of demonstrations whose first edit is wrong, instead of the setting's (0.5; 0 with
+    episode="lean"); episode="lean" or "retry": the LEAN or RETRY settings above. resume: continue
+    the run in out_dir (Progress). skip_untrained: no evaluation of the untrained policy (its row
+    and comparisons are left out). grpo_minutes: pause GRPO cleanly after the step during which
+    that many minutes of this sitting's GRPO have passed, its checkpoint kept; --resume continues."""
+    s = settings(fast, episode, retry_rate, test_rate, hack_rate, eval_size, grpo_steps)
+    if grpo_minutes < 0 or grpo_minutes != grpo_minutes:
+        raise ValueError(f"--grpo-minutes must be >= 0 (0: no limit), got {grpo_minutes}")
+    speed = speedups(plain)
+    task = code_task(s, seed)
     summary = {
         "model": model,
         "fast": fast,
@@ -198,29 +300,21 @@ def run(
     }
     progress = Progress(out_dir, summary, resume, OUTPUTS, "recipe code")
     evals = {stage: os.path.join(out_dir, "eval", stage) for stage, _ in STAGES}
+    stages = [stage for stage, _ in STAGES if not (skip_untrained and stage == "base")]
+    if skip_untrained:
+        print("1. the untrained policy: skipped (--skip-untrained)")
+        summary.pop("base", None)
+    else:
+        print(f"1. the untrained policy on {len(task.eval_items())} held-out bugs (greedy)")
 
-    def untrained_eval():
-        policy, tokenizer = load_pretrained(model)
-        return stage_eval(policy, tokenizer, task, s, seed, speed, evals["base"])
+        def untrained_eval():
+            policy, tokenizer = load_pretrained(model)
+            return stage_eval(policy, tokenizer, task, s, seed, speed, evals["base"])
 
-    print(f"1. the untrained policy on {len(task.eval_items())} held-out bugs (greedy)")
-    summary["base"] = stage_row(progress.stage("base_eval", evals["base"], untrained_eval))
-    print("   " + stage_line(summary["base"]))
+        summary["base"] = stage_row(progress.stage("base_eval", evals["base"], untrained_eval))
+        print("   " + stage_line(summary["base"]))
 
-    print(f"2. demonstrations: the scripted engineer fixes {s['demonstrations']} training bugs")
-    train = load_bug_templates("train") if s["tasks"] == "bugs" else load_templates()
-    conversations, summary["demonstrator"] = demonstrations(
-        train, s["demonstrations"], retry_rate, test_rate, seed, hack_rate, s["opening"]
-    )
-    summary["demonstrator"].update(retry_rate=retry_rate, test_rate=test_rate, hack_rate=hack_rate)
-    data = os.path.join(out_dir, "demonstrations.jsonl")
-    with open(data, "w") as f:
-        f.writelines(json.dumps(c) + "\n" for c in conversations)
-    demo = summary["demonstrator"]
-    print(
-        f"   {len(conversations)} conversations, fix rate {demo['fix_rate']:.3f}, "
-        f"{demo['with_retry']:.2f} with a wrong edit first, {demo['hacked']:.2f} deleting the failing tests"
-    )
+    data = demonstrate(s, seed, summary, out_dir)
 
     print("3. stage 1: LoRA SFT on the demonstrations")
     sft_dir = os.path.join(out_dir, "sft")
@@ -253,39 +347,82 @@ def run(
 
     summary["sft"] = stage_row(progress.stage("sft_eval", evals["sft"], sft_eval))
     print("   " + stage_line(summary["sft"]))
+    keep_bug_records(out_dir, "sft", evals["sft"])
+    if s["teacher"] == "imperfect" and not gate(summary, "sft", sft_gate(summary["sft"]), s):
+        return stop(progress, summary, out_dir, "the check after SFT's evaluation failed")
 
-    print("4. stage 2: GRPO from the SFT adapter, the guarded test reward, KL to the SFT policy")
+    print("4. stage 2: GRPO from the SFT adapter")
     grpo_dir = os.path.join(out_dir, "grpo")
+    grpo_start = time.perf_counter()
+
+    def grpo_until(step: int, pool: str | None = None) -> dict:
+        """GRPO up to `step` (a pause there unless it is the last), continuing from its checkpoint."""
+        minutes = 0.0
+        if grpo_minutes:
+            minutes = max(grpo_minutes - (time.perf_counter() - grpo_start) / 60, 1e-9)
+        config = GRPOConfig(
+            model=model,
+            adapter=adapters[0],
+            task=code_task(s, seed, pool),
+            out=grpo_dir,
+            steps=s["grpo_steps"],
+            prompts_per_step=s["prompts_per_step"],
+            group_size=s["group_size"],
+            lr=s["grpo_lr"],
+            max_new_tokens=s["grpo_max_new_tokens"],
+            temperature=s["grpo_temperature"],
+            advantage_scale=s["advantage_scale"],
+            aggregation=s["aggregation"],
+            beta=s["beta"],
+            dynamic_sampling=s["dynamic_sampling"],
+            eval_every=0,
+            seed=seed,
+            save_every=SAVE_EVERY,
+            log_rollouts_every=1,
+            # every group of every step: each group's pass count (how much signal GRPO had)
+            log_rollout_groups=s["prompts_per_step"],
+            memory_limit=memory_limit,
+            plain=plain,
+            pause_after=step if step < s["grpo_steps"] else 0,
+            minutes=minutes,
+        )
+        # a checkpoint in the folder is this run's: an earlier sitting's, or an earlier part's
+        where = {"resume": True} if latest_checkpoint(grpo_dir) else progress.continued(grpo_dir)
+        result = grpo_train(dataclasses.replace(config, **where))
+        if result.get("paused") and result["steps"] < step:
+            raise Paused(result["steps"])
+        return result
 
     def grpo():
-        return grpo_train(
-            GRPOConfig(
-                model=model,
-                adapter=adapters[0],
-                task=task,
-                out=grpo_dir,
-                steps=s["grpo_steps"],
-                prompts_per_step=s["prompts_per_step"],
-                group_size=s["group_size"],
-                lr=s["grpo_lr"],
-                max_new_tokens=s["grpo_max_new_tokens"],
-                temperature=s["grpo_temperature"],
-                advantage_scale=s["advantage_scale"],
-                beta=s["beta"],
-                dynamic_sampling=s["dynamic_sampling"],
-                eval_every=0,
-                seed=seed,
-                save_every=SAVE_EVERY,
-                log_rollouts_every=1,
-                # every group of every step: each group's pass count (how much signal GRPO had)
-                log_rollout_groups=s["prompts_per_step"],
-                memory_limit=memory_limit,
-                plain=plain,
-                **progress.continued(grpo_dir),
-            )
-        )
+        if not s["gate_step"]:
+            return grpo_until(s["grpo_steps"])
+        if done_steps(grpo_dir) < s["gate_step"]:
+            grpo_until(s["gate_step"])
+        if not gate(summary, "grpo", grpo_gate(grpo_dir, s["gate_step"]), s):
+            return None
+        if not s["pool_after"] or s["pool_after"] >= s["grpo_steps"]:
+            return grpo_until(s["grpo_steps"])
+        if done_steps(grpo_dir) < s["pool_after"]:
+            grpo_until(s["pool_after"])
+        pool_file = os.path.join(grpo_dir, "pool.json")
+        rollouts = os.path.join(grpo_dir, "rollouts.jsonl")
+        pool = write_pool(rollouts, s["pool_after"], pool_file)
+        summary["pool"] = {"bugs": len(pool["bugs"]), "of": len(pool["fixes"])}
+        print(f"   the pool: {len(pool['bugs'])} of the {len(pool['fixes'])} bugs drawn so far")
+        return grpo_until(s["grpo_steps"], pool_file if pool["bugs"] else None)
 
-    summary["grpo_run"] = progress.stage("grpo", grpo_dir, grpo, memory=True)
+    try:
+        summary["grpo_run"] = progress.stage("grpo", grpo_dir, grpo, memory=True)
+    except Paused as paused:
+        progress.save()
+        print(
+            f"   GRPO paused after step {paused.args[0]} of {s['grpo_steps']} (--grpo-minutes "
+            f"{grpo_minutes:g}); continue with the same command and --resume"
+        )
+        summary["paused_at_grpo_step"] = paused.args[0]
+        return summary
+    if summary["grpo_run"] is None:
+        return stop(progress, summary, out_dir, f"the check at GRPO step {s['gate_step']} failed")
 
     def last_eval():
         return grpo_eval(
@@ -301,20 +438,104 @@ def run(
 
     summary["grpo"] = stage_row(progress.stage("grpo_eval", evals["grpo"], last_eval))
     print("   " + stage_line(summary["grpo"]))
+    keep_bug_records(out_dir, "grpo", evals["grpo"])
 
-    summary["compare"] = {
-        f"{a}->{b}": compare(read_episodes(evals[a]), read_episodes(evals[b]))
-        for a, b in (("base", "sft"), ("sft", "grpo"), ("base", "grpo"))
-    }
+    pairs = [(a, b) for a, b in (("base", "sft"), ("sft", "grpo"), ("base", "grpo"))]
+    pairs = [(a, b) for a, b in pairs if a in stages and b in stages]
+    summary["compare"] = {f"{a}->{b}": compare(*episodes(evals, a, b)) for a, b in pairs}
+    if s["rollback"]:
+        summary["compare_recovered"] = {
+            f"{a}->{b}": compare(*episodes(evals, a, b), verdict="recovered") for a, b in pairs
+        }
     summary["grpo_groups"] = group_fixes(os.path.join(grpo_dir, "rollouts.jsonl"))
     progress.finish()
     results = table(summary)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(results + "\n")
     figure = code_recipe_figure(out_dir, os.path.join(out_dir, "recipe.png"))
+    if s["rollback"]:
+        retry_figure(os.path.join(grpo_dir, "metrics.csv"), os.path.join(out_dir, "retry.png"))
     print(results)
     print(
         f"5. {summary['seconds']['total'] / 60:.1f} min, peak resident memory "
         f"{summary['peak_rss_gb']:.1f} GB; {os.path.join(out_dir, 'summary.json')}, {figure}"
     )
+    return summary
+
+
+def demonstrate(s: dict, seed: int, summary: dict, out_dir: str) -> str:
+    """Stage 2: the demonstrations, written to out_dir/demonstrations.jsonl (its path returned)."""
+    print(f"2. demonstrations: the scripted engineer fixes {s['demonstrations']} training bugs")
+    train = load_bug_templates("train") if s["tasks"] == "bugs" else load_templates()
+    if s["teacher"] == "imperfect":
+        conversations, demo = retry_demonstrations(
+            train, s["demonstrations"], seed, s["retry_rate"]
+        )
+    else:
+        conversations, demo = demonstrations(
+            train,
+            s["demonstrations"],
+            s["retry_rate"],
+            s["test_rate"],
+            seed,
+            s["hack_rate"],
+            s["opening"],
+        )
+        demo.update(retry_rate=s["retry_rate"], test_rate=s["test_rate"], hack_rate=s["hack_rate"])
+    summary["demonstrator"] = demo
+    data = os.path.join(out_dir, "demonstrations.jsonl")
+    with open(data, "w") as f:
+        f.writelines(json.dumps(c) + "\n" for c in conversations)
+    if s["teacher"] == "imperfect":
+        print(
+            f"   {len(conversations)} conversations, fix rate {demo['fix_rate']:.3f}: "
+            f"{demo['with_wrong_first']:.2f} with a wrong first edit (not trained on), "
+            f"{demo['with_retry']:.2f} with a second attempt, {demo['gave_up']:.2f} giving up"
+        )
+    else:
+        print(
+            f"   {len(conversations)} conversations, fix rate {demo['fix_rate']:.3f}, "
+            f"{demo['with_retry']:.2f} with a wrong edit first, {demo['hacked']:.2f} deleting "
+            "the failing tests"
+        )
+    return data
+
+
+def done_steps(folder: str) -> int:
+    """The step of a GRPO run's newest checkpoint (0: none yet)."""
+    newest = latest_checkpoint(folder)
+    return int(os.path.basename(newest).split("-")[1]) if newest else 0
+
+
+def episodes(evals: dict, a: str, b: str) -> list[list[dict]]:
+    """Two stages' held-out episodes, each with its recovery verdicts (eval_summary.recovery)."""
+    return [[{**e, **recovery(e)} for e in read_episodes(evals[stage])] for stage in (a, b)]
+
+
+def keep_bug_records(out_dir: str, stage: str, folder: str) -> None:
+    """out_dir/bugs/STAGE.jsonl: one small line per held-out bug (recipe_code_metrics.bug_records),
+    what docs/ keeps so that every comparison can be recomputed without the run folder."""
+    os.makedirs(os.path.join(out_dir, "bugs"), exist_ok=True)
+    path = os.path.join(out_dir, "bugs", f"{stage}.jsonl")
+    with open(path + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in bug_records(read_episodes(folder)))
+    os.replace(path + ".tmp", path)
+
+
+def gate(summary: dict, name: str, result: dict, s: dict) -> bool:
+    """Record a check's result in summary["gates"] and print it; whether the run goes on (a failed
+    check stops it, unless the settings only record the checks: --fast)."""
+    summary.setdefault("gates", {})[name] = result
+    verdict = "passed" if result["passed"] else "FAILED"
+    print(f"   check ({name}): {verdict}: {result['reading']}")
+    return result["passed"] or not s["gates"]
+
+
+def stop(progress: Progress, summary: dict, out_dir: str, why: str) -> dict:
+    """End the run at a failed check: summary.json says where and why, results.md holds what ran."""
+    summary["stopped"] = why
+    progress.finish()
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(table(summary) + "\n")
+    print(f'   stopped: {why} (summary.json\'s "gates")')
     return summary

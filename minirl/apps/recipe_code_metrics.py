@@ -9,7 +9,9 @@ import json
 import os
 import shutil
 
+from ..run.plots import read_csv
 from ..run.stages import load_policy
+from .eval_summary import recovery
 from .evaluation import evaluate
 
 # the recipe's stages: each one's eval folder (eval/STAGE) and its row's label in the table
@@ -57,6 +59,85 @@ def group_fixes(rollouts: str) -> list[int]:
     return counts
 
 
+# the checks of the retry episode (issue: "Gates"), decided before the run
+SFT_GATE = {"fix_rate": 0.12, "valid_call_rate": 0.95, "retry_rate_below": 0.3}
+GRPO_GATE = {"recovered": 4}
+
+
+def sft_gate(row: dict) -> dict:
+    """After SFT's evaluation: it fixes enough bugs to learn from (fix rate >= 0.12), calls its tools
+    in Qwen's format (valid calls >= 0.95), and does not already retry as a habit (greedy, edits
+    again after < 0.3 of its failed tests; otherwise GRPO has nothing left to teach)."""
+    retry = row.get("retry_after_failed_test")
+    checks = {
+        "fix_rate": row["fix_rate"] >= SFT_GATE["fix_rate"],
+        "valid_call_rate": (row["valid_call_rate"] or 0) >= SFT_GATE["valid_call_rate"],
+        # a policy that never failed a test after an edit has not shown a retry habit
+        "retry_rate": (retry or 0.0) < SFT_GATE["retry_rate_below"],
+    }
+    return {
+        "passed": all(checks.values()),
+        "checks": checks,
+        "reading": f"fix rate {row['fix_rate']:.3f} (>= {SFT_GATE['fix_rate']}), valid calls "
+        f"{shown(row['valid_call_rate'])} (>= {SFT_GATE['valid_call_rate']}), greedy retry rate "
+        f"{shown(retry)} (< {SFT_GATE['retry_rate_below']})",
+    }
+
+
+def grpo_gate(grpo_dir: str, step: int) -> dict:
+    """At GRPO step `step` (grpo/metrics.csv): at least 4 training episodes recovered so far (fixed
+    by an edit after a failed test: something for GRPO to reinforce), and a retry rate that is not
+    falling (its mean over the second half of the steps at least that of the first half)."""
+    rows = [r for r in read_csv(os.path.join(grpo_dir, "metrics.csv")) if int(r["step"]) <= step]
+    recovered = sum(int(float(r["recovered"])) for r in rows)
+    rates = [float(r["retry_rate"]) for r in rows]
+    half = len(rates) // 2
+
+    def mean(values):
+        values = [v for v in values if v == v]
+        return sum(values) / len(values) if values else float("nan")
+
+    first, second = mean(rates[:half]), mean(rates[half:])
+    # with one step (--fast) there is no first half to compare with
+    not_falling = bool(half == 0 or not first == first or (second == second and second >= first))
+    checks = {"recovered": recovered >= GRPO_GATE["recovered"], "retry_not_falling": not_falling}
+    return {
+        "passed": all(checks.values()),
+        "checks": checks,
+        "recovered": recovered,
+        # per step; None where no episode failed a test after an edit (JSON has no NaN)
+        "retry_rate": [rate if rate == rate else None for rate in rates],
+        "step": step,
+        "reading": f"{recovered} recovered training episodes in steps 1-{step} (>= "
+        f"{GRPO_GATE['recovered']}); retry rate {shown(first)} in the first half, "
+        f"{shown(second)} in the second (not falling)",
+    }
+
+
+def bug_records(episodes: list[dict]) -> list[dict]:
+    """One small record per held-out bug of an eval folder's greedy episodes: what docs/ keeps of a
+    stage (bug, problem, fixed, retried, recovered, turns; item and seed pair two stages), enough to
+    recompute every comparison (eval_summary.compare reads them as episodes, with verdict="fixed"
+    or "recovered") without the run folder."""
+    records = []
+    for e in episodes:
+        verdicts = recovery(e)
+        records.append(
+            {
+                "item": e["item"],
+                "sample": e["sample"],
+                "seed": e["seed"],
+                "bug": e.get("template"),
+                "problem": e.get("problem"),
+                "fixed": e["success"],
+                "retried": verdicts["retried"],
+                "recovered": verdicts["recovered"],
+                "turns": e["turns"],
+            }
+        )
+    return records
+
+
 def stage_row(summary: dict) -> dict:
     """The table's numbers from an eval summary (eval_summary.summarize)."""
     code = summary.get("code_agent", {})
@@ -70,6 +151,9 @@ def stage_row(summary: dict) -> dict:
         "tested_after_last_edit": code.get("tested_after_last_edit"),
         "episodes_with_failed_test": code.get("episodes_with_failed_test"),
         "recovery_after_failed_test": code.get("recovery_after_failed_test"),
+        "episodes_failed_after_edit": code.get("episodes_failed_after_edit"),
+        "retry_after_failed_test": code.get("retry_after_failed_test"),
+        "recovered": code.get("recovered"),
         "turns": summary["trajectory"]["turns_per_episode"],
         "redundant_calls": summary["trajectory"]["redundant_calls_per_episode"],
         "completion_tokens": summary["cost"]["completion_tokens_per_episode"],
@@ -78,49 +162,80 @@ def stage_row(summary: dict) -> dict:
 
 
 def table(summary: dict) -> str:
-    """The stages as a markdown table (greedy, held-out list), then the paired comparisons."""
+    """The stages as a markdown table (greedy, held-out list), then the paired comparisons (of the
+    fix rate; on the retry episode, of "recovered" too), GRPO's groups by their fixes, and the
+    checks of the retry episode with where the run stopped, if it did."""
+    retry = summary["settings"].get("rollback")
+    recovery_columns = (
+        "edits again after a failed test | recovered |"
+        if retry
+        else "recovery after a failed test |"
+    )
     lines = [
         "| policy | fix rate | valid calls | read before edit | first edit on the bug's line | "
-        "test after last edit | recovery after a failed test | turns | completion tokens |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"test after last edit | {recovery_columns} turns | completion tokens |",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if retry else ""),
     ]
     demo = summary["demonstrator"]
-    hacks = f", {demo['hacked']:.2f} deleting the failing tests" if demo.get("hacked") else ""
     read = "-" if summary["settings"].get("opening") == "report" else "1.000"
-    lines.append(
-        f"| demonstrator (scripted, {demo['with_retry']:.2f} with a wrong edit first{hacks}) | "
-        f"{shown(demo['fix_rate'])} | 1.000 | {read} | 1.000 | {shown(demo['with_final_test'])} | "
-        "- | - | - |"
-    )
-    for stage, label in STAGES:
-        r = summary[stage]
-        recovery = (
-            f"{shown(r['recovery_after_failed_test'])} of {r['episodes_with_failed_test']}"
-            if r["episodes_with_failed_test"]
-            else "- (none failed)"
+    if retry:
+        lines.append(
+            f"| teacher (scripted, {demo['with_wrong_first']:.2f} with a wrong first edit, not "
+            f"trained on) | {shown(demo['fix_rate'])} | 1.000 | {read} | - | 1.000 | "
+            f"{shown(demo['with_retry'])} of all | {shown(demo['recovered'])} of all | - | - |"
         )
+    else:
+        hacks = f", {demo['hacked']:.2f} deleting the failing tests" if demo.get("hacked") else ""
+        lines.append(
+            f"| demonstrator (scripted, {demo['with_retry']:.2f} with a wrong edit first{hacks}) | "
+            f"{shown(demo['fix_rate'])} | 1.000 | {read} | 1.000 | "
+            f"{shown(demo['with_final_test'])} | - | - | - |"
+        )
+    for stage, label in STAGES:
+        r = summary.get(stage)
+        if not r:
+            continue
+        if retry:
+            recovery = (
+                f"{shown(r['retry_after_failed_test'])} of {r['episodes_failed_after_edit']} | "
+                f"{r['recovered']}"
+                if r.get("episodes_failed_after_edit")
+                else "- (no failed test after an edit) | 0"
+            )
+        else:
+            recovery = (
+                f"{shown(r['recovery_after_failed_test'])} of {r['episodes_with_failed_test']}"
+                if r["episodes_with_failed_test"]
+                else "- (none failed)"
+            )
         lines.append(
             f"| {label} | {shown(r['fix_rate'])} ± {shown(r['fix_rate_stderr'])} | "
             f"{shown(r['valid_call_rate'])} | {shown(r['read_before_edit'])} | "
-            f"{shown(r.get('edit_on_bug_line'))} | {shown(r['tested_after_last_edit'])} | {recovery} | {shown(r['turns'], 2)} | "
-            f"{shown(r['completion_tokens'], 0)} |"
+            f"{shown(r.get('edit_on_bug_line'))} | {shown(r['tested_after_last_edit'])} | "
+            f"{recovery} | {shown(r['turns'], 2)} | {shown(r['completion_tokens'], 0)} |"
         )
-    lines += [
-        "",
-        "| comparison | fix rate A → B | difference [95 % interval] | problems resampled | "
-        "McNemar p |",
-        "|---|---|---|---|---|",
-    ]
-    for pair, c in summary["compare"].items():
-        low, high = c["interval_95"]
-        by_problem = "-"
-        if c.get("interval_95_by_problem"):
-            p_low, p_high = c["interval_95_by_problem"]
-            by_problem = f"[{p_low:+.3f}, {p_high:+.3f}] ({c['problems']})"
-        lines.append(
-            f"| {pair} | {c['pass@1_a']:.3f} → {c['pass@1_b']:.3f} | {c['difference']:+.3f} "
-            f"[{low:+.3f}, {high:+.3f}] | {by_problem} | {c['mcnemar_p']:.3g} |"
-        )
+    comparisons = [("fix rate", summary.get("compare", {}))]
+    comparisons.append(("recovered", summary.get("compare_recovered", {})))
+    for what, pairs in comparisons:
+        if not pairs:
+            continue
+        lines += [
+            "",
+            f"| comparison | {what} A → B | difference [95 % interval] | problems resampled | "
+            "flipped to yes / to no | McNemar p |",
+            "|---|---|---|---|---|---|",
+        ]
+        for pair, c in pairs.items():
+            low, high = c["interval_95"]
+            by_problem = "-"
+            if c.get("interval_95_by_problem"):
+                p_low, p_high = c["interval_95_by_problem"]
+                by_problem = f"[{p_low:+.3f}, {p_high:+.3f}] ({c['problems']})"
+            lines.append(
+                f"| {pair} | {c['pass@1_a']:.3f} → {c['pass@1_b']:.3f} | {c['difference']:+.3f} "
+                f"[{low:+.3f}, {high:+.3f}] | {by_problem} | {len(c['flipped_to_success'])} / "
+                f"{len(c['flipped_to_failure'])} | {c['mcnemar_p']:.3g} |"
+            )
     counts = summary.get("grpo_groups")
     if counts:
         lines += [
@@ -132,6 +247,13 @@ def table(summary: dict) -> str:
             "|---" * (len(counts) + 1) + "|",
             "| groups | " + " | ".join(map(str, counts)) + " |",
         ]
+    for name, gate in summary.get("gates", {}).items():
+        verdict = "passed" if gate["passed"] else "**failed**"
+        where = "after SFT's evaluation" if name == "sft" else "during GRPO"
+        lines += ["", f"Check {where}: {verdict}: "]
+        lines[-1] += gate["reading"]
+    if summary.get("stopped"):
+        lines += ["", f"Stopped: {summary['stopped']}."]
     return "\n".join(lines)
 
 

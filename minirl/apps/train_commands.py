@@ -243,6 +243,19 @@ def add_grpo_parser(sub, fmt):
     )
     g.add_argument("--overwrite", action="store_true", help="replace the run a used --out holds")
     g.add_argument("--stop-after", type=int, default=d.stop_after)
+    g.add_argument(
+        "--pause-after",
+        type=int,
+        default=d.pause_after,
+        help="stop after step N with a checkpoint, no evaluation; --resume continues (0: no pause)",
+    )
+    g.add_argument(
+        "--minutes",
+        type=float,
+        default=d.minutes,
+        help="pause as --pause-after does after the step during which this many minutes of wall "
+        "time have passed (0: no limit)",
+    )
     # --- rollout log (python -m minirl view) ---
     g.add_argument(
         "--log-rollouts-every",

@@ -21,7 +21,8 @@ back and watchdog.py bounding its processes together), rewards.py (the code agen
 code_tasks.py (the code agent's tasks from data/code_tasks.json), then one file per environment
 (answer.py, calculator.py, code.py, program.py), bugs.py (the code agent's tasks made from
 HumanEval), code_scripts.py (the chapter's code-agent trajectories, scripted), engineer.py (the
-scripted engineer whose plays are its demonstrations) and perturb.py (robustness wrappers).
+scripted engineer whose plays are its demonstrations), teacher.py (the retry episode's imperfect
+teacher) and perturb.py (robustness wrappers).
 """
 
 from types import SimpleNamespace
@@ -45,6 +46,15 @@ class Env:
 
     def close(self) -> None:
         """Nothing to release unless the environment holds something (CodeEnv: its folder)."""
+
+
+def call_message(name: str, **arguments) -> dict:
+    """An assistant turn that makes one tool call (SFT data's structured form, chat.render)."""
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
+    }
 
 
 def play(env, task: dict, policy, max_turns: int = 4) -> tuple[list[dict], float, dict]:

@@ -6,6 +6,9 @@ it: the fraction of the original tests that pass (rewards.guarded_test_reward), 
 agent read some file more than `max_reads` times, minus `tool_cost` per call (0 unless asked for).
 `CodeEnv(reward="naive")` scores whatever tests the folder holds at the end, which §5's reward
 hacker empties; code_scripts.py plays him and the chapter's three trajectories.
+`CodeEnv(rollback=True)`: a run_test that fails puts every file back as the task shipped it and says
+so, so each new attempt starts from the file the opening message showed (the retry episode,
+apps/recipe_code.py): a wrong edit is undone, never built on.
 
 Every path the agent names is resolved inside the task folder; absolute paths, `..` and symlinks
 that lead out are refused. The tests run in a sandboxed child process (see sandbox.run_tests for what
@@ -28,6 +31,15 @@ from .tools import ToolCall
 
 # read_file shows at most this much; edit_file refuses to grow a file past it
 MAX_FILE_CHARS = 20_000
+
+
+# what run_test adds under rollback=True when the tests fail (eval_stats reads a report by its first line)
+ROLLED_BACK = "Rolled back: the files are as they were at the start; edit again from that text."
+
+
+def failed(summary: dict) -> bool:
+    """Whether a test run (sandbox.run_tests' summary) did not pass: a failure, an error, or no tests."""
+    return bool(summary["failed"] or summary["error"] or not summary["total"])
 
 
 class ToolError(Exception):
@@ -61,13 +73,14 @@ class CodeEnv(Env):
         memory_mb: int = 512,
         reward: str = "guarded",
         tool_cost: float = 0.0,
+        rollback: bool = False,
     ):
         if reward not in ("guarded", "naive"):
             raise ValueError(f"reward must be 'guarded' or 'naive', got {reward!r}")
         if tool_cost < 0:
             raise ValueError(f"tool_cost must be >= 0, got {tool_cost}")
         self.workdir_root, self.max_reads, self.reward_mode = workdir_root, max_reads, reward
-        self.tool_cost = tool_cost
+        self.tool_cost, self.rollback = tool_cost, rollback
         self.test_timeout, self.memory_mb = test_timeout, memory_mb
         self.root, self._cleanup = None, None
 
@@ -83,6 +96,7 @@ class CodeEnv(Env):
                 raise ValueError(f"task file name {relpath!r}: {e}") from None
             os.makedirs(os.path.dirname(full), exist_ok=True)
             Path(full).write_bytes(text.encode("utf-8"))
+        self.shipped = dict(task["files"])
         self.pristine_tests = {
             path: text
             for path, text in task["files"].items()
@@ -237,4 +251,15 @@ class CodeEnv(Env):
             self.root, timeout=self.test_timeout, memory_mb=self.memory_mb
         )
         self.test_runs += 1
-        return format_summary(self.last_summary)
+        report = format_summary(self.last_summary)
+        if self.rollback and failed(self.last_summary):
+            self._restore()
+            report += f"\n{ROLLED_BACK}"
+        return report
+
+    def _restore(self) -> None:
+        """Every file as the task shipped it, and nothing else (a file the agent made is removed)."""
+        for relpath in set(self._files()) - set(self.shipped):
+            os.remove(os.path.join(self.root, relpath))
+        for relpath, text in self.shipped.items():
+            Path(self._resolve(relpath)).write_bytes(text.encode("utf-8"))

@@ -12,18 +12,9 @@ guarded one 0.
 import random
 import re
 
-from . import play
+from . import call_message, play
 from .code import CodeEnv
 from .code_tasks import make_task, template_test_file
-
-
-def call_message(name: str, **arguments) -> dict:
-    """An assistant turn that makes one tool call (SFT data's structured form, chat.render)."""
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
-    }
 
 
 def wrong_edits(templates: list[dict]) -> dict[str, dict]:

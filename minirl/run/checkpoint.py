@@ -44,7 +44,16 @@ RUN_FILE = "run.json"  # the run's command and settings, written when the run st
 # A --resume whose setting differs in one of these would continue another run: refused.
 IDENTITY = ("command", "model", "task", "data", "adapter", "full", "lora_r", "lora_alpha")
 PATH_SETTINGS = ("model", "data", "eval_data", "adapter")
-NOT_COMPARED = ("resume", "overwrite", "stop_after", "out", "outputs", "contents")
+NOT_COMPARED = (
+    "resume",
+    "overwrite",
+    "stop_after",
+    "pause_after",
+    "minutes",
+    "out",
+    "outputs",
+    "contents",
+)
 WHOLE_FILE = 64 << 20  # files up to this size are hashed whole; larger ones by size, head and tail
 
 

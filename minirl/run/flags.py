@@ -125,6 +125,8 @@ def check_grpo(cfg) -> None:
     at_least(cfg.save_every, 1, "--save-every")
     at_least(cfg.log_rollouts_every, 0, "--log-rollouts-every", "0: off")
     at_least(cfg.log_rollout_groups, 1, "--log-rollout-groups")
+    at_least(cfg.pause_after, 0, "--pause-after", "0: no pause")
+    at_least(cfg.minutes, 0, "--minutes", "0: no limit")
     _check_optimization(cfg)
     if cfg.group_size == 1:
         warn(

@@ -76,6 +76,10 @@ class GRPOConfig(GRPOSettings):
     # replace the run a used --out holds (run/checkpoint.claim_run_folder)
     overwrite: bool = False
     stop_after: int = 0
+    # pause: stop after this step, or after the step during which this many minutes of the run's
+    # wall time have passed, with a checkpoint and without the last evaluation; --resume continues
+    pause_after: int = 0
+    minutes: float = 0.0
     # --- rollout log, for `minirl view` (run/rollout_log.py) ---
     # steps between logged samples, plus the first and last step; 0 = off
     log_rollouts_every: int = 10
@@ -215,7 +219,7 @@ def train(cfg: GRPOConfig) -> dict:
     # the sampler: with --compile it keeps its compiled step and fixed-shape cache for the whole run;
     # the held-out evaluation (batches of other sizes, greedy) samples uncompiled
     decoder, eval_decoder = fast.decoder(model, compile=cfg.compile), fast.decoder(model)
-    G, start, last_eval = cfg.group_size, time.perf_counter(), None
+    G, start, last_eval, paused = cfg.group_size, time.perf_counter(), None, False
     main = distributed.is_main()
     bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True, disable=not main)
     while step < cfg.steps:
@@ -267,17 +271,33 @@ def train(cfg: GRPOConfig) -> dict:
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0):.4f}")
         bar.update(1)
         stopping = cfg.stop_after and step >= cfg.stop_after
-        if step % cfg.save_every == 0 or stopping or step == cfg.steps:
+        out_of_time = cfg.minutes and time.perf_counter() - start >= 60 * cfg.minutes
+        # every rank stops at the same step: the slowest rank's clock decides
+        out_of_time = distributed.all_reduce_max(int(bool(out_of_time)))
+        paused = step < cfg.steps and bool(
+            (cfg.pause_after and step >= cfg.pause_after) or out_of_time
+        )
+        if step % cfg.save_every == 0 or stopping or paused or step == cfg.steps:
             saved = {
                 "config": {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "task"}
             }
             save_checkpoint(cfg.out, model, tokenizer, optimizer, scheduler, step, cfg.full, saved)
-        if stopping:
+        if stopping or paused:
             break
     bar.close()
     log.close()
     if rollout_log:
         rollout_log.close()
+    if paused:
+        # unfinished: no evaluation, no adapter, no summary.json; --resume continues from here
+        seconds = time.perf_counter() - start
+        distributed.print_main(f"grpo: paused after step {step} of {cfg.steps}; --resume continues")
+        return {
+            "steps": step,
+            "paused": True,
+            "seconds": seconds,
+            "memory_estimate_gb": guard.peak / 1e9,
+        }
 
     # Stage 5: the last evaluation (unless the last step just ran one), the adapter and summary.json
     summary = {

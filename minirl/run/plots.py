@@ -122,6 +122,8 @@ def code_recipe_figure(run_dir: str, out_path: str):
         summary = json.load(f)
     rows = read_csv(os.path.join(run_dir, "grpo", "metrics.csv"))
     policies = [("untrained", "base"), ("SFT", "sft"), ("GRPO", "grpo")]
+    # a run with --skip-untrained has no untrained row
+    policies = [(name, stage) for name, stage in policies if summary.get(stage)]
     bars = [
         ("fix_rate", "fix rate", "C2"),
         ("valid_call_rate", "valid calls", "C0"),
@@ -174,6 +176,33 @@ def hack_figure(guarded_dir: str, naive_dir: str, out_path: str):
     fig.suptitle(
         "the test file is the agent's to edit: the naive reward pays for deleting the failing tests"
     )
+    return _save(fig, out_path)
+
+
+def retry_figure(metrics_csv: str, out_path: str):
+    """The retry episode's GRPO along its steps (`recipe code --episode retry`; grpo/metrics.csv):
+    the sampled episodes' fix rate, and the retry rate (among episodes whose test failed after an
+    edit, the share that edited again), with the recovered episodes counted on a second axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rows = read_csv(metrics_csv)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(*_series(rows, "accuracy"), "s-", color="C2", label="fix rate (samples)")
+    ax.plot(*_series(rows, "retry_rate"), "o-", color="C1", label="edits again after a failed test")
+    ax.set(xlabel="GRPO step", ylabel="share of episodes", ylim=(-0.05, 1.05))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    counts = ax.twinx()
+    steps, recovered = _series(rows, "recovered")
+    counts.bar(steps, recovered, color="C0", alpha=0.25, label="recovered episodes (count)")
+    counts.set(ylabel="recovered episodes", ylim=(0, max(recovered + [1]) * 3))
+    lines, labels = ax.get_legend_handles_labels()
+    more, more_labels = counts.get_legend_handles_labels()
+    ax.legend(lines + more, labels + more_labels, loc="upper left", fontsize=8)
+    ax.set_title("GRPO on the retry episode: training episodes per step")
     return _save(fig, out_path)
 
 

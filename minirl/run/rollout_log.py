@@ -119,6 +119,8 @@ def rollout_records(
                 "tool_calls": t.tool_calls,
                 "perturbations": t.info.get("perturbations", {}),
                 "answer": t.prompt.get("answer"),
+                # the code agent's bug, by name (apps/bug_pool.py reads each bug's groups)
+                "template": t.prompt.get("template"),
                 "scoring_error": t.scoring_error,
             }
         )

@@ -69,10 +69,13 @@ class StageMeter:
     def stage(self, name: str, memory: bool = False):
         tick = time.perf_counter()
         floor = self._reset_peak() if memory else 0
-        yield
-        self.seconds[name] = time.perf_counter() - tick
-        if memory:
-            self.peaks[name] = resident("VmHWM") - floor
+        try:
+            yield
+        finally:
+            # a stage that paused (recipe code --grpo-minutes) is charged its time too
+            self.seconds[name] = time.perf_counter() - tick
+            if memory:
+                self.peaks[name] = resident("VmHWM") - floor
 
     def _reset_peak(self) -> int:
         """Start a new high-water mark at the current size, after handing the heap's free pages back;
@@ -169,8 +172,13 @@ class Progress:
             print(f"   finished earlier: read from {folder}")
             return done
         self.save()
-        with self.meter.stage(name, memory=memory):
-            return work()
+        # the time an earlier sitting spent on this stage before it paused or stopped
+        before = self.earlier.get("seconds", {}).get(name, 0.0)
+        try:
+            with self.meter.stage(name, memory=memory):
+                return work()
+        finally:
+            self.meter.seconds[name] += before
 
     def save(self, finished: bool = False) -> None:
         """summary.json as it stands: times and peaks so far, the earlier runs' included."""
