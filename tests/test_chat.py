@@ -162,6 +162,32 @@ def test_mask_matches_prefix_token_counts(toy_tokenizer, case):
     )
 
 
+def test_a_turn_with_weight_0_is_context_and_the_rest_is_unchanged(toy_tokenizer):
+    """OpenAI's per-message "weight": 0 (a demonstrator's deliberate mistake, envs/teacher.py): the
+    same ids, that turn's tokens untrained, every other token's mask as without the key."""
+    messages = [
+        {"role": "user", "content": "What is 37 * 84?"},
+        {"role": "assistant", "content": "It is 3018.", "weight": 0},
+        {"role": "user", "content": "Check it."},
+        {"role": "assistant", "content": "It is 3108."},
+    ]
+    plain = [{k: v for k, v in m.items() if k != "weight"} for m in messages]
+    ids, mask = render(toy_tokenizer, messages)
+    plain_ids, plain_mask = render(toy_tokenizer, plain)
+    assert ids == plain_ids
+    assert runs(toy_tokenizer, ids, mask, 1) == ["It is 3108.<|im_end|>"]
+    assert runs(toy_tokenizer, plain_ids, plain_mask, 1) == [
+        "It is 3018.<|im_end|>",
+        "It is 3108.<|im_end|>",
+    ]
+    # the mask differs from the plain one exactly on the first assistant turn's tokens
+    expected = expected_mask(toy_tokenizer, plain, None)
+    second = expected_mask(toy_tokenizer, plain[:2], None)
+    assert mask == [m if t >= len(second) else 0 for t, m in enumerate(expected)]
+    weight_1 = [dict(m, weight=1) if m["role"] == "assistant" else m for m in plain]
+    assert render(toy_tokenizer, weight_1) == (plain_ids, plain_mask)
+
+
 def test_generation_prompt_is_context(toy_tokenizer):
     ids, mask = render(toy_tokenizer, TOOL, [CALC], add_generation_prompt=True)
     header = toy_tokenizer.encode("<|im_start|>assistant\n")

@@ -66,6 +66,18 @@ BAD_LINES = [
         "message 1: tool call to 'search', which is not in the line's tools (calculator)",
     ),
     ({"messages": [{"role": "user", "content": "q"}]}, "no assistant turn"),
+    (
+        {"messages": [GOOD["messages"][0], {"role": "assistant", "content": "a", "weight": 0.5}]},
+        'message 1 (assistant): "weight" must be 0 or 1',
+    ),
+    (
+        {"messages": [{"role": "user", "content": "q", "weight": 0}, GOOD["messages"][1]]},
+        'message 0 (user): "weight" must be 0 or 1 and only on an assistant message',
+    ),
+    (
+        {"messages": [GOOD["messages"][0], {"role": "assistant", "content": "a", "weight": 0}]},
+        'every assistant turn has "weight": 0',
+    ),
 ]
 
 

@@ -27,6 +27,7 @@ from minirl.lora import (
 )
 from minirl.losses import group_advantages
 from minirl.rollout import Trajectory, sample_completions
+from minirl.run.flags import FlagError
 from minirl.run.grpo import GRPOConfig, train
 from minirl.task import Task
 from minirl.tasks import ArithmeticTask
@@ -156,6 +157,36 @@ def test_resume_reproduces_the_metrics(base, tmp_path):
     assert (
         logged[0] == logged[1] and logged[0].count("\n") == 2 * 2 * 8
     )  # steps 1 and 8, 2 groups of G = 8
+
+
+@pytest.mark.slow
+def test_a_pause_keeps_the_checkpoint_skips_the_evaluation_and_resumes_exactly(base, tmp_path):
+    """--pause-after (and --minutes, the same stop on the clock): the run stops after that step with a
+    checkpoint and no evaluation, adapter or summary.json, so it is unfinished; --resume then
+    ends where an uninterrupted run ends."""
+    small = dict(steps=3, save_every=100, group_size=4, prompts_per_step=2)
+    whole = train(config(base, tmp_path / "a", **small))
+    paused = train(config(base, tmp_path / "b", pause_after=1, **small))
+    assert paused["paused"] and paused["steps"] == 1
+    b = tmp_path / "b"
+    assert os.path.isdir(b / "checkpoints" / "step-000001")
+    for absent in ("eval", "adapter", "summary.json"):
+        assert not os.path.exists(b / absent), absent
+    # out of time after the first step of the rest: paused again, at step 2
+    again = train(config(base, b, resume=True, minutes=1e-9, **small))
+    assert again["paused"] and again["steps"] == 2 and not os.path.exists(b / "summary.json")
+    done = train(config(base, b, resume=True, minutes=60, **small))
+    assert not done.get("paused") and done["steps"] == 3
+    assert done["eval_accuracy"] == whole["eval_accuracy"]
+    a_rows, b_rows = rows(tmp_path / "a"), rows(b)
+    strip = lambda row: {k: v for k, v in row.items() if k not in TIMING}  # noqa: E731
+    assert [strip(r) for r in a_rows] == [strip(r) for r in b_rows]
+    adapter = os.path.join("adapter", "adapter_model.safetensors")
+    assert open(tmp_path / "a" / adapter, "rb").read() == open(b / adapter, "rb").read()
+    # a pause at or after the last step is no pause: the run ends as usual
+    assert not train(config(base, tmp_path / "c", pause_after=3, **small)).get("paused")
+    with pytest.raises(FlagError, match="--minutes must be >= 0"):
+        train(config(base, tmp_path / "d", minutes=-1, **small))
 
 
 def test_groups_are_consecutive_and_never_mix_prompts(base):

@@ -390,7 +390,7 @@ def run(
         where = {"resume": True} if latest_checkpoint(grpo_dir) else progress.continued(grpo_dir)
         result = grpo_train(dataclasses.replace(config, **where))
         if result.get("paused") and result["steps"] < step:
-            raise Paused(result["steps"])
+            raise Paused(result)
         return result
 
     def grpo():
@@ -414,12 +414,13 @@ def run(
     try:
         summary["grpo_run"] = progress.stage("grpo", grpo_dir, grpo, memory=True)
     except Paused as paused:
+        summary["grpo_run"] = paused.args[0]
+        summary["paused_at_grpo_step"] = paused.args[0]["steps"]
         progress.save()
         print(
-            f"   GRPO paused after step {paused.args[0]} of {s['grpo_steps']} (--grpo-minutes "
-            f"{grpo_minutes:g}); continue with the same command and --resume"
+            f"   GRPO paused after step {summary['paused_at_grpo_step']} of {s['grpo_steps']} "
+            f"(--grpo-minutes {grpo_minutes:g}); continue with the same command and --resume"
         )
-        summary["paused_at_grpo_step"] = paused.args[0]
         return summary
     if summary["grpo_run"] is None:
         return stop(progress, summary, out_dir, f"the check at GRPO step {s['gate_step']} failed")

@@ -68,12 +68,17 @@ def plan_attempts(
     one. The plan ends at the first right edit, or after a wrong one where the teacher gives up."""
 
     def a_wrong_edit(used):
-        kinds = ["other_line", "same_line"] if rng.random() < OTHER_LINE else ["same_line"]
-        kinds += [k for k in ("other_line", "same_line") if k not in kinds]
-        for kind in kinds:
-            fresh = [e for e in wrong[kind] if e not in used] or wrong[kind]
-            if fresh:
-                return rng.choice(fresh)
+        """Of the kind drawn (other line 2 times in 3) where it has one, else of the other kind; one
+        not made yet in this episode while there is one."""
+        first = "other_line" if rng.random() < OTHER_LINE else "same_line"
+        kinds = [first, "same_line" if first == "other_line" else "other_line"]
+        for edits in (
+            ([e for e in wrong[k] if e not in used] for k in kinds),
+            (wrong[k] for k in kinds),
+        ):
+            for candidates in edits:
+                if candidates:
+                    return rng.choice(candidates)
         return None
 
     if not (wrong["other_line"] or wrong["same_line"]) or rng.random() >= wrong_rate:
