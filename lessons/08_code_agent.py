@@ -3,7 +3,8 @@
 Chapter ch. 11 §7. The environment is a tiny repository with a planted bug and ten tests; the tools
 are the chapter's three; the reward grows with the tests that pass, minus 0.2 for reading in circles.
 We walk trajectory A step by step, score the chapter's A, B and C, see the sandbox refuse to leave
-the task folder, and let the model try (the multi-turn loop of lesson 07, with another environment).
+the task folder, let the model try (the multi-turn loop of lesson 07, with another environment), and
+see how a demonstration teaches recovery (§4) without teaching the mistake it recovers from.
 
     python lessons/08_code_agent.py               # toy world, ~15 s on 2 CPU cores
     python lessons/08_code_agent.py --model DIR   # a real Qwen2.5-Instruct folder (try Qwen2.5-Coder)
@@ -15,15 +16,18 @@ toy model is random until the quickstart stage trains it, so its attempt is nois
 
 # %% setup
 import argparse
+import json
 import math
 import os
 import tempfile
 
 from minirl import load_pretrained
-from minirl.chat import show_mask
-from minirl.envs.code import CodeEnv
+from minirl.chat import render, show_mask
+from minirl.envs import play
+from minirl.envs.code import ROLLED_BACK, CodeEnv
 from minirl.envs.code_scripts import SCRIPTED_POLICIES, run_scripted
 from minirl.envs.code_tasks import load_templates, make_task
+from minirl.envs.teacher import teacher
 from minirl.envs.tools import ToolCall
 from minirl.rollout import run_episodes
 from minirl.tasks import CodeTask
@@ -93,3 +97,23 @@ model, tokenizer = load_pretrained(folder)
 CodeTask().score([episode])
 print(f"--- {episode.finish_reason} after {episode.turns} turn(s), reward {episode.reward:+.2f}")
 print(show_mask(tokenizer, episode.completion_ids, episode.action_mask))
+
+# %% 6. recovery: a rollback, and a teacher whose mistakes are context, not targets
+# The retry episode (`recipe code --episode retry`): a failing run_test puts the file back, so every
+# attempt starts from the file the opening showed. The scripted teacher's wrong first edit (here
+# the template's partial fix) stays in the conversation with "weight": 0: SFT conditions on it
+# but is never taught to make it; the run_test after it, the right edit and the answer are taught.
+retry_task = make_task(template, seed=0, opening="report")
+with CodeEnv(rollback=True) as env:
+    demo, _, info = play(env, retry_task, teacher(template, [template["partial"], None]), 7)
+first_report = next(
+    m["content"] for m in demo if m["role"] == "tool" and " passed, " in m["content"]
+)
+assert info["fraction"] == 1.0 and ROLLED_BACK in first_report, f"{info} {first_report}"
+ids, mask = render(tokenizer, demo, retry_task["tools"])
+shown = show_mask(tokenizer, ids, mask, color=False)
+print(shown[shown.index("<|im_start|>assistant") :])
+# the trained spans ([[...]]): the right edit's call, not the wrong one's
+trained = "".join(part.split("]]")[0] for part in shown.split("[[")[1:])
+assert json.dumps(template["partial"]["new"])[1:-1] not in trained, "the mistake is no target"
+assert trained.count("edit_file") == 1, "only the right edit is a target"

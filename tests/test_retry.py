@@ -18,7 +18,7 @@ from minirl.apps.cli import main
 from minirl.apps.eval_folder import read_episodes
 from minirl.apps.eval_summary import compare, recovery
 from minirl.apps.recipe_code import RETRY_FAST, run
-from minirl.apps.recipe_code_metrics import grpo_gate, sft_gate
+from minirl.apps.recipe_code_metrics import grpo_gate, retry_odds, sft_gate
 from minirl.data import encode
 from minirl.envs import teacher
 from minirl.envs.bugs import load_bug_templates
@@ -256,6 +256,32 @@ def test_the_pool_holds_the_bugs_fixed_sometimes_not_always(tmp_path, capsys):
         bug_pool(str(tmp_path / "old.jsonl"), until=4)
 
 
+def test_retry_odds_by_hand(tmp_path):
+    """How often a retry fixes against a first attempt, from logged episodes."""
+    edit_ok = {"name": "edit_file", "arguments": {"path": "f.py"}, "result": "Edited f.py."}
+    failing = {"name": "run_test", "arguments": {}, "result": "1 passed, 1 failed (2 tests)."}
+    passing = {"name": "run_test", "arguments": {}, "result": "2 passed, 0 failed (2 tests)."}
+    episodes = [
+        ([edit_ok, passing], 1),  # first attempt
+        ([edit_ok, failing, edit_ok, passing], 1),  # recovered
+        ([edit_ok, failing, edit_ok, failing], 0),  # retried in vain
+        ([edit_ok, failing], 0),  # gave up
+    ]
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"tool_calls": calls, "reward_parts": {"solved": solved}}) + "\n"
+            for calls, solved in episodes
+        )
+    )
+    assert retry_odds(str(path)) == {
+        "episodes": 4,
+        "first_attempt_fix_rate": 0.25,
+        "retried": 2,
+        "retry_fix_rate": 0.5,
+    }
+
+
 def test_the_checks_by_hand(tmp_path):
     row = {"fix_rate": 0.15, "valid_call_rate": 0.97, "retry_after_failed_test": 0.1}
     assert sft_gate(row)["passed"]
@@ -306,6 +332,8 @@ def test_the_retry_recipe_end_to_end_paused_and_resumed(tmp_path, capsys):
     # both checks ran and were recorded (not enforced with --fast: a toy policy fixes nothing)
     assert set(whole["gates"]) == {"sft", "grpo"} and not whole["gates"]["sft"]["passed"]
     assert whole["finished"] and not whole.get("stopped")
+    # every logged training episode: 2 bugs x 2 episodes a step, 4 steps
+    assert whole["retry_odds"]["episodes"] == 2 * 2 * 4
     for name in ("retry.png", "results.md", "bugs/sft.jsonl", "bugs/grpo.jsonl", "grpo/pool.json"):
         assert (out / name).exists(), name
     assert "Check after SFT's evaluation: **failed**" in (out / "results.md").read_text()

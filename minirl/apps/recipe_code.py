@@ -54,6 +54,7 @@ from .recipe_code_metrics import (
     group_fixes,
     grpo_eval,
     grpo_gate,
+    retry_odds,
     sft_gate,
     stage_eval,
     stage_line,
@@ -449,6 +450,8 @@ def run(
             f"{a}->{b}": compare(*episodes(evals, a, b), verdict="recovered") for a, b in pairs
         }
     summary["grpo_groups"] = group_fixes(os.path.join(grpo_dir, "rollouts.jsonl"))
+    if s["rollback"]:
+        summary["retry_odds"] = retry_odds(os.path.join(grpo_dir, "rollouts.jsonl"))
     progress.finish()
     results = table(summary)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
@@ -535,6 +538,10 @@ def gate(summary: dict, name: str, result: dict, s: dict) -> bool:
 def stop(progress: Progress, summary: dict, out_dir: str, why: str) -> dict:
     """End the run at a failed check: summary.json says where and why, results.md holds what ran."""
     summary["stopped"] = why
+    rollouts = os.path.join(out_dir, "grpo", "rollouts.jsonl")
+    if os.path.exists(rollouts):
+        # what GRPO's samples showed before the stop: how often a retry fixes, against a first try
+        summary["retry_odds"] = retry_odds(rollouts)
     progress.finish()
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(table(summary) + "\n")

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 
+from ..eval_stats import code_agent_shape
 from ..run.plots import read_csv
 from ..run.stages import load_policy
 from .eval_summary import recovery
@@ -138,6 +139,33 @@ def bug_records(episodes: list[dict]) -> list[dict]:
     return records
 
 
+def retry_odds(rollouts: str) -> dict:
+    """How often a retry fixes, against a fresh sample, from GRPO's logged episodes: the share of
+    episodes whose first attempt (the first edit that went through, then run_test) passed, and
+    among the episodes that retried after a failed attempt, the share that ended fixed. Both are
+    the sampling policy's (temperature > 0), over every step logged."""
+    first, retried, recovered, episodes = 0, 0, 0, 0
+    with open(rollouts) as f:
+        for line in map(json.loads, f):
+            calls = [
+                {**c, "error": str(c["result"]).startswith("Error:")} for c in line["tool_calls"]
+            ]
+            shape = code_agent_shape(calls, "", None)
+            parts = line["reward_parts"]
+            fixed = parts.get("solved", parts.get("fraction")) == 1
+            episodes += 1
+            # fixed with no failed attempt before: the first attempt did it
+            first += fixed and not shape["failed_after_edit"]
+            retried += shape["retried"]
+            recovered += shape["retried"] and fixed
+    return {
+        "episodes": episodes,
+        "first_attempt_fix_rate": first / episodes if episodes else None,
+        "retried": retried,
+        "retry_fix_rate": recovered / retried if retried else None,
+    }
+
+
 def stage_row(summary: dict) -> dict:
     """The table's numbers from an eval summary (eval_summary.summarize)."""
     code = summary.get("code_agent", {})
@@ -246,6 +274,14 @@ def table(summary: dict) -> str:
             + " |",
             "|---" * (len(counts) + 1) + "|",
             "| groups | " + " | ".join(map(str, counts)) + " |",
+        ]
+    odds = summary.get("retry_odds")
+    if odds and odds["episodes"]:
+        lines += [
+            "",
+            f"GRPO's {odds['episodes']} training episodes (sampled): the first attempt fixed "
+            f"{shown(odds['first_attempt_fix_rate'])}; a retry after a failed attempt fixed "
+            f"{shown(odds['retry_fix_rate'])} of {odds['retried']}.",
         ]
     for name, gate in summary.get("gates", {}).items():
         verdict = "passed" if gate["passed"] else "**failed**"
