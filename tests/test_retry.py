@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+from minirl.apps import recipe_code
 from minirl.apps.bug_pool import bug_pool
 from minirl.apps.bug_pool import main as pool_main
 from minirl.apps.cli import main
@@ -303,6 +304,7 @@ def test_the_checks_by_hand(tmp_path):
         return grpo_gate(str(tmp_path), 4)
 
     rising = metrics([0.2, 0.1, "nan", 0.3, 0.0], [1, 0, 1, 2, 0])  # step 5 is after the check
+    assert metrics([0.2, 0.1, "nan", 0.3], [1, 0, "nan", 3])["recovered"] == 4
     assert rising["passed"] and rising["recovered"] == 4
     assert rising["retry_rate"] == [0.2, 0.1, None, 0.3]
     assert not metrics([0.2, 0.1, 0.1, 0.3], [1, 0, 1, 1])["checks"]["recovered"]
@@ -391,6 +393,17 @@ def test_a_failed_check_stops_the_retry_recipe(tmp_path, monkeypatch):
     assert stopped["stopped"] == "the check after SFT's evaluation failed"
     assert stopped["finished"] and not (out / "grpo").exists()
     assert "Stopped: the check after SFT's evaluation failed." in (out / "results.md").read_text()
+    # past SFT's check (as if it had passed), the one at GRPO's step 1 stops it: nothing recovered
+    passed = {"passed": True, "checks": {}, "reading": "as if passed"}
+    monkeypatch.setattr(recipe_code, "sft_gate", lambda row: passed)
+    stopped = run(
+        model, out_dir=str(out), fast=True, episode="retry", skip_untrained=True, resume=True
+    )
+    assert stopped["stopped"] == "the check at GRPO step 1 failed"
+    assert stopped["gates"]["grpo"]["checks"] == {"recovered": False, "retry_not_falling": True}
+    assert stopped["grpo_run"]["steps"] == 1 and not (out / "grpo" / "adapter").exists()
+    assert stopped["retry_odds"]["episodes"] == 2 * 2
+    assert "Check during GRPO: **failed**" in (out / "results.md").read_text()
     shutil.rmtree(out)
     with pytest.raises(ValueError, match="the retry episode's teacher always tests"):
         run(model, out_dir=str(out), fast=True, episode="retry", hack_rate=0.1)

@@ -398,9 +398,11 @@ def run(
         if not s["gate_step"]:
             return grpo_until(s["grpo_steps"])
         if done_steps(grpo_dir) < s["gate_step"]:
-            grpo_until(s["gate_step"])
+            part = grpo_until(s["gate_step"])
+        else:
+            part = {"steps": done_steps(grpo_dir), "memory_estimate_gb": 0.0}
         if not gate(summary, "grpo", grpo_gate(grpo_dir, s["gate_step"]), s):
-            return None
+            return {**part, "stopped_at_check": True}
         if not s["pool_after"] or s["pool_after"] >= s["grpo_steps"]:
             return grpo_until(s["grpo_steps"])
         if done_steps(grpo_dir) < s["pool_after"]:
@@ -423,7 +425,7 @@ def run(
             f"(--grpo-minutes {grpo_minutes:g}); continue with the same command and --resume"
         )
         return summary
-    if summary["grpo_run"] is None:
+    if summary["grpo_run"].get("stopped_at_check"):
         return stop(progress, summary, out_dir, f"the check at GRPO step {s['gate_step']} failed")
 
     def last_eval():

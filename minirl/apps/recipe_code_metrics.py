@@ -90,7 +90,10 @@ def grpo_gate(grpo_dir: str, step: int) -> dict:
     by an edit after a failed test: something for GRPO to reinforce), and a retry rate that is not
     falling (its mean over the second half of the steps at least that of the first half)."""
     rows = [r for r in read_csv(os.path.join(grpo_dir, "metrics.csv")) if int(r["step"]) <= step]
-    recovered = sum(int(float(r["recovered"])) for r in rows)
+    # a step whose episodes could not be scored logs NaN: none recovered there
+    recovered = sum(
+        int(float(r["recovered"])) for r in rows if float(r["recovered"]) == float(r["recovered"])
+    )
     rates = [float(r["retry_rate"]) for r in rows]
     half = len(rates) // 2
 

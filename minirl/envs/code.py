@@ -33,7 +33,8 @@ from .tools import ToolCall
 MAX_FILE_CHARS = 20_000
 
 
-# what run_test adds under rollback=True when the tests fail (eval_stats reads a report by its first line)
+# what run_test adds under rollback=True when the tests fail (no "Error:": the report's own first line
+# says whether the tests failed, eval_stats.run_test_failed)
 ROLLED_BACK = "Rolled back: the files are as they were at the start; edit again from that text."
 
 
