@@ -460,7 +460,7 @@ def run(
         f.write(results + "\n")
     figure = code_recipe_figure(out_dir, os.path.join(out_dir, "recipe.png"))
     if s["rollback"]:
-        retry_figure(os.path.join(grpo_dir, "metrics.csv"), os.path.join(out_dir, "retry.png"))
+        retry_figure(out_dir, os.path.join(out_dir, "retry.png"))
     print(results)
     print(
         f"5. {summary['seconds']['total'] / 60:.1f} min, peak resident memory "

@@ -179,7 +179,7 @@ def hack_figure(guarded_dir: str, naive_dir: str, out_path: str):
     return _save(fig, out_path)
 
 
-def retry_figure(metrics_csv: str, out_path: str):
+def retry_figure(run_dir: str, out_path: str):
     """The retry episode's GRPO along its steps (`recipe code --episode retry`; grpo/metrics.csv):
     the sampled episodes' fix rate, and the retry rate (among episodes whose test failed after an
     edit, the share that edited again), with the recovered episodes counted on a second axis."""
@@ -189,7 +189,7 @@ def retry_figure(metrics_csv: str, out_path: str):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    rows = read_csv(metrics_csv)
+    rows = read_csv(os.path.join(run_dir, "grpo", "metrics.csv"))
     fig, ax = plt.subplots(figsize=(7, 3.6))
     ax.plot(*_series(rows, "accuracy"), "s-", color="C2", label="fix rate (samples)")
     ax.plot(*_series(rows, "retry_rate"), "o-", color="C1", label="edits again after a failed test")
