@@ -38,9 +38,33 @@ def test_rates_are_parsed_and_bad_ones_named():
         (["tool_error=0"], r"must be in \(0, 1\], got 0.0"),
         (["tool_error=1.5"], r"must be in \(0, 1\], got 1.5"),
         (["tool_error=0.5", "tool_error=0.2"], "named twice"),
+        (["all=0.5", "tool_error=0.2"], "named twice"),
+        (["all=0"], r"must be in \(0, 1\], got 0.0"),
     ]:
         with pytest.raises(ValueError, match=message):
             perturb.rates(spec)
+    # all=P is every kind at P, written out, so that training meets (and run.json records) each one
+    assert perturb.rates(["all=0.25"]) == dict.fromkeys(perturb.PERTURBATIONS, 0.25)
+
+
+@pytest.mark.slow
+def test_all_trains_with_every_fault_from_the_flag_and_from_the_library(policy, tmp_path):
+    """The reproduction: `grpo --perturb all=1` trained with no fault (0 perturbed episodes); and a
+    library caller's GRPOConfig(perturb={"all": 1.0}) did the same."""
+    from_flag = perturb.rates(["all=1"])
+    for out, faults in [(tmp_path / "flag", from_flag), (tmp_path / "library", {"all": 1.0})]:
+        grpo(policy, out, steps=1, perturb=faults)
+        rows, records = logged(out)
+        assert int(rows[0]["perturbed_episodes"]) == len(records) == 8
+        assert all(set(r["perturbations"]) == set(perturb.PERTURBATIONS) for r in records)
+    # the scripted demonstrations meet them too (toy.demonstrations: the quickstart's SFT data,
+    # where `quickstart --perturb all=1` had put no injected error)
+    questions = make_questions(4, random.Random(0), hard_fraction=1.0)
+    for faults in (from_flag, {"all": 1.0}):
+        faulty, _ = demonstrations(questions, expert_policy, faults, seed=1)
+        assert all(
+            any(m["content"].startswith("Error:") for m in c["messages"][1:]) for c in faulty
+        )
 
 
 def test_each_episode_meets_each_fault_with_its_own_probability_replayably():

@@ -67,7 +67,8 @@ def check(names) -> list[str]:
 
 def rates(specs) -> dict[str, float]:
     """`--perturb KIND=P ...` as {kind: P}: each KIND applied to a training episode with
-    probability P. An unknown kind, a P outside (0, 1] or a kind named twice is an error naming it."""
+    probability P; `all=P` is every kind at P, written out (the run records what it trains with).
+    An unknown kind, a P outside (0, 1] or a kind named twice is an error naming it."""
     found = {}
     for spec in specs:
         kind, _, p = str(spec).partition("=")
@@ -77,25 +78,29 @@ def rates(specs) -> dict[str, float]:
             raise ValueError(
                 f"--perturb {spec!r}: expected KIND=P, such as tool_error=0.5"
             ) from None
-        check([*found, kind])
+        kinds = list(PERTURBATIONS) if kind == "all" else [kind]
+        check([*found, *kinds])
         if not 0 < p <= 1:
             raise ValueError(f"--perturb {spec!r}: the probability must be in (0, 1], got {p}")
-        found[kind] = p
+        found.update(dict.fromkeys(kinds, p))
     return found
 
 
-def training(rates: dict[str, float], seed: int):
+def training(faults: dict[str, float], seed: int):
     """wrap_env for a training rollout (rollout.run_episodes): each episode is wrapped in every
-    perturbation of `rates` with its probability, drawn in episode order from a generator seeded by
-    `seed` (the step's), so a resumed run meets the same faults where it left off. The faults
-    (flaky_tool, tool_error) wrap outermost: their errors reach the policy as "Error: ..." lines."""
+    perturbation of `faults` ({kind: p}) with its probability, drawn in episode order from a
+    generator seeded by `seed` (the step's), so a resumed run meets the same faults where it left
+    off. The faults (flaky_tool, tool_error) wrap outermost: their errors reach the policy as
+    "Error: ..." lines."""
+    # read as --perturb reads them: a library caller's {"all": p} is every kind, not none
+    faults = rates(f"{kind}={p}" for kind, p in faults.items())
     rng = random.Random(f"training-{seed}")
     # innermost first, so an injected error is never hidden behind a noisy log line or cut short
-    order = [kind for kind in reversed(PERTURBATIONS) if kind in rates]
+    order = [kind for kind in reversed(PERTURBATIONS) if kind in faults]
 
     def wrap(env):
         for kind in order:
-            if rng.random() < rates[kind]:
+            if rng.random() < faults[kind]:
                 env = PerturbedEnv(env, kind, random.Random(rng.random()))
         return env
 
