@@ -529,6 +529,32 @@ def test_eval_command_bad_input(toy_dir, tmp_path, capsys):
     assert not (tmp_path / "summary.json").exists()
 
 
+def test_compare_claims_nothing_from_too_few_items(tmp_path, capsys):
+    """The reproduction: one bug, fixed by A and not by B, gave the interval [-1, -1], "B is
+    significantly worse" and exit 1 while McNemar's p beside it was 1; three bugs of one problem,
+    all flipped, gave p 0.25 and still exit 1."""
+    from minirl.apps.cli import main
+
+    for n, problems in ((1, 1), (3, 1), (5, 5)):
+        a = [episode(i, 0, True, problem=f"P{i % problems}") for i in range(n)]
+        b = [episode(i, 0, False, problem=f"P{i % problems}") for i in range(n)]
+        result = compare(a, b, resamples=2000)
+        assert result["mcnemar_p"] >= 0.05
+        assert not result["b_significantly_worse"] and not compare(b, a)["b_significantly_better"]
+        assert not compare(b, a)["b_significantly_better_by_problem"]
+        for name, episodes in (("a", a), ("b", b)):
+            folder = tmp_path / f"{n}-{name}"
+            folder.mkdir()
+            (folder / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+        main(["eval", "--compare", str(tmp_path / f"{n}-a"), str(tmp_path / f"{n}-b")])
+        assert "significantly worse" not in capsys.readouterr().err
+    # six flips, all one way: McNemar p = 2 / 2^6 < 0.05, and the interval has room once one item
+    # stays as it was
+    a = [episode(i, 0, i < 6) for i in range(8)]
+    b = [episode(i, 0, False) for i in range(8)]
+    assert compare(a, b, resamples=2000)["b_significantly_worse"]
+
+
 def test_compare_exits_1_when_b_is_significantly_worse(tmp_path, capsys):
     from minirl.apps.cli import main
 

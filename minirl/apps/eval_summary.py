@@ -233,6 +233,10 @@ def perturbation_drop(
     }
 
 
+# the level at which compare() calls a difference significant (both its tests must reach it)
+SIGNIFICANCE = 0.05
+
+
 def compare(
     episodes_a: list[dict],
     episodes_b: list[dict],
@@ -244,7 +248,8 @@ def compare(
     """Run B against run A on the same items and seeds: per item the difference in pass@1 (the share
     of its samples that succeeded), its mean with a paired bootstrap 95 % interval, the exact
     McNemar test on items whose majority verdict flipped (n = 1: the episode's verdict), and which
-    items flipped each way. `worse` is True when B is significantly worse (the interval below 0).
+    items flipped each way. B is significantly worse (or better) when the interval lies below (above)
+    0 with room inside it, and McNemar's p is below 0.05: the gate uses the test it prints.
     The clean episodes are paired, or with `perturbation` those played under it (eval --perturb);
     verdict="lenient" pairs the lenient verdicts instead of the strict ones (eval --compare A B
     --lenient). When every episode names its problem (the code agent's planted bugs: several per
@@ -288,6 +293,17 @@ def compare(
     # items whose majority verdict flipped to right (worse: to wrong)
     better = [i for i in items if rate["b"][i] > 0.5 >= rate["a"][i]]
     worse = [i for i in items if rate["a"][i] > 0.5 >= rate["b"][i]]
+    p = mcnemar_exact(len(better), len(worse))
+    # a claim needs both tests printed: an interval from identical differences is [d, d] however
+    # few the items (one bug flipped gave [-1, -1]), and under 6 flips McNemar cannot reach 0.05
+    claim = p < SIGNIFICANCE
+
+    def beyond_zero(interval, side):
+        """Room inside the interval (not [d, d]), and all of it above 0 (side 1) or below."""
+        if not interval or interval[1] <= interval[0]:
+            return False
+        return interval[0] > 0 if side > 0 else interval[1] < 0
+
     return {
         "items": len(items),
         "pass@1_a": _mean(rate["a"].values()),
@@ -296,12 +312,12 @@ def compare(
         "interval_95": [low, high],
         "problems": len({problem[i] for i in items}) if by_problem else None,
         "interval_95_by_problem": by_problem,
-        "mcnemar_p": mcnemar_exact(len(better), len(worse)),
+        "mcnemar_p": p,
         "flipped_to_success": better,
         "flipped_to_failure": worse,
-        "b_significantly_better": low > 0,
-        "b_significantly_worse": high < 0,
-        "b_significantly_better_by_problem": bool(by_problem) and by_problem[0] > 0,
+        "b_significantly_better": claim and beyond_zero([low, high], 1),
+        "b_significantly_worse": claim and beyond_zero([low, high], -1),
+        "b_significantly_better_by_problem": claim and beyond_zero(by_problem, 1),
     }
 
 
