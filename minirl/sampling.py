@@ -53,13 +53,26 @@ def check_prompts(model, prompts, *, max_new_tokens, temperature, top_k, top_p, 
                 f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it needs "
                 f"{len(p) + max_new_tokens} positions, beyond the model's context of {context}"
             )
+    for name, value in (("max_new_tokens", max_new_tokens), ("top_k", top_k)):
+        if not is_int(value):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+    if not is_int(num_samples):
+        raise ValueError(f"num_samples must be an int, got {num_samples!r}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or num_samples < 1:
+    # NaN fails every comparison, so `not (0 <= t < inf)` refuses it as it refuses inf
+    numbers = [isinstance(v, (int, float)) and not isinstance(v, bool) for v in (temperature, top_p)]
+    if not all(numbers) or not (0 <= temperature < float("inf")):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k < 0 or not 0 < top_p <= 1 or num_samples < 1:
         raise ValueError(
-            f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1, num_samples >= 1; got "
-            f"{temperature}, {top_k}, {top_p}, {num_samples}"
+            f"need top_k >= 0, 0 < top_p <= 1, num_samples >= 1; got "
+            f"{top_k}, {top_p}, {num_samples}"
         )
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,7 +209,14 @@ def check_decoder(model, decoder) -> None:
 
 
 def stop_tokens(model, stop_token_ids) -> list[int]:
-    return list(model.eos_token_ids) if stop_token_ids is None else list(stop_token_ids)
+    if stop_token_ids is None:
+        return list(model.eos_token_ids)
+    if not isinstance(stop_token_ids, (list, tuple)) or not all(map(is_int, stop_token_ids)):
+        raise ValueError(
+            f"stop_token_ids must be a list of token ids (ints), got {stop_token_ids!r}; [] never "
+            "stops early, None stops on the checkpoint's eos ids"
+        )
+    return list(stop_token_ids)
 
 
 @contextmanager
@@ -211,4 +231,6 @@ def eval_mode(model):
 
 
 def generator(model, seed):
+    if seed is not None and not is_int(seed):
+        raise ValueError(f"seed must be an int (or None: unseeded), got {seed!r}")
     return None if seed is None else torch.Generator(device=model.device).manual_seed(seed)

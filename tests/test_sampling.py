@@ -289,6 +289,38 @@ def test_prompt_beyond_the_context_is_refused(tiny, sampler):
         generate(model, [[1]], max_new_tokens=0)
 
 
+def test_options_of_the_wrong_kind_are_refused(tiny, sampler):
+    """The reproduction: temperature=float("nan") returned tokens of id 0 with NaN log-probs and no
+    error; a seed, a token budget or the stop ids of the wrong type are named too."""
+    _, model = tiny
+    generate, stream = sampler
+    bad = [
+        (dict(temperature=float("nan")), "temperature must be a finite number >= 0, got nan"),
+        (dict(temperature=float("inf")), "temperature must be a finite number >= 0, got inf"),
+        (dict(temperature=-0.5), "temperature must be a finite number >= 0"),
+        (dict(temperature="1"), "temperature must be a finite number >= 0, got '1'"),
+        (dict(top_p=float("nan")), "0 < top_p <= 1"),
+        (dict(max_new_tokens=2.5), "max_new_tokens must be an int, got 2.5"),
+        (dict(top_k=True), "top_k must be an int, got True"),
+        (dict(seed="7"), "seed must be an int .*got '7'"),
+        (dict(seed=1.5), "seed must be an int"),
+        (dict(stop_token_ids=5), "stop_token_ids must be a list of token ids"),
+        (dict(stop_token_ids=["<|im_end|>"]), "stop_token_ids must be a list of token ids"),
+    ]
+    for options, message in bad:
+        with pytest.raises(ValueError, match=message):
+            generate(model, [[1, 2]], max_new_tokens=options.pop("max_new_tokens", 2), **options)
+    with pytest.raises(ValueError, match="temperature must be a finite number"):
+        list(stream(model, [1, 2], temperature=float("nan")))
+    # the library's entry point (every drop-in on) refuses it the same way
+    import minirl
+
+    with pytest.raises(ValueError, match="temperature must be a finite number"):
+        minirl.generate(model, [[1, 2]], temperature=float("nan"))
+    with pytest.raises(ValueError, match="temperature must be a finite number"):
+        list(minirl.stream(model, [1, 2], temperature=float("nan")))
+
+
 def test_cache_refuses_to_overflow(tiny):
     _, model = tiny
     cache = KVCache(model.config, 1, 4)
