@@ -263,6 +263,28 @@ def _dump_json(obj, path):
         json.dump(obj, f, indent=2)
 
 
+# the largest adapter scale (lora_alpha / r, or / sqrt(r) with rsLoRA) an adapter may ask for; the
+# usual ones are 1 to 4, and past this a tiny update already swamps the weights it is added to
+MAX_SCALE = 1000.0
+
+
+def check_scale(cfg: dict, where: str) -> None:
+    """An adapter config's r and lora_alpha, refused where they cannot be meant: r not a positive
+    int; alpha NaN, infinite, 0 (a no-op), negative (an inverted update) or so large that the scale
+    passes MAX_SCALE (the logits go non-finite: alpha 1e30 did)."""
+    r, alpha = cfg.get("r"), cfg.get("lora_alpha")
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise ValueError(f"{where}: r must be a positive int, got {r!r}")
+    number = isinstance(alpha, (int, float)) and not isinstance(alpha, bool)
+    scale = alpha / (math.sqrt(r) if cfg.get("use_rslora") else r) if number else None
+    if not number or not math.isfinite(alpha) or not 0 < scale <= MAX_SCALE:
+        raise ValueError(
+            f"{where}: lora_alpha must be a finite number > 0 whose scale (lora_alpha / r"
+            f"{', sqrt(r)' if cfg.get('use_rslora') else ''}) is at most {MAX_SCALE:g}; got "
+            f"lora_alpha {alpha!r} with r {r}"
+        )
+
+
 def load_adapter(model: nn.Module, folder: str) -> nn.Module:
     """Load an adapter written by save_adapter or by peft's save_pretrained; adds LoRA layers if needed."""
     config_path, weights_path = (
@@ -277,6 +299,7 @@ def load_adapter(model: nn.Module, folder: str) -> nn.Module:
             )
     with open(config_path, encoding="utf-8") as f:
         cfg = json.load(f)
+    check_scale(cfg, config_path)
     unsupported = {
         k: cfg.get(k)
         for k in (

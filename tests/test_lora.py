@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from minirl import load_model, random_model
 from minirl.fast import cpu_matmul
 from minirl.lora import (
+    MAX_SCALE,
     LoRALinear,
     add_lora,
     disable_adapters,
@@ -372,6 +373,31 @@ def test_load_adapter_errors(tmp_path):
         load_adapter(add_lora(base_model(), r=4, alpha=4), str(tmp_path / "r4"))
     with pytest.raises(ValueError, match="unmerge"):
         load_adapter(merge_all(add_lora(base_model(), r=4, alpha=8)), str(tmp_path / "r4"))
+
+
+def test_an_adapter_scale_that_cannot_be_meant_is_refused_at_load(tmp_path):
+    """The reproduction: "lora_alpha": NaN, Infinity or 1e30 loaded, and the logits went
+    non-finite (eval then read pass@1 0 with rc 0); 0 (a no-op) and -32 (inverted) loaded too."""
+    save_adapter(randomize_lora_B(add_lora(base_model(), r=4, alpha=8)), str(tmp_path))
+    config_path = tmp_path / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    for alpha in ("NaN", "Infinity", "-Infinity", "1e30", "0", "-32", '"8"', "true"):
+        config_path.write_text(
+            json.dumps(config).replace('"lora_alpha": 8', f'"lora_alpha": {alpha}')
+        )
+        assert json.loads(config_path.read_text())["lora_alpha"] != 8
+        with pytest.raises(
+            ValueError, match=f"{config_path}: lora_alpha must be a finite number > 0"
+        ):
+            load_adapter(base_model(), str(tmp_path))
+    for r in (0, 2.5, "4"):
+        config_path.write_text(json.dumps({**config, "r": r}))
+        with pytest.raises(ValueError, match=f"{config_path}: r must be a positive int"):
+            load_adapter(base_model(), str(tmp_path))
+    # the largest scale allowed still loads, and what it loads is finite
+    config_path.write_text(json.dumps({**config, "lora_alpha": 4 * MAX_SCALE}))
+    with torch.no_grad():
+        assert torch.isfinite(load_adapter(base_model(), str(tmp_path))(ids_batch())).all()
 
 
 def test_bf16_base_keeps_fp32_adapters():
