@@ -7,6 +7,7 @@ import collections
 import copy
 import json
 import os
+import re
 import sys
 import types
 from types import SimpleNamespace
@@ -132,6 +133,29 @@ def test_a_bfcl_file_is_read_with_its_possible_answers_beside_it(tmp_path):
         "live_multiple",
         "parallel_multiple",
     ]
+
+
+def test_a_possible_answer_the_checks_cannot_read_is_refused_at_load(tmp_path):
+    """The reproduction: a ground_truth that was a string or [] loaded, and a right call was then
+    scored wrong with no scoring error (in eval and as grpo --task bfcl's reward)."""
+    bad = [
+        "calculate_triangle_area",
+        [],
+        None,
+        [["calculate_triangle_area"]],
+        [{"calculate_triangle_area": {"base": [10]}, "other": {}}],
+        [{"calculate_triangle_area": [10, 5]}],
+        [{"calculate_triangle_area": {"base": 10}}],
+    ]
+    for i, truth in enumerate(bad):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        path = write(folder, "simple_python", [SIMPLE], [{**SIMPLE_ANSWER, "ground_truth": truth}])
+        answers = os.path.join(folder, "possible_answer", os.path.basename(path))
+        with pytest.raises(ValueError, match=rf"{re.escape(answers)}:1: ground_truth"):
+            bfcl.read_items(path)
+    # the shipped form still loads and scores
+    assert bfcl.read_items(write(tmp_path, "simple_python", [SIMPLE], [SIMPLE_ANSWER]))
 
 
 def test_bad_bfcl_files_stop_with_what_and_where(tmp_path):

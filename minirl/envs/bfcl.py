@@ -124,7 +124,8 @@ def _item(record: dict, truth: dict, answers: str | None) -> dict:
     if needs_answers(name):
         if item_id not in truth:
             raise ValueError(f"{item_id} has no possible answer in {answers}")
-        ground_truth = truth[item_id][1]
+        where, ground_truth = truth[item_id]
+        check_ground_truth(ground_truth, where)
     return {
         "id": item_id,
         "category": name,
@@ -188,6 +189,22 @@ def _as_call(value, keys: tuple) -> dict:
 
 
 # ---- BFCL's AST checker, for Python -----------------------------------------------------------------------
+def check_ground_truth(ground_truth, where: str) -> None:
+    """A possible answer as the checks read it, or an error naming its file:line: a non-empty list
+    of calls, each {function name: {argument: [allowed values]}}. (A string or [] loaded, and a
+    right call was then scored wrong with no scoring error.)"""
+    shape = 'a non-empty list of calls, each {"name": {"argument": [allowed values]}}'
+    if not isinstance(ground_truth, list) or not ground_truth:
+        raise ValueError(f"{where}: ground_truth must be {shape}, got {ground_truth!r:.80}")
+    for i, call in enumerate(ground_truth):
+        ok = isinstance(call, dict) and len(call) == 1
+        arguments = next(iter(call.values())) if ok else None
+        ok = ok and isinstance(arguments, dict)
+        ok = ok and all(isinstance(allowed, list) for allowed in arguments.values())
+        if not ok:
+            raise ValueError(f"{where}: ground_truth call {i} must be {shape}, got {call!r:.80}")
+
+
 def check(item: dict, calls: list[dict]) -> tuple[bool, str]:
     """(valid, why): the calls against the item's possible answers, by BFCL's rules (module doc)."""
     name = item["category"]
