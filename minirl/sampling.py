@@ -61,7 +61,9 @@ def check_prompts(model, prompts, *, max_new_tokens, temperature, top_k, top_p, 
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     # NaN fails every comparison, so `not (0 <= t < inf)` refuses it as it refuses inf
-    numbers = [isinstance(v, (int, float)) and not isinstance(v, bool) for v in (temperature, top_p)]
+    numbers = [
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in (temperature, top_p)
+    ]
     if not all(numbers) or not (0 <= temperature < float("inf")):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if top_k < 0 or not 0 < top_p <= 1 or num_samples < 1:

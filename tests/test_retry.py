@@ -404,6 +404,20 @@ def test_a_failed_check_stops_the_retry_recipe(tmp_path, monkeypatch):
     assert stopped["grpo_run"]["steps"] == 1 and not (out / "grpo" / "adapter").exists()
     assert stopped["retry_odds"]["episodes"] == 2 * 2
     assert "Check during GRPO: **failed**" in (out / "results.md").read_text()
+    # (issue 64's reproduction) other weights at the same path: the resume is refused, as
+    # grpo --resume refuses it, and nothing is run on the mix of two models
+    weights = os.path.join(model, "model.safetensors")
+    original = open(weights, "rb").read()
+    other = build_checkpoint(str(tmp_path / "other"), seed=1, initializer_range=0.2)
+    shutil.copy(os.path.join(other, "model.safetensors"), weights)
+    with pytest.raises(ValueError, match="other settings.*model_contents"):
+        run(model, out_dir=str(out), fast=True, episode="retry", skip_untrained=True, resume=True)
+    open(weights, "wb").write(original)
+    # a run folder from before the digest was recorded resumes as before
+    summary = json.loads((out / "summary.json").read_text())
+    del summary["model_contents"]
+    (out / "summary.json").write_text(json.dumps(summary))
+    run(model, out_dir=str(out), fast=True, episode="retry", skip_untrained=True, resume=True)
     shutil.rmtree(out)
     with pytest.raises(ValueError, match="the retry episode's teacher always tests"):
         run(model, out_dir=str(out), fast=True, episode="retry", hack_rate=0.1)

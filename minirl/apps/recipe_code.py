@@ -36,7 +36,7 @@ from ..envs.code_tasks import load_templates
 from ..envs.engineer import demonstrations
 from ..envs.teacher import retry_demonstrations
 from ..fast import speedups
-from ..run.checkpoint import latest_checkpoint
+from ..run.checkpoint import contents, latest_checkpoint
 from ..run.grpo import GRPOConfig
 from ..run.grpo import train as grpo_train
 from ..run.plots import code_recipe_figure, retry_figure
@@ -293,6 +293,8 @@ def run(
     task = code_task(s, seed)
     summary = {
         "model": model,
+        # the weights' digest: --resume refuses other weights at the same path
+        "model_contents": contents(model),
         "fast": fast,
         "plain": plain,
         "seed": seed,

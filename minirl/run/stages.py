@@ -33,8 +33,9 @@ from .budget import trim_heap
 from .checkpoint import latest_checkpoint
 from .files import fresh_folder
 
-# what a resumed run must share with the run it continues (keys of the recipe's summary)
-IDENTITY = ("model", "seed", "settings", "held_out_tasks")
+# what a resumed run must share with the run it continues (keys of the recipe's summary);
+# model_contents is compared where the earlier run recorded it (runs from before did not)
+IDENTITY = ("model", "model_contents", "seed", "settings", "held_out_tasks")
 
 
 def load_policy(base: str, adapters: list[str]):
@@ -136,6 +137,7 @@ class Progress:
             f"{key} {earlier.get(key)!r} -> {self.summary.get(key)!r}"
             for key in IDENTITY
             if earlier.get(key) != self.summary.get(key)
+            and not (key == "model_contents" and key not in earlier)
         ]
         if changed:
             raise ValueError(
