@@ -7,6 +7,7 @@ Tasks read from a file (JSONL, HumanEval, BFCL) are file_tasks.py's; make_task b
 
 import inspect
 import json
+import math
 import os
 import random
 
@@ -19,6 +20,22 @@ from .envs.code_tasks import make_task as make_code_task
 from .eval_stats import code_agent_shape
 from .file_tasks import BFCLTask, JsonlTask, ProgramTask
 from .task import EnvTask, Task
+
+
+def check_option(name: str, value, kind: str, low: float, high: float = float("inf")) -> None:
+    """A task option of the wrong type or outside [low, high], named as --task-option takes it:
+    kind "int" (not bool) or "number" (int or float, finite; not bool)."""
+    if kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value)
+    if not ok or not low <= value <= high:
+        within = f">= {low:g}" if high == float("inf") else f"within {low:g}..{high:g}"
+        raise ValueError(
+            f"--task-option {name}={value!r}: expected {'an int' if kind == 'int' else 'a number'} "
+            f"{within}"
+        )
 
 
 class ArithmeticTask(Task):
@@ -89,6 +106,14 @@ class CalculatorTask(EnvTask):
         tool_cost: float = 0.0,
         retry_bonus: float = 0.0,
     ):
+        for name, value, kind, low, high in [
+            ("hard_fraction", hard_fraction, "number", 0, 1),
+            ("flaky", flaky, "number", 0, 1),
+            ("max_turns", max_turns, "int", 1, float("inf")),
+            ("eval_size", eval_size, "int", 1, float("inf")),
+            ("tool_cost", tool_cost, "number", 0, float("inf")),
+        ]:
+            check_option(name, value, kind, low, high)
         self.hard_fraction, self.flaky, self.word_problems = hard_fraction, flaky, word_problems
         self.max_turns, self.tool_cost = max_turns, tool_cost
         self.level = level
@@ -194,16 +219,17 @@ class CodeTask(EnvTask):
             raise ValueError(f"pool_share must be a number within 0..1, got {pool_share!r}")
         if not 0 <= pool_share <= 1:
             raise ValueError(f"pool_share must be within 0..1, got {pool_share}")
-        if line_bonus < 0:
-            raise ValueError(f"line_bonus must be >= 0, got {line_bonus}")
+        check_option("max_turns", max_turns, "int", 1)
+        check_option("line_bonus", line_bonus, "number", 0)
+        check_option("tool_cost", tool_cost, "number", 0)
         if opening not in OPENINGS:
             raise ValueError(f"opening must be one of {', '.join(OPENINGS)}, got {opening!r}")
         if outcome not in ("fraction", "solved"):
             raise ValueError(f"outcome must be 'fraction' or 'solved', got {outcome!r}")
         if tasks not in ("templates", "bugs"):
             raise ValueError(f"tasks must be 'templates' or 'bugs', got {tasks!r}")
-        if eval_size is not None and eval_size < 1:
-            raise ValueError(f"eval_size must be >= 1, got {eval_size}")
+        if eval_size is not None:
+            check_option("eval_size", eval_size, "int", 1)
         self.reward, self.max_turns, self.tool_cost = reward, max_turns, tool_cost
         self.tasks, self.outcome, self.opening = tasks, outcome, opening
         self.rollback, self.pool_share = rollback, pool_share

@@ -4,6 +4,7 @@ reward hacker, path confinement, and the test sandbox's limits (timeout, network
 import json
 import math
 import os
+import re
 import time
 
 import pytest
@@ -459,7 +460,7 @@ def test_grpo_runs_on_the_code_task(tmp_path):
 
 
 def test_tool_cost_charges_every_call_and_bad_settings_are_refused():
-    from minirl.tasks import CodeTask
+    from minirl.tasks import CalculatorTask, CodeTask
 
     template = BY_NAME["sum_to"]
     with CodeEnv(tool_cost=0.05) as env:
@@ -472,7 +473,25 @@ def test_tool_cost_charges_every_call_and_bad_settings_are_refused():
         CodeEnv(tool_cost=-0.1)
     with pytest.raises(ValueError, match="tasks must be 'templates' or 'bugs'"):
         CodeTask(tasks="humaneval")
-    with pytest.raises(ValueError, match="eval_size must be >= 1"):
-        CodeTask(eval_size=0)
-    with pytest.raises(ValueError, match="tool_cost must be >= 0"):
-        CodeTask(tool_cost=-1)
+    # every numeric option checked for its type and range where it enters, named as the flag takes it
+    for options, message in [
+        (dict(eval_size=0), "eval_size=0: expected an int >= 1"),
+        (dict(eval_size=2.5), "eval_size=2.5: expected an int >= 1"),
+        (dict(tool_cost=-1), "tool_cost=-1: expected a number >= 0"),
+        (dict(tool_cost=float("nan")), "tool_cost=nan: expected a number >= 0"),
+        (dict(max_turns=0), "max_turns=0: expected an int >= 1"),
+        (dict(max_turns=True), "max_turns=True: expected an int >= 1"),
+        (dict(line_bonus=float("nan")), "line_bonus=nan: expected a number >= 0"),
+        (dict(line_bonus="big"), "line_bonus='big': expected a number >= 0"),
+    ]:
+        with pytest.raises(ValueError, match=f"--task-option {re.escape(message)}"):
+            CodeTask(**options)
+    for options, message in [
+        (dict(max_turns=0), "max_turns=0: expected an int >= 1"),
+        (dict(eval_size=-3), "eval_size=-3: expected an int >= 1"),
+        (dict(hard_fraction=1.5), "hard_fraction=1.5: expected a number within 0..1"),
+        (dict(flaky=float("nan")), "flaky=nan: expected a number within 0..1"),
+        (dict(tool_cost=float("inf")), "tool_cost=inf: expected a number >= 0"),
+    ]:
+        with pytest.raises(ValueError, match=f"--task-option {re.escape(message)}"):
+            CalculatorTask(**options)

@@ -108,6 +108,11 @@ def test_mix_is_refused_by_the_code_recipe(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["recipe", "code", "--model", "unused", "--mix", questions])
     assert "--mix, --sft-steps: calculator only" in capsys.readouterr().err
+    # (issue 64) the calculator's demonstrator flags too, where before they were taken and ignored
+    for flags in (["--tool-rate", "0.9"], ["--demonstrator", "expert"]):
+        with pytest.raises(SystemExit):
+            main(["recipe", "code", "--model", "unused", *flags])
+        assert "--tool-rate, --demonstrator: calculator only" in capsys.readouterr().err
 
 
 @pytest.mark.slow

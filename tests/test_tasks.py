@@ -149,5 +149,5 @@ def test_line_bonus_pays_the_first_edit_on_the_bugs_line_and_only_there():
     assert episode() == (0.0, 0.0)
     # without the bonus the part is not there; a negative one is refused
     assert "on_line" not in CodeTask(eval_size=1).reward_functions
-    with pytest.raises(ValueError, match="line_bonus must be >= 0"):
+    with pytest.raises(ValueError, match="line_bonus=-0.1: expected a number >= 0"):
         CodeTask(eval_size=1, line_bonus=-0.1)

@@ -89,6 +89,11 @@ def cmd_recipe(args):
         raise ValueError("--perturb: the code recipe does not train under faults (yet); use grpo's")
     if args.task == "code" and (args.mix or args.sft_steps):
         raise ValueError("--mix, --sft-steps: calculator only (the code recipe has its own)")
+    if args.task == "code" and (args.tool_rate is not None or args.demonstrator is not None):
+        raise ValueError(
+            "--tool-rate, --demonstrator: calculator only (the code recipe's demonstrator is the "
+            "scripted engineer, or with --episode retry the imperfect teacher)"
+        )
     if args.task == "code":
         from .recipe_code import run as run_code
 
@@ -123,8 +128,8 @@ def cmd_recipe(args):
         out_dir=args.out or os.path.join("runs", f"recipe-{args.task}"),
         seed=args.seed,
         fast=args.fast,
-        demonstrator_kind=args.demonstrator,
-        tool_rate=args.tool_rate,
+        demonstrator_kind=args.demonstrator or "imperfect",
+        tool_rate=0.3 if args.tool_rate is None else args.tool_rate,
         memory_limit=args.memory_limit,
         plain=args.plain,
         perturb=perturb.rates(args.perturb or []),
@@ -145,15 +150,16 @@ def add_recipe_parser(sub, fmt):
     c.add_argument("--out", default=None, help="run folder (default: runs/recipe-TASK)")
     c.add_argument(
         "--demonstrator",
-        default="imperfect",
+        default=None,
         choices=["imperfect", "expert"],
-        help="imperfect: calls the tool on --tool-rate of hard questions, estimates the rest",
+        help="calculator (default imperfect): imperfect calls the tool on --tool-rate of hard "
+        "questions, estimates the rest",
     )
     c.add_argument(
         "--tool-rate",
         type=float,
-        default=0.3,
-        help="calculator: the imperfect demonstrator's tool use on hard questions",
+        default=None,
+        help="calculator: the imperfect demonstrator's tool use on hard questions (0.3)",
     )
     c.add_argument(
         "--retry-rate",

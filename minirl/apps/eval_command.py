@@ -231,7 +231,8 @@ def add_parser(sub, fmt, dtypes):
         action="append",
         default=None,
         metavar="KEY=VALUE",
-        help="passed to the task, e.g. level=toy eval_size=200 max_turns=3 (the quickstart's world)",
+        help="passed to the task, one pair per flag (repeat it), e.g. --task-option level=toy "
+        "--task-option eval_size=200 (the quickstart's world)",
     )
     e.add_argument(
         "--perturb",

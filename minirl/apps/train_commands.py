@@ -107,7 +107,8 @@ def add_sft_parser(sub, fmt):
         action="append",
         default=None,
         metavar="KEY=VALUE",
-        help="--eval-task's options, e.g. level=toy eval_size=200 max_turns=3",
+        help="--eval-task's options, one pair per flag (repeat it), e.g. --task-option level=toy "
+        "--task-option eval_size=200",
     )
     s.add_argument("--min-format", type=float, default=d.min_format)
     s.add_argument("--min-distinct", type=float, default=d.min_distinct)
@@ -171,7 +172,8 @@ def add_grpo_parser(sub, fmt):
         action="append",
         default=None,
         metavar="KEY=VALUE",
-        help="passed to the task, e.g. level=toy eval_size=200 max_turns=3 (as eval's)",
+        help="passed to the task, one pair per flag (repeat it), e.g. --task-option level=toy "
+        "--task-option eval_size=200 (as eval's)",
     )
     add_perturb_flag(g, "each episode")
     g.add_argument("--out", default=d.out)
