@@ -74,6 +74,11 @@ class Qwen2Config:
             )
         if self.hidden_act != "silu":
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; Qwen2 uses 'silu'")
+        if self.use_sliding_window:
+            raise ConfigError(
+                f"use_sliding_window with sliding_window {self.sliding_window} is not supported; "
+                "minirl attends to the whole context (the published Qwen2.5 configs set it false)"
+            )
         if (
             self.rope_scaling
             and self.rope_scaling.get("rope_type", self.rope_scaling.get("type")) != "default"

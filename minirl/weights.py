@@ -70,6 +70,44 @@ def weight_files(folder: str) -> list[str]:
     )
 
 
+def check_index(folder: str, found: dict[str, tuple[tuple[int, ...], str]]) -> None:
+    """Every tensor the index names lies in the shard it names (weight_files read the index)."""
+    index_path = os.path.join(folder, INDEX_NAME)
+    if not os.path.isfile(index_path):
+        return
+    with open(index_path, encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    for name, shard in weight_map.items():
+        if name not in found:
+            raise CheckpointError(f"{index_path}: names tensor {name} in {shard}, which lacks it")
+        if os.path.basename(found[name][1]) != shard:
+            raise CheckpointError(
+                f"{index_path}: names tensor {name} in {shard}, but it lies in "
+                f"{os.path.basename(found[name][1])}"
+            )
+
+
+def as_dtype(dtype) -> torch.dtype:
+    """A torch dtype, or its name ("float32", "bfloat16", "float16"), as a torch dtype."""
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in names:
+        return names[dtype.removeprefix("torch.")]
+    if dtype not in names.values():
+        raise ValueError(f"dtype must be one of {', '.join(names)} (or torch's), got {dtype!r}")
+    return dtype
+
+
+def as_device(device) -> torch.device:
+    """A torch device, refused when it names CUDA on a machine without one (before any allocation)."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r} is not a device torch knows ({e})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r}, but this machine has no CUDA device; use 'cpu'")
+    return device
+
+
 def read_shapes(files: list[str]) -> dict[str, tuple[tuple[int, ...], str]]:
     """{tensor name: (shape, file)} from the safetensors headers, reading no tensor data."""
     shapes = {}
@@ -138,10 +176,13 @@ def eos_token_ids(folder: str, config: Qwen2Config) -> list[int]:
 
 
 def load_model(folder: str, dtype=torch.float32, device="cpu") -> Qwen2:
-    """Build the model a checkpoint folder describes and fill it with the folder's weights."""
+    """Build the model a checkpoint folder describes and fill it with the folder's weights. dtype:
+    a torch dtype or its name; device: anything torch.device takes."""
+    dtype, device = as_dtype(dtype), as_device(device)
     config = Qwen2Config.from_json(folder)
     files = weight_files(folder)
     found = read_shapes(files)
+    check_index(folder, found)
     with torch.device("meta"):
         model = Qwen2(config)  # shapes only: nothing allocated until every check has passed
     check_tensors(model, found, folder)

@@ -188,6 +188,16 @@ def test_rope_scaling_is_refused(tmp_path, scaling):
     assert "yarn" in str(e.value)
 
 
+def test_a_sliding_window_is_refused(tmp_path):
+    """(issue 64) minirl attends to the whole context; a config that asks for a window is named, as
+    rope_scaling is. The published configs name a window size but set use_sliding_window false."""
+    raw = {**PUBLISHED_05B, "use_sliding_window": True, "sliding_window": 4096}
+    with pytest.raises(ConfigError, match="use_sliding_window with sliding_window 4096"):
+        Qwen2Config.from_json(str(write(tmp_path, raw)))
+    raw = {**PUBLISHED_05B, "use_sliding_window": False, "sliding_window": 32768}
+    assert Qwen2Config.from_json(str(write(tmp_path, raw))).sliding_window == 32768
+
+
 def test_default_rope_scaling_is_accepted(tmp_path):
     raw = {**PUBLISHED_05B, "rope_scaling": {"rope_type": "default"}}
     config = Qwen2Config.from_json(str(write(tmp_path, raw)))

@@ -294,6 +294,46 @@ def test_index_names_absent_shard(tmp_path, spy):
     )
 
 
+def test_index_naming_a_tensor_its_shard_lacks(tmp_path, spy):
+    """(issue 64) an index that names the wrong shard for a tensor, or a tensor no shard holds."""
+    save_pretrained(tiny_model(tied=False), str(tmp_path), max_shard_size=100_000)
+    index_path = tmp_path / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    key = next(k for k, shard in index["weight_map"].items() if shard == shards[0])
+    moved = {**index, "weight_map": {**index["weight_map"], key: shards[1]}}
+    index_path.write_text(json.dumps(moved))
+    expect_error(spy, CheckpointError, tmp_path, key, shards[1], f"it lies in {shards[0]}")
+    ghost = {**index, "weight_map": {**index["weight_map"], "model.ghost.weight": shards[0]}}
+    index_path.write_text(json.dumps(ghost))
+    expect_error(spy, CheckpointError, tmp_path, "model.ghost.weight", "which lacks it")
+
+
+def test_dtype_by_name_and_a_device_this_machine_lacks(saved, spy):
+    """(issue 64) dtype given as a string is read as torch's; device="cuda" without a GPU is named
+    before anything is allocated; an unknown dtype is named."""
+    assert load_model(str(saved), dtype="bfloat16").model.embed_tokens.weight.dtype == torch.bfloat16
+    expect_error(
+        spy,
+        ValueError,
+        saved,
+        "dtype must be one of",
+        "'int8'",
+        load=lambda f: load_model(f, dtype="int8"),
+    )
+    if not torch.cuda.is_available():
+        expect_error(
+            spy, ValueError, saved, "no CUDA device", load=lambda f: load_model(f, device="cuda")
+        )
+    expect_error(
+        spy,
+        ValueError,
+        saved,
+        "not a device torch knows",
+        load=lambda f: load_model(f, device="gpu0"),
+    )
+
+
 def test_folder_without_weights(saved, spy):
     os.remove(saved / "model.safetensors")
     expect_error(
