@@ -97,10 +97,40 @@ def test_a_new_run_refuses_a_used_folder_unless_told(base, data, tmp_path, capsy
 
 
 def test_a_resume_with_other_settings_continues_and_says_which(base, data, tmp_path, capsys):
-    sft(base, data, tmp_path / "run", epochs=2, stop_after=1)
+    sft(base, data, tmp_path / "run", epochs=3, stop_after=1)
     capsys.readouterr()
-    sft(base, data, tmp_path / "run", epochs=2, lr=5e-4, resume=True)
+    sft(base, data, tmp_path / "run", epochs=3, lr=5e-4, stop_after=2, resume=True)
     assert "changed settings: lr 0.001 -> 0.0005" in capsys.readouterr().err
+    # (issue 64) the folder says it too: run.json keeps the first settings and each change with
+    # the step it applies from; a later resume with the same settings records nothing more
+    sft(base, data, tmp_path / "run", epochs=3, lr=5e-4, seed=1, stop_after=3, resume=True)
+    assert "changed settings: seed 0 -> 1" in capsys.readouterr().err
+    sft(base, data, tmp_path / "run", epochs=3, lr=5e-4, seed=1, resume=True)
+    assert "changed settings" not in capsys.readouterr().err
+    recorded = json.load(open(tmp_path / "run" / "run.json"))
+    assert recorded["lr"] == 0.001 and recorded["seed"] == 0
+    assert recorded["changes"] == [
+        {"from_step": 2, "changed": {"lr": [0.001, 0.0005]}},
+        {"from_step": 3, "changed": {"seed": [0, 1]}},
+    ]
+
+
+def test_a_cut_trainer_state_is_named_and_the_step_before_resumes(base, data, tmp_path, capsys):
+    """(issue 64) a trainer_state.pt cut short: named, and the resume falls back to the checkpoint
+    before it, ending where an uninterrupted run ends."""
+    sft(base, data, tmp_path / "whole", epochs=3, save_every=1)
+    sft(base, data, tmp_path / "run", epochs=3, save_every=1, stop_after=2)
+    state = tmp_path / "run" / "checkpoints" / "step-000002" / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+    capsys.readouterr()
+    sft(base, data, tmp_path / "run", epochs=3, save_every=1, resume=True)
+    err = capsys.readouterr().err
+    assert f"{state}: cannot be read" in err and "trying the checkpoint before it" in err
+    adapter = os.path.join("adapter", "adapter_model.safetensors")
+    assert (
+        open(tmp_path / "run" / adapter, "rb").read()
+        == open(tmp_path / "whole" / adapter, "rb").read()
+    )
 
 
 def test_an_out_that_is_a_file_is_refused(base, data, tmp_path, capsys):

@@ -312,7 +312,9 @@ def test_index_naming_a_tensor_its_shard_lacks(tmp_path, spy):
 def test_dtype_by_name_and_a_device_this_machine_lacks(saved, spy):
     """(issue 64) dtype given as a string is read as torch's; device="cuda" without a GPU is named
     before anything is allocated; an unknown dtype is named."""
-    assert load_model(str(saved), dtype="bfloat16").model.embed_tokens.weight.dtype == torch.bfloat16
+    assert (
+        load_model(str(saved), dtype="bfloat16").model.embed_tokens.weight.dtype == torch.bfloat16
+    )
     expect_error(
         spy,
         ValueError,

@@ -221,13 +221,28 @@ def _check_resume(out: str, saved: dict | None, settings: dict) -> None:
             + "; ".join(different)
             + ". Resume it with its own settings and inputs, or start this run in another --out"
         )
-    changed = [
-        f"{k} {saved.get(k)!r} -> {settings[k]!r}"
+    # the settings as they stand after the changes earlier resumes recorded
+    effective = dict(saved)
+    for earlier in saved.get("changes", []):
+        effective.update({k: new for k, (_, new) in earlier["changed"].items()})
+    changed = {
+        k: [effective[k], settings[k]]
         for k in settings
-        if k not in NOT_COMPARED and k in saved and saved[k] != settings[k]
-    ]
+        if k not in NOT_COMPARED and k in effective and effective[k] != settings[k]
+    }
     if changed:
-        warn(f"--resume: continuing {out} with changed settings: {'; '.join(changed)}")
+        shown = "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+        warn(f"--resume: continuing {out} with changed settings: {shown}")
+        # run.json keeps the settings the run started with and, in order, each change and the
+        # first step it applies to, so the folder says what every step ran with
+        newest = latest_checkpoint(out)
+        from_step = int(os.path.basename(newest).split("-")[1]) + 1 if newest else 1
+        record = {"from_step": from_step, "changed": changed}
+        if distributed.is_main():
+            write_json(
+                os.path.join(out, RUN_FILE),
+                {**saved, "changes": [*saved.get("changes", []), record]},
+            )
 
 
 def save_checkpoint(
@@ -285,17 +300,35 @@ def _write_checkpoint(out, model, tokenizer, optimizer, scheduler, step, full, e
         shutil.rmtree(os.path.join(root, old))
 
 
-def latest_checkpoint(out: str) -> str | None:
+def checkpoints(out: str) -> list[str]:
+    """The checkpoint folders of a run, newest first."""
     root = os.path.join(out, "checkpoints")
     found = (
         sorted(d for d in os.listdir(root) if d.startswith("step-")) if os.path.isdir(root) else []
     )
-    return os.path.join(root, found[-1]) if found else None
+    return [os.path.join(root, name) for name in reversed(found)]
+
+
+def latest_checkpoint(out: str) -> str | None:
+    newest = checkpoints(out)
+    return newest[0] if newest else None
+
+
+class UnreadableCheckpoint(RunFolderError):
+    """A checkpoint whose trainer state cannot be read (cut short, or corrupt)."""
 
 
 def restore_checkpoint(folder: str, model, optimizer, scheduler, full: bool) -> dict:
-    """Load weights (or adapter), optimizer, scheduler and RNG state; return the saved state dict."""
-    state = torch.load(os.path.join(folder, "trainer_state.pt"), weights_only=False)
+    """Load weights (or adapter), optimizer, scheduler and RNG state; return the saved state dict.
+    A trainer_state.pt that cannot be read raises UnreadableCheckpoint before anything is loaded."""
+    path = os.path.join(folder, "trainer_state.pt")
+    try:
+        state = torch.load(path, weights_only=False)
+    # torch.load raises EOFError, RuntimeError or pickle's errors for a file cut short
+    except Exception as e:
+        raise UnreadableCheckpoint(
+            f"{path}: cannot be read ({type(e).__name__}: {e}); it was cut short or is corrupt"
+        ) from None
     # 1 by default: a checkpoint from before distributed training was saved by one process
     saved_on = state.get("world_size", 1)
     if saved_on != distributed.world_size():

@@ -19,9 +19,10 @@ import torch
 from ..lora import add_lora, save_adapter
 from ..weights import run_dtype, save_pretrained
 from . import distributed
-from .checkpoint import latest_checkpoint, restore_checkpoint
+from .checkpoint import UnreadableCheckpoint, checkpoints, restore_checkpoint
 from .files import write_json
 from .finite import check_trained
+from .flags import warn
 
 
 def start(cfg) -> tuple[torch.device, torch.dtype]:
@@ -56,12 +57,20 @@ def resume(cfg, model, optimizer, scheduler) -> tuple[int, dict | None]:
     rank holds rank 0's parameters."""
     state = None
     if cfg.resume:
-        folder = latest_checkpoint(cfg.out)
-        if folder is None:
+        saved = checkpoints(cfg.out)
+        if not saved:
             raise FileNotFoundError(
                 f"--resume: no checkpoint under {os.path.join(cfg.out, 'checkpoints')}"
             )
-        state = restore_checkpoint(folder, model, optimizer, scheduler, cfg.full)
+        for folder in saved:
+            try:
+                state = restore_checkpoint(folder, model, optimizer, scheduler, cfg.full)
+                break
+            except UnreadableCheckpoint as e:
+                # nothing was loaded from it: the step before is whole
+                warn(f"--resume: {e}; trying the checkpoint before it")
+        if state is None:
+            raise UnreadableCheckpoint(f"--resume: no checkpoint under {cfg.out} can be read")
         distributed.print_main(f"resumed from {folder} at step {state['step']}")
     distributed.broadcast_params([p for group in optimizer.param_groups for p in group["params"]])
     return (state["step"] if state else 0), state
