@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 from collections import Counter
 
@@ -380,6 +381,21 @@ def test_the_retry_recipe_end_to_end_paused_and_resumed(tmp_path, capsys):
     main(["eval", "--compare", str(out / "eval" / "sft"), str(out / "eval" / "grpo")])
     printed = capsys.readouterr()
     assert "recovered" in json.loads(printed.out) and "recovered: pass@1" in printed.err
+
+    # (issue 64) a finished stage's file cut short is named on --resume, never read as done
+    for name in (
+        "sft/metrics.csv",
+        "sft/adapter/adapter_model.safetensors",
+        "grpo/run.json",
+        "eval/sft/episodes.jsonl",
+        "grpo/summary.json",
+    ):
+        path = out / name
+        whole_bytes = path.read_bytes()
+        path.write_bytes(whole_bytes[: len(whole_bytes) - 7])
+        with pytest.raises(ValueError, match=f"{re.escape(str(path))} is cut short"):
+            run(model, resume=True, **options)
+        path.write_bytes(whole_bytes)
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ from ..run.grpo import train as grpo_train
 from ..run.plots import code_recipe_figure, retry_figure
 from ..run.sft import SFTConfig
 from ..run.sft import train as sft_train
-from ..run.stages import Progress, load_policy
+from ..run.stages import EVALUATED, TRAINED, Progress, load_policy
 from ..tasks import CodeTask
 from ..weights import load_pretrained
 from .bug_pool import write_pool
@@ -314,7 +314,9 @@ def run(
             policy, tokenizer = load_pretrained(model)
             return stage_eval(policy, tokenizer, task, s, seed, speed, evals["base"])
 
-        summary["base"] = stage_row(progress.stage("base_eval", evals["base"], untrained_eval))
+        summary["base"] = stage_row(
+            progress.stage("base_eval", evals["base"], untrained_eval, needs=EVALUATED)
+        )
         print("   " + stage_line(summary["base"]))
 
     data = demonstrate(s, seed, summary, out_dir)
@@ -341,14 +343,14 @@ def run(
             )
         )
 
-    summary["sft_run"] = progress.stage("sft", sft_dir, sft, memory=True)
+    summary["sft_run"] = progress.stage("sft", sft_dir, sft, memory=True, needs=TRAINED)
     adapters = [os.path.join(sft_dir, "adapter")]
 
     def sft_eval():
         policy, tokenizer = load_policy(model, adapters)
         return stage_eval(policy, tokenizer, task, s, seed, speed, evals["sft"])
 
-    summary["sft"] = stage_row(progress.stage("sft_eval", evals["sft"], sft_eval))
+    summary["sft"] = stage_row(progress.stage("sft_eval", evals["sft"], sft_eval, needs=EVALUATED))
     print("   " + stage_line(summary["sft"]))
     keep_bug_records(out_dir, "sft", evals["sft"])
     if s["teacher"] == "imperfect" and not gate(summary, "sft", sft_gate(summary["sft"]), s):
@@ -417,7 +419,7 @@ def run(
         return grpo_until(s["grpo_steps"], pool_file if pool["bugs"] else None)
 
     try:
-        summary["grpo_run"] = progress.stage("grpo", grpo_dir, grpo, memory=True)
+        summary["grpo_run"] = progress.stage("grpo", grpo_dir, grpo, memory=True, needs=TRAINED)
     except Paused as paused:
         summary["grpo_run"] = paused.args[0]
         summary["paused_at_grpo_step"] = paused.args[0]["steps"]
@@ -442,7 +444,9 @@ def run(
             os.path.join(grpo_dir, "eval", f"step-{summary['grpo_run']['steps']:06d}"),
         )
 
-    summary["grpo"] = stage_row(progress.stage("grpo_eval", evals["grpo"], last_eval))
+    summary["grpo"] = stage_row(
+        progress.stage("grpo_eval", evals["grpo"], last_eval, needs=EVALUATED)
+    )
     print("   " + stage_line(summary["grpo"]))
     keep_bug_records(out_dir, "grpo", evals["grpo"])
 

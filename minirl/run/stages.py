@@ -22,10 +22,13 @@ newest checkpoint.
     progress.finish()       # summary.json, "finished": true
 """
 
+import csv
 import json
 import os
 import time
 from contextlib import contextmanager
+
+from safetensors import safe_open
 
 from ..lora import load_adapter, merge_and_unload
 from ..weights import load_pretrained
@@ -36,6 +39,40 @@ from .files import fresh_folder
 # what a resumed run must share with the run it continues (keys of the recipe's summary);
 # model_contents is compared where the earlier run recorded it (runs from before did not)
 IDENTITY = ("model", "model_contents", "seed", "settings", "held_out_tasks")
+
+
+# what a finished stage's folder must hold whole before --resume reads it back
+TRAINED = (
+    "run.json",
+    "metrics.csv",
+    "adapter/adapter_config.json",
+    "adapter/adapter_model.safetensors",
+)
+EVALUATED = ("episodes.jsonl",)
+
+
+def not_whole(path: str) -> str | None:
+    """Why a file a finished stage left cannot be read whole ("missing", or what reading it
+    raised: a JSON, JSONL, CSV or safetensors file cut short), or None."""
+    if not os.path.isfile(path):
+        return "missing"
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            if path.endswith(".json"):
+                json.load(f)
+            elif path.endswith(".jsonl"):
+                for line in f:
+                    json.loads(line)
+            elif path.endswith(".csv"):
+                # a row cut short has no value for its last columns
+                if any(None in row.values() for row in csv.DictReader(f)):
+                    return "cut short (a row lacks its last columns)"
+        if path.endswith(".safetensors"):
+            with safe_open(path, framework="pt"):
+                pass
+    except Exception as e:
+        return f"cut short or corrupt ({type(e).__name__}: {str(e)[:80]})"
+    return None
 
 
 def load_policy(base: str, adapters: list[str]):
@@ -146,11 +183,21 @@ class Progress:
             )
         return earlier
 
-    def finished(self, folder: str) -> dict | None:
-        """With resume, the summary.json of a stage that finished in `folder`; else None."""
+    def finished(self, folder: str, needs: tuple = ()) -> dict | None:
+        """With resume, the summary.json of a stage that finished in `folder`; else None. The
+        summary and each file of `needs` (paths in `folder`) must be whole: one cut short or
+        missing is named, never read as done."""
         path = os.path.join(folder, "summary.json")
         if not (self.resume and os.path.exists(path)):
             return None
+        for name in ("summary.json", *needs):
+            why = not_whole(os.path.join(folder, name))
+            if why:
+                raise ValueError(
+                    f"--resume: {os.path.join(folder, name)} is {why}, so the stage in {folder} "
+                    "did not finish whole; remove that folder and --resume again to run the stage "
+                    "again (nothing was changed)"
+                )
         with open(path) as f:
             return json.load(f)
 
@@ -162,10 +209,11 @@ class Progress:
             return {}
         return {"resume": True} if latest_checkpoint(folder) else {"overwrite": True}
 
-    def stage(self, name: str, folder: str, work, memory: bool = False) -> dict:
+    def stage(self, name: str, folder: str, work, memory: bool = False, needs: tuple = ()) -> dict:
         """work()'s summary of stage `name`, which writes `folder`; or, resumed, the summary the
-        stage left there when it finished. memory: measure the stage's peak (StageMeter)."""
-        done = self.finished(folder)
+        stage left there when it finished (with `needs` whole: finished()). memory: measure the
+        stage's peak (StageMeter)."""
+        done = self.finished(folder, needs)
         if done is not None:
             self.meter.seconds[name] = self.earlier.get("seconds", {}).get(name, 0.0)
             peak = self.earlier.get("memory", {}).get(name)
