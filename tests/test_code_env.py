@@ -495,3 +495,37 @@ def test_tool_cost_charges_every_call_and_bad_settings_are_refused():
     ]:
         with pytest.raises(ValueError, match=f"--task-option {re.escape(message)}"):
             CalculatorTask(**options)
+
+
+def test_a_killed_runs_temporary_folders_are_removed_at_the_next_start(tmp_path):
+    """(issue 64) a run killed with -9 cannot remove its task and sandbox folders; their names carry
+    the owner's process id, and remove_orphans (called as a run starts) removes those whose owner
+    is gone, and nothing else."""
+    import signal
+    import subprocess
+    import sys
+
+    from minirl.envs.scratch import remove_orphans
+
+    child = (
+        "import os, signal, sys\n"
+        "from minirl.envs.code import CodeEnv\n"
+        "from minirl.envs.code_tasks import load_templates, make_task\n"
+        "env = CodeEnv(workdir_root=sys.argv[1])\n"
+        "env.reset(make_task(load_templates()[0]))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    killed = subprocess.run([sys.executable, "-c", child, str(tmp_path)], timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    (left,) = os.listdir(tmp_path)
+    assert left.startswith("minirl-code-") and left.split("-")[2].isdigit()
+    mine = tmp_path / f"minirl-sandbox-{os.getpid()}-abcd"
+    mine.mkdir()
+    unowned = tmp_path / "minirl-code-abcd1234"
+    unowned.mkdir()
+    assert remove_orphans(str(tmp_path)) == [str(tmp_path / left)]
+    assert sorted(os.listdir(tmp_path)) == sorted([mine.name, unowned.name])
+    with CodeEnv(workdir_root=str(tmp_path)) as env:
+        env.reset(make_task(TEMPLATES[0]))
+        assert os.path.basename(env.root).startswith(f"minirl-code-{os.getpid()}-")
+        assert remove_orphans(str(tmp_path)) == [] and os.path.isdir(env.root)

@@ -22,6 +22,7 @@ from ..config import Qwen2Config
 from ..envs import perturb
 from ..envs.bfcl import is_bfcl_file
 from ..envs.program import is_program_file
+from ..envs.scratch import remove_orphans
 from ..fast import PLAIN_HELP, speedups
 from ..lora import load_adapter, merge_and_unload
 from ..run.flags import at_least, check_sampling
@@ -73,6 +74,8 @@ def check_playable(tokenizer, items: list[dict], max_new_tokens: int, context: i
 # ---- the command ---------------------------------------------------------------------------------------
 def command(args):
     """python -m minirl eval: play and summarize, or --rescore a folder, or --compare two."""
+    # what a run killed before this one left in the temporary folder (envs/scratch.py)
+    remove_orphans()
     if args.compare:
         check_comparable(*args.compare)
         runs = [read_episodes(folder) for folder in args.compare]

@@ -27,6 +27,7 @@ from . import Env
 from .code_tasks import TOOL_ARGUMENTS
 from .rewards import guarded_test_reward, looping_penalty, naive_test_reward
 from .sandbox import run_tests
+from .scratch import scratch_prefix
 from .tools import ToolCall
 
 # read_file shows at most this much; edit_file refuses to grow a file past it
@@ -87,7 +88,9 @@ class CodeEnv(Env):
 
     def reset(self, task: dict) -> tuple[list[dict], list[dict]]:
         self.close()
-        self.root = os.path.realpath(tempfile.mkdtemp(prefix="minirl-code-", dir=self.workdir_root))
+        self.root = os.path.realpath(
+            tempfile.mkdtemp(prefix=scratch_prefix("code"), dir=self.workdir_root)
+        )
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
         for relpath, text in task["files"].items():
             try:

@@ -53,6 +53,7 @@ import tempfile
 import time
 
 from .isolation import RUNNER, RUNNER_MARK, UNSHARE, isolation, read_only_folders
+from .scratch import scratch_prefix
 from .verdicts import judge, read_plain_tests
 from .watchdog import WATCH_INTERVAL, over_limits, stop_tree
 
@@ -224,7 +225,7 @@ def run_tests(
     """
     mode = isolation()
     with tempfile.TemporaryDirectory(
-        prefix="minirl-sandbox-", ignore_cleanup_errors=True
+        prefix=scratch_prefix("sandbox"), ignore_cleanup_errors=True
     ) as scratch:
         work = os.path.join(scratch, "work")
         shutil.copytree(workspace, work, symlinks=True)

@@ -16,6 +16,7 @@ import os
 
 import torch
 
+from ..envs.scratch import remove_orphans
 from ..lora import add_lora, save_adapter
 from ..weights import run_dtype, save_pretrained
 from . import distributed
@@ -30,6 +31,8 @@ def start(cfg) -> tuple[torch.device, torch.dtype]:
     each rank its own stream (LoRA dropout, sampling), the initial weights broadcast from rank 0."""
     device = distributed.init(cfg.device)
     dtype = run_dtype(cfg.dtype, device, cfg.full)
+    # what a run killed before this one left in the temporary folder (envs/scratch.py)
+    remove_orphans()
     torch.manual_seed(cfg.seed + distributed.rank())
     return device, dtype
 
