@@ -248,6 +248,23 @@ def test_compare_refuses_evals_of_other_items(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["difference"] == 0.0
 
 
+def test_compare_tells_bfcl_answers_apart_and_names_a_folder_that_is_no_eval(tmp_path, capsys):
+    """(issue 64) the same BFCL questions scored against other possible answers are other items;
+    a training run's folder given to --compare is named as one."""
+    question = {"messages": [{"role": "user", "content": "Area?"}], "tools": [], "answer": None}
+    one = [{**question, "ground_truth": [{"area": {"base": [10]}}]}]
+    other = [{**question, "ground_truth": [{"area": {"base": [12]}}]}]
+    assert items_digest(one) != items_digest(other)
+    # items with no possible answers hash as they always did
+    assert items_digest([question]) == items_digest([{**question, "ground_truth": None}])
+    write_run(str(tmp_path / "eval"), [record(i, True) for i in range(3)], {"task": "bfcl"})
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "run.json").write_text(json.dumps({"command": "grpo"}))
+    line = cli_error(["eval", "--compare", str(tmp_path / "train"), str(tmp_path / "eval")], capsys)
+    assert "is not an eval folder but a `minirl grpo` run's" in line
+    assert os.path.join(str(tmp_path / "train"), "eval", "step-N") in line
+
+
 # --- B2, B6 and unplayable items: eval's inputs, checked before a weight is loaded ----------------
 
 

@@ -151,8 +151,14 @@ def rescore(folder: str) -> dict:
 
 
 def items_digest(items: list[dict]) -> str:
-    """What the held-out items ask and expect, as one hash: two evals compare only on the same items."""
-    asked = [[item["messages"], item.get("tools"), str(item.get("answer"))] for item in items]
+    """What the held-out items ask and expect, as one hash: two evals compare only on the same items.
+    What an item expects is its answer, or for BFCL its possible answers (ground_truth: two files of
+    the same questions scored against other answers are other items)."""
+    asked = [
+        [item["messages"], item.get("tools"), str(item.get("answer"))]
+        + ([item["ground_truth"]] if item.get("ground_truth") is not None else [])
+        for item in items
+    ]
     return hashlib.sha256(json.dumps(asked, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -171,6 +177,13 @@ def check_comparable(folder_a: str, folder_b: str) -> None:
     """Refuse to pair two eval folders whose items differ: another task, task options, task seed,
     data file or item set (each named, with both values)."""
     a, b = _meta(folder_a), _meta(folder_b)
+    for folder, meta in ((folder_a, a), (folder_b, b)):
+        # a training run's folder holds its evals under eval/step-N, not episodes of its own
+        if meta.get("command", "eval") != "eval":
+            raise ValueError(
+                f"{folder} is not an eval folder but a `minirl {meta['command']}` run's; compare its "
+                f"held-out evaluations, {os.path.join(folder, 'eval', 'step-N')}"
+            )
     different = [
         f"{key} {a[key]!r} in A, {b[key]!r} in B"
         for key in COMPARED
