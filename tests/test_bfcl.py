@@ -182,6 +182,71 @@ def test_bad_bfcl_files_stop_with_what_and_where(tmp_path):
         bfcl.category("simple")
 
 
+def test_every_field_the_checks_read_is_checked_at_load(tmp_path):
+    """(issue 64) the functions' name, parameters, properties, types and required list, the ids
+    (none twice) and the file's one category, each named by file:line with no traceback."""
+    area_params = AREA["parameters"]
+    bad_functions = [
+        ("calculate_triangle_area", "function: expected a list"),
+        (
+            [{"parameters": area_params}],
+            'function 0: expected an object with a non-empty string "name"',
+        ),
+        ([{**AREA, "parameters": []}], '"parameters" must hold a "properties" object'),
+        (
+            [{**AREA, "parameters": {"required": []}}],
+            '"parameters" must hold a "properties" object',
+        ),
+        (
+            [{**AREA, "parameters": {**area_params, "properties": {"base": "integer"}}}],
+            "parameter 'base' needs a string \"type\"",
+        ),
+        (
+            [{**AREA, "parameters": {**area_params, "required": "base"}}],
+            '"required" must be a list',
+        ),
+        (
+            [{**AREA, "parameters": {**area_params, "required": ["depth"]}}],
+            '"required" must be a list',
+        ),
+    ]
+    for i, (functions, message) in enumerate(bad_functions):
+        folder = tmp_path / f"f{i}"
+        folder.mkdir()
+        path = write(folder, "simple_python", [{**SIMPLE, "function": functions}], [SIMPLE_ANSWER])
+        with pytest.raises(ValueError, match=re.escape(f"{path}:1: ") + ".*" + message):
+            bfcl.read_items(path)
+    twice = write(tmp_path, "simple_python", [SIMPLE, SIMPLE], [SIMPLE_ANSWER])
+    with pytest.raises(
+        ValueError, match=r"simple_python.json:2: id simple_python_0 again \(first at .*:1\)"
+    ):
+        bfcl.read_items(twice)
+    mixed = write(
+        tmp_path, "simple_python", [SIMPLE, {**MULTIPLE, "id": "multiple_0"}], [SIMPLE_ANSWER]
+    )
+    with pytest.raises(
+        ValueError, match=r":2: multiple_0 is a multiple question in a file of simple_python"
+    ):
+        bfcl.read_items(mixed)
+    (tmp_path / "noid.json").write_text(json.dumps({"question": [], "function": []}) + "\n")
+    with pytest.raises(
+        ValueError, match=r"noid.json:1: a BFCL question is an object with a string"
+    ):
+        bfcl.read_items(str(tmp_path / "noid.json"))
+
+
+def test_json_nested_past_the_parsers_depth_is_skipped_not_a_crash():
+    """(issue 64) BFCL's own json.loads fails on JSON nested past Python's depth; a reply holding
+    it scores as no call, as it does there, instead of raising RecursionError."""
+    deep = "[" * 100_000 + "]" * 100_000
+    reply = f"<tool_call>\n{deep}\n</tool_call>"
+    assert bfcl.strict_calls(reply) == [] and bfcl.lenient_calls(deep) == []
+    right = '{"name": "calculate_triangle_area", "arguments": {"base": 10, "height": 5}}'
+    assert bfcl.lenient_calls(deep + " " + right) == [
+        {"calculate_triangle_area": {"base": 10, "height": 5}}
+    ]
+
+
 # ---- decoding -----------------------------------------------------------------------------------------------
 def test_strict_reads_qwens_tool_call_blocks_lenient_any_json_call():
     qwen = (

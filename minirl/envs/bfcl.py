@@ -48,6 +48,7 @@ TYPES = {
 }
 NESTED = ("array", "tuple")
 TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+OPENING = re.compile(r"[\[{\s]+")
 CATEGORY = re.compile(r"^(.+?)_\d+(?:-\d+)*$")
 
 
@@ -81,7 +82,20 @@ def read_items(path: str, answers: str | None = None) -> list[dict]:
     possible-answer file, by default possible_answer/<the file's name> beside it (the package's
     layout); irrelevance and relevance have none. A bad line stops with `file:line: what`."""
     records = _read(path)
+    for where, record in records:
+        if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+            raise ValueError(f'{where}: a BFCL question is an object with a string "id"')
     name = category(records[0][1]["id"])
+    seen = {}
+    for where, record in records:
+        if record["id"] in seen:
+            raise ValueError(f"{where}: id {record['id']} again (first at {seen[record['id']]})")
+        seen[record["id"]] = where
+        if category(record["id"]) != name:
+            raise ValueError(
+                f"{where}: {record['id']} is a {category(record['id'])} question in a file of "
+                f"{name} ones (its first line's); one file is one category"
+            )
     truth = {}
     if needs_answers(name):
         answers = answers or os.path.join(
@@ -120,6 +134,7 @@ def _item(record: dict, truth: dict, answers: str | None) -> dict:
             f"{item_id}: {len(turns)} turns; only single-turn categories are scored here"
         )
     functions = record["function"]
+    check_functions(functions)
     ground_truth = None
     if needs_answers(name):
         if item_id not in truth:
@@ -149,7 +164,8 @@ def strict_calls(text: str) -> list[dict]:
     for block in TOOL_CALL.findall(text):
         try:
             found.append(json.loads(block))
-        except json.JSONDecodeError:
+        # nested past the parser's depth fails as BFCL's own json.loads fails: skipped, not a crash
+        except (json.JSONDecodeError, RecursionError):
             continue
     return [_as_call(c, ("arguments",)) for c in found]
 
@@ -166,6 +182,11 @@ def lenient_calls(text: str) -> list[dict]:
             value, end = decoder.raw_decode(text, start)
         except json.JSONDecodeError:
             at = start + 1
+            continue
+        except RecursionError:
+            # nested past the parser's depth, and so is every bracket of this run that opens it:
+            # skip the run whole, or 100,000 of them cost 100,000 failed parses of depth 1,000
+            at = start + len(OPENING.match(text, start).group())
             continue
         found = [v for v in (value if isinstance(value, list) else [value]) if _is_call(v)]
         calls += [_as_call(v, ("arguments", "parameters")) for v in found]
@@ -189,6 +210,32 @@ def _as_call(value, keys: tuple) -> dict:
 
 
 # ---- BFCL's AST checker, for Python -----------------------------------------------------------------------
+def check_functions(functions) -> None:
+    """The functions of a question as the checks read them (read_items names the line): a list
+    (empty where no function fits: live_irrelevance) of {"name": str, "parameters": {"properties": {name: {"type": str, ...}},
+    "required": [names of properties]}}."""
+    if not isinstance(functions, list):
+        raise ValueError("function: expected a list of function specs")
+    for i, f in enumerate(functions):
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+            raise ValueError(f'function {i}: expected an object with a non-empty string "name"')
+        parameters = f.get("parameters")
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
+        if not isinstance(properties, dict):
+            raise ValueError(f'function {f["name"]}: "parameters" must hold a "properties" object')
+        for argument, spec in properties.items():
+            if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
+                raise ValueError(
+                    f'function {f["name"]}: parameter {argument!r} needs a string "type"'
+                )
+        required = parameters.get("required", [])
+        if not isinstance(required, list) or not all(r in properties for r in required):
+            raise ValueError(
+                f'function {f["name"]}: "required" must be a list of names of its parameters, '
+                f"got {required!r:.80}"
+            )
+
+
 def check_ground_truth(ground_truth, where: str) -> None:
     """A possible answer as the checks read it, or an error naming its file:line: a non-empty list
     of calls, each {function name: {argument: [allowed values]}}. (A string or [] loaded, and a
