@@ -5,11 +5,12 @@ The episode (apps/recipe_code.py, `--episode retry`): the opening message shows 
 its failing tests; the environment rolls back (CodeEnv(rollback=True)), so every attempt starts from
 that file: edit, run_test, and after a failure edit again, up to 3 attempts, then answer.
 
-The teacher misses the way the SFT policy misses. Its first edit is wrong in a share of the
-episodes (`wrong_rate`, 0.5): two times in three on another line of the file (another planted bug of
-the same problem, applied where the file is right, so the real bug stays), one time in three on the
-bug's own line, turned into a sibling mutant. After a failing test it edits again with probability
-`again` (0.4), else gives up in one sentence; a retry is right with probability `right` (0.7).
+The teacher misses the way the SFT policy misses (the lean recipe's first edit landed on the bug's
+line one time in three). Its first edit is wrong in a share of the episodes (WRONG_RATE, 0.5): two
+times in three on another line of the file (another planted bug of the same problem, applied where
+the file is right, so the real bug stays), one time in three on the bug's own line, turned into a
+sibling mutant. After a failing test it edits again with probability AGAIN (0.4), else gives up in
+one sentence; a retry is right with probability RIGHT (0.7).
 
 Every wrong edit is marked "weight": 0 (chat.render: context, not a target), so SFT learns when to
 try again and what a right edit looks like, but never the mistakes themselves.
