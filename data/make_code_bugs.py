@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from minirl.envs.program import read_problems  # noqa: E402
 from minirl.envs.verdicts import judge, plain_tests  # noqa: E402
-from minirl.run.files import atomic_write  # noqa: E402
+from minirl.files import atomic_write  # noqa: E402
 
 OUT = ROOT / "data" / "code_bugs.json"
 SOURCE = (

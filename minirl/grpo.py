@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import distributed
 from . import learner as plain_learner
 from .envs import perturb
 from .fast import PLAIN, Speedups, prefix_learner
 from .fast.chunked_logprobs import chunked_token_logprobs
+from .finite import check_update
 from .learner import fixed_logprobs, lm_head_logprobs
 from .lora import disable_adapters, merged_for_sampling
 from .losses import group_advantages, policy_loss
-from .run import distributed
-from .run.finite import check_update
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .run.finite import check_weights
+from .finite import check_weights
 from .trainable_tokens import add_trainable_tokens, remove_trainable_tokens, token_adapter
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from . import distributed
 from .data import collate
 from .fast import PLAIN, Speedups, prefix_sft
 from .fast.chunked_logprobs import chunked_sft_loss
+from .finite import check_update
 from .losses import IGNORE_INDEX, sft_loss
-from .run import distributed
-from .run.finite import check_update
 
 
 @dataclass

@@ -18,9 +18,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import Qwen2Config
+from .files import atomic_write, write_json
+from .finite import check_weights
 from .model import Qwen2
-from .run.files import atomic_write, write_json
-from .run.finite import check_weights
 from .tokenizer import Tokenizer
 
 WEIGHTS_NAME = "model.safetensors"

@@ -16,11 +16,10 @@ import sys
 import torch
 from conftest import FixedRollouts
 
-from minirl import load_pretrained
+from minirl import distributed, load_pretrained
 from minirl.grpo import grpo_step
 from minirl.lora import add_lora
 from minirl.rollout import sample_completions
-from minirl.run import distributed
 from minirl.run.grpo import GRPOConfig, train
 from minirl.task import Task
 

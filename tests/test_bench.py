@@ -331,8 +331,8 @@ def test_step_lines_counts_the_drop_ins_on_the_default_path_only():
 def test_step_lines_by_hand_runs_the_step_without_the_harness():
     """step_lines.py --step by-hand traces grpo_step called as lesson 06 calls it: plain, it runs no
     drop-in line and of the harness only what grpo_step itself calls: the torchrun helpers
-    (run/distributed.py, which return at once in one process) and the check that the loss and the
-    gradient norm are finite (run/finite.py); no memory guard. With the drop-ins it runs theirs."""
+    (distributed.py, which return at once in one process) and the check that the loss and the
+    gradient norm are finite (finite.py); no memory guard. With the drop-ins it runs theirs."""
     script = os.path.join(ROOT, "bench", "step_lines.py")
     result = subprocess.run(
         [sys.executable, script, "--step", "by-hand", "--files"],
@@ -362,7 +362,7 @@ def test_step_lines_by_hand_runs_the_step_without_the_harness():
         assert plain["drop-ins"] == 0 < fast["drop-ins"]
         assert plain["chapter"] > 0 and plain["harness"] > 0
         harness = {f for f in files[f"{name}, plain"] if f.startswith("minirl/run/")}
-        assert harness == {"minirl/run/distributed.py", "minirl/run/finite.py"}, harness
+        assert harness == {"minirl/distributed.py", "minirl/finite.py"}, harness
         assert "minirl/grpo.py" in files[name]
     # one turn: no environment, so none of envs/ and fewer chapter lines than the episodes
     assert not any(f.startswith("minirl/envs/") for f in files["GRPO by hand, one turn, plain"])

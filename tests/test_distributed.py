@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from minirl import distributed
 from minirl.apps.cli import main
-from minirl.run import distributed
 from minirl.run.grpo import train as grpo_train
 from minirl.run.sft import SFTConfig
 from minirl.run.sft import train as sft_train

@@ -7,7 +7,7 @@ import pytest
 from conftest import cli_error, snapshot
 
 from minirl.apps import quickstart, recipe
-from minirl.run.files import fresh_folder
+from minirl.files import fresh_folder
 from minirl.toy import build_checkpoint
 
 

@@ -17,9 +17,9 @@ from minirl.apps.cli import main
 from minirl.config import ConfigError, Qwen2Config
 from minirl.data import DataError, read_conversations
 from minirl.envs.tools import parse_assistant
+from minirl.finite import NonFiniteError, check_weights
 from minirl.lora import load_adapter
 from minirl.run.checkpoint import MetricsLog, RunFolderError
-from minirl.run.finite import NonFiniteError, check_weights
 from minirl.run.flags import FlagError
 from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo import train as grpo_train

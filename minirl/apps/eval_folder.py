@@ -17,7 +17,7 @@ import shutil
 import tempfile
 
 from ..data import read_jsonl
-from ..run.files import atomic_write
+from ..files import atomic_write
 from .eval_summary import summarize
 
 # an eval folder's files; `minirl view` adds viewer.html, which a new eval there replaces with the rest

@@ -31,8 +31,8 @@ import time
 
 import torch
 
+from ..files import fresh_folder
 from ..model import random_model
-from ..run.files import fresh_folder
 from ..run.grpo import GRPOConfig
 from ..run.grpo import train as grpo_train
 from ..run.plots import quickstart_figure

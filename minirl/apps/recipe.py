@@ -41,7 +41,7 @@ import random
 
 from ..envs.calculator import expert_policy
 from ..fast import speedups
-from ..run.files import fresh_folder
+from ..files import fresh_folder
 from ..run.grpo import GRPOConfig
 from ..run.grpo import train as grpo_train
 from ..run.plots import recipe_figure

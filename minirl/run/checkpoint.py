@@ -33,11 +33,11 @@ from dataclasses import fields
 
 import torch
 
+from .. import distributed
+from ..files import remove, reopen_log, write_json
+from ..finite import check_trained
 from ..lora import load_adapter, save_adapter
 from ..weights import load_model, save_pretrained
-from . import distributed
-from .files import remove, reopen_log, write_json
-from .finite import check_trained
 from .flags import warn
 
 RUN_FILE = "run.json"  # the run's command and settings, written when the run starts

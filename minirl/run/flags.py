@@ -11,8 +11,8 @@ than the context, say) are checked as soon as those are read, still before train
 
 import sys
 
+from .. import distributed
 from ..envs import perturb
-from . import distributed
 
 
 class FlagError(ValueError):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from tqdm import tqdm
 
+from .. import distributed
 from ..apps import evaluation
 from ..config import Qwen2Config
 from ..eval_stats import success_where_perturbed
@@ -36,7 +37,7 @@ from ..task import EnvTask
 from ..tasks import make_task
 from ..tokenizer import Tokenizer
 from ..weights import load_pretrained
-from . import distributed, training
+from . import training
 from .budget import budget_bytes
 from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .flags import FlagError, check_grpo

@@ -29,8 +29,8 @@ import os
 
 import torch
 
+from ..files import reopen_log
 from ..losses import kl_k3
-from .files import reopen_log
 
 
 def token_pieces(tokenizer, ids: list[int]) -> list[str]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 
 from tqdm import tqdm
 
-from .. import data
+from .. import data, distributed
 from ..config import Qwen2Config
 from ..fast import speedups
 from ..losses import IGNORE_INDEX
@@ -35,7 +35,7 @@ from ..sft import SFTSettings, cosine_with_warmup, sft_step
 from ..tokenizer import Tokenizer
 from ..trainable_tokens import add_trainable_tokens, spelled_rows, untrained_tokens
 from ..weights import load_pretrained
-from . import distributed, graduation, training
+from . import graduation, training
 from .budget import budget_bytes
 from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .flags import check_sft

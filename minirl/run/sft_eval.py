@@ -11,9 +11,10 @@ the run's SFTConfig (run/sft.py).
 import os
 import random
 
+from .. import distributed
 from ..apps import evaluation
 from ..tasks import DATA_TASKS, make_task
-from . import distributed, graduation
+from . import graduation
 
 
 def split_heldout(conversations: list[dict], seed: int) -> tuple[list[dict], list[dict], str]:

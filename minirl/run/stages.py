@@ -30,11 +30,11 @@ from contextlib import contextmanager
 
 from safetensors import safe_open
 
+from ..files import fresh_folder
 from ..lora import load_adapter, merge_and_unload
 from ..weights import load_pretrained
 from .budget import trim_heap
 from .checkpoint import latest_checkpoint
-from .files import fresh_folder
 
 # what a resumed run must share with the run it continues (keys of the recipe's summary);
 # model_contents is compared where the earlier run recorded it (runs from before did not)

@@ -16,13 +16,13 @@ import os
 
 import torch
 
+from .. import distributed
 from ..envs.scratch import remove_orphans
+from ..files import write_json
+from ..finite import check_trained
 from ..lora import add_lora, save_adapter
 from ..weights import run_dtype, save_pretrained
-from . import distributed
 from .checkpoint import UnreadableCheckpoint, checkpoints, restore_checkpoint
-from .files import write_json
-from .finite import check_trained
 from .flags import warn
 
 
