@@ -31,9 +31,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from minirl.apps.eval_folder import read_episodes  # noqa: E402
 from minirl.envs import bfcl  # noqa: E402
 from minirl.envs.program import extract_program, run_program  # noqa: E402
+from minirl.eval_folder import read_episodes  # noqa: E402
 from minirl.rollout import prompt_ids  # noqa: E402
 from minirl.tasks import make_task  # noqa: E402
 from minirl.tokenizer import Tokenizer  # noqa: E402

@@ -20,10 +20,10 @@ import argparse
 import math
 import os
 
-from minirl.apps.eval_summary import compare, summarize
-from minirl.apps.evaluation import play
 from minirl.apps.quickstart import run
 from minirl.eval_stats import pass_at_k, pass_hat_k
+from minirl.eval_summary import compare, summarize
+from minirl.evaluation import play
 from minirl.tasks import CalculatorTask
 from minirl.weights import load_pretrained
 

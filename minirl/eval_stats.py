@@ -1,4 +1,4 @@
-"""The statistics of agent evaluation, as pure functions (apps/evaluation.py applies them to episode records).
+"""The statistics of agent evaluation, as pure functions (evaluation.py applies them to episode records).
 
   pass_at_k, pass_hat_k     final answer and robustness: at least one / all of k samples succeed
   clustered_stderr          the standard error of a mean whose samples of one item are correlated

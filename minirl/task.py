@@ -16,7 +16,7 @@ from .rollout import describe_error, run_episodes, sample_completions
 
 
 class Task(ABC):
-    """The protocol every task follows; subclass it. GRPO (grpo.py), `minirl eval` (apps/evaluation.py) and
+    """The protocol every task follows; subclass it. GRPO (grpo.py), `minirl eval` (evaluation.py) and
     `minirl rollout` call these and nothing else.
 
     A subclass gives `name`, `reward_functions` (usually set in __init__), `sample`, `eval_items` and

@@ -8,7 +8,6 @@ import random
 
 import pytest
 
-from minirl.apps.eval_summary import compare, summarize
 from minirl.envs.tools import CALCULATOR_SPEC
 from minirl.eval_stats import (
     call_problems,
@@ -22,6 +21,7 @@ from minirl.eval_stats import (
     redundant_calls,
     reference_match,
 )
+from minirl.eval_summary import compare, summarize
 
 # ---- final answer
 

@@ -7,7 +7,6 @@ import random
 import pytest
 from test_evaluation import episode
 
-from minirl.apps.eval_summary import compare, summarize
 from minirl.envs import perturb
 from minirl.envs.calculator import CalculatorEnv, expert_policy, make_question, play
 from minirl.envs.code import CodeEnv
@@ -15,6 +14,7 @@ from minirl.envs.code_scripts import run_scripted, scripted_fix
 from minirl.envs.code_tasks import load_templates, make_task
 from minirl.envs.perturb import TRUNCATE_AT, PerturbedEnv
 from minirl.envs.tools import ToolCall
+from minirl.eval_summary import compare, summarize
 
 
 def hard_question(seed=0):

@@ -11,8 +11,6 @@ import sys
 
 import pytest
 
-from minirl.apps.eval_folder import read_episodes
-from minirl.apps.eval_summary import code_agent_summary
 from minirl.apps.recipe_code import FAST, OUTPUTS, run
 from minirl.apps.recipe_code_metrics import group_fixes, stage_eval, table
 from minirl.envs import play
@@ -20,7 +18,9 @@ from minirl.envs.bugs import load_bug_templates
 from minirl.envs.code import CodeEnv
 from minirl.envs.code_tasks import load_templates, make_task
 from minirl.envs.engineer import blocks_by_test, demonstrations, demonstrator, hacker, wrong_edits
+from minirl.eval_folder import read_episodes
 from minirl.eval_stats import code_agent_shape, run_test_failed
+from minirl.eval_summary import code_agent_summary
 from minirl.fast import speedups
 from minirl.run.plots import hack_figure
 from minirl.run.stages import load_policy

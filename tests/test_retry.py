@@ -17,8 +17,6 @@ from minirl.apps import recipe_code
 from minirl.apps.bug_pool import bug_pool
 from minirl.apps.bug_pool import main as pool_main
 from minirl.apps.cli import main
-from minirl.apps.eval_folder import read_episodes
-from minirl.apps.eval_summary import compare, recovery
 from minirl.apps.recipe_code import RETRY_FAST, run
 from minirl.apps.recipe_code_metrics import grpo_gate, retry_odds, sft_gate
 from minirl.data import encode
@@ -27,7 +25,9 @@ from minirl.envs.bugs import load_bug_templates
 from minirl.envs.code import ROLLED_BACK, CodeEnv
 from minirl.envs.code_tasks import buggy_source, make_task
 from minirl.envs.tools import ToolCall
+from minirl.eval_folder import read_episodes
 from minirl.eval_stats import run_test_failed
+from minirl.eval_summary import compare, recovery
 from minirl.rollout import Trajectory
 from minirl.tasks import CodeTask
 from minirl.toy import build_checkpoint

@@ -14,8 +14,8 @@ import pytest
 from conftest import cli_error, snapshot
 
 from minirl.apps.cli import main
-from minirl.apps.eval_folder import items_digest, write_run
 from minirl.envs.program import read_problems
+from minirl.eval_folder import items_digest, write_run
 from minirl.run.checkpoint import RunFolderError
 from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo import train as grpo_train

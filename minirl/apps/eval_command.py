@@ -23,13 +23,7 @@ from ..envs import perturb
 from ..envs.bfcl import is_bfcl_file
 from ..envs.program import is_program_file
 from ..envs.scratch import remove_orphans
-from ..fast import PLAIN_HELP, speedups
-from ..lora import load_adapter, merge_and_unload
-from ..run.flags import at_least, check_sampling
-from ..tasks import make_task, parse_options
-from ..tokenizer import Tokenizer
-from ..weights import load_pretrained
-from .eval_folder import (
+from ..eval_folder import (
     check_comparable,
     check_eval_out,
     file_digest,
@@ -38,8 +32,14 @@ from .eval_folder import (
     rescore,
     write_run,
 )
-from .eval_summary import compare, recovery, table
-from .evaluation import play
+from ..eval_summary import compare, recovery, table
+from ..evaluation import play
+from ..fast import PLAIN_HELP, speedups
+from ..lora import load_adapter, merge_and_unload
+from ..run.flags import at_least, check_sampling
+from ..tasks import make_task, parse_options
+from ..tokenizer import Tokenizer
+from ..weights import load_pretrained
 
 
 # ---- the held-out prompts, checked before a model is loaded --------------------------------------

@@ -19,8 +19,8 @@ import json
 import os
 from collections import defaultdict
 
-from .eval_folder import read_episodes
-from .eval_summary import summarize, table
+from ..eval_folder import read_episodes
+from ..eval_summary import summarize, table
 
 MAX_CHARS = 4000
 STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;max-width:1100px;color:#222}

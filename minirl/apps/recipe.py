@@ -40,6 +40,8 @@ import os
 import random
 
 from ..envs.calculator import expert_policy
+from ..eval_folder import read_episodes
+from ..eval_summary import compare
 from ..fast import speedups
 from ..files import fresh_folder
 from ..run.grpo import GRPOConfig
@@ -50,8 +52,6 @@ from ..run.sft import train as sft_train
 from ..run.stages import StageMeter, load_policy
 from ..tasks import CalculatorTask
 from ..toy import demonstrations, demonstrator
-from .eval_folder import read_episodes
-from .eval_summary import compare
 from .recipe_metrics import evaluate, robustness, scripted_metrics, stage_line, table
 from .sft_mix import mix_conversations
 

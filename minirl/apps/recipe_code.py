@@ -35,6 +35,8 @@ from ..envs.bugs import load_bug_templates
 from ..envs.code_tasks import load_templates
 from ..envs.engineer import demonstrations
 from ..envs.teacher import retry_demonstrations
+from ..eval_folder import read_episodes
+from ..eval_summary import compare, recovery
 from ..fast import speedups
 from ..run.checkpoint import contents, latest_checkpoint
 from ..run.grpo import GRPOConfig
@@ -46,8 +48,6 @@ from ..run.stages import EVALUATED, TRAINED, Progress, load_policy
 from ..tasks import CodeTask
 from ..weights import load_pretrained
 from .bug_pool import write_pool
-from .eval_folder import read_episodes
-from .eval_summary import compare, recovery
 from .recipe_code_metrics import (
     STAGES,
     bug_records,

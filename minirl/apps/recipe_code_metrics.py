@@ -10,10 +10,10 @@ import os
 import shutil
 
 from ..eval_stats import code_agent_shape
+from ..eval_summary import recovery
+from ..evaluation import evaluate
 from ..run.plots import read_csv
 from ..run.stages import load_policy
-from .eval_summary import recovery
-from .evaluation import evaluate
 
 # the recipe's stages: each one's eval folder (eval/STAGE) and its row's label in the table
 STAGES = (("base", "untrained"), ("sft", "SFT (LoRA)"), ("grpo", "GRPO from SFT"))

@@ -7,8 +7,8 @@ scripted demonstrator in the same terms; results.md's table and the line printed
 
 from ..envs.calculator import CalculatorEnv, play
 from ..envs.tools import foreign_tool_call, parse_assistant
+from ..evaluation import evaluate as evaluate_episodes
 from ..tasks import CalculatorTask
-from .evaluation import evaluate as evaluate_episodes
 
 # the held-out set is played again under these (envs/perturb.py) after every stage
 ROBUSTNESS = ("tool_error", "flaky_tool")

@@ -130,7 +130,7 @@ def load_templates(path: str | os.PathLike | None = None) -> list[dict]:
     return templates
 
 
-# the calls of trajectory A, the chapter's good fix (apps/evaluation.py)
+# the calls of trajectory A, the chapter's good fix (evaluation.py)
 REFERENCE_CALLS = ["read_file", "edit_file", "run_test"]
 
 

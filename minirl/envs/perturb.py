@@ -2,7 +2,7 @@
 
 An agent that passes on clean inputs may still break when its tools misbehave or the question is
 phrased another way. `minirl eval --perturb NAME` plays every held-out item again under one of these,
-with the same sampling seeds, and reports the drop in pass@1 against the clean run (apps/evaluation.py):
+with the same sampling seeds, and reports the drop in pass@1 against the clean run (evaluation.py):
 
   flaky_tool              each tool call fails with probability FLAKY_P ("temporarily unavailable";
                           the environment never sees the call), as a rate-limited API does

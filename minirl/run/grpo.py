@@ -7,7 +7,7 @@ train(cfg) checks the flags, builds the task, plans the step's memory before a w
 π_ref), adds the adapter and the optimizer, and runs grpo_step `cfg.steps` times. Around each step:
 the memory guard fits the learning passes to the batch actually sampled; metrics go to
 runs/NAME/metrics.csv, a sample of rollouts to runs/NAME/rollouts.jsonl (for `python -m minirl view
-runs/NAME`), the held-out evaluations (every --eval-every steps and at the end, apps/evaluation.py's
+runs/NAME`), the held-out evaluations (every --eval-every steps and at the end, evaluation.py's
 episodes and summary) to runs/NAME/eval/step-NNNNNN/; checkpoints and exact resume work as in SFT.
 
 Under torchrun (distributed.py, docs/gpu.md "Scale-out") --prompts-per-step stays the global P: each
@@ -26,8 +26,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from tqdm import tqdm
 
-from .. import distributed
-from ..apps import evaluation
+from .. import distributed, evaluation
 from ..config import Qwen2Config
 from ..eval_stats import success_where_perturbed
 from ..fast import speedups
@@ -153,7 +152,7 @@ def perturbed_metrics(trajectories, verdicts) -> dict:
 
 
 def evaluate(model, tokenizer, task, cfg, step: int, decoder=None) -> dict:
-    """Greedy pass@1 on the task's held-out items, strict and lenient, from apps/evaluation.py's episodes,
+    """Greedy pass@1 on the task's held-out items, strict and lenient, from evaluation.py's episodes,
     which are kept as an eval folder: out/eval/step-NNNNNN (episodes.jsonl, summary.json)."""
     out = os.path.join(cfg.out, "eval", f"step-{step:06d}")
     seed, max_new_tokens = cfg.seed, cfg.max_new_tokens

@@ -10,7 +10,7 @@ loss history) is written to a temporary folder and renamed into place; --resume 
 newest one and, on CPU with the same seed, reproduces the uninterrupted loss curve exactly.
 Graduation (graduation.py) is measured every --eval-every steps and at the end (sft_eval.py); with
 --eval-task the task's held-out items are played then too, by the same code as `python -m minirl
-eval` and GRPO's held-out numbers (apps/evaluation.py): eval_accuracy in metrics.csv, each
+eval` and GRPO's held-out numbers (evaluation.py): eval_accuracy in metrics.csv, each
 evaluation kept as an eval folder in out/eval/step-NNNNNN.
 
 Under torchrun (distributed.py, docs/gpu.md "Scale-out") --batch-size stays the global micro-batch:
@@ -67,7 +67,7 @@ class SFTConfig(SFTSettings):
     eval_every: int = 0  # 0 = only at the end
     samples_per_prompt: int = 4
     eval_max_new_tokens: int = 128
-    # a task name (or object) whose held-out items are played at each check (apps/evaluation.py)
+    # a task name (or object) whose held-out items are played at each check (evaluation.py)
     eval_task: object = None
     # make_task options for eval_task, e.g. {"level": "toy"}
     task_options: dict = field(default_factory=dict)

@@ -3,7 +3,7 @@
 and the columns that check adds to metrics.csv.
 
 Graduation's criteria are graduation.py's; the task's episodes are played by the same code as
-`python -m minirl eval` and GRPO's held-out numbers (apps/evaluation.py). Under torchrun each rank
+`python -m minirl eval` and GRPO's held-out numbers (evaluation.py). Under torchrun each rank
 samples its share of graduation's prompts and the metrics are averaged over all of them. `cfg` is
 the run's SFTConfig (run/sft.py).
 """
@@ -11,8 +11,7 @@ the run's SFTConfig (run/sft.py).
 import os
 import random
 
-from .. import distributed
-from ..apps import evaluation
+from .. import distributed, evaluation
 from ..tasks import DATA_TASKS, make_task
 from . import graduation
 

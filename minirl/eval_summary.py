@@ -9,7 +9,7 @@ Perturbed episodes (envs/perturb.py) count only toward their own robustness rows
 import math
 from collections import defaultdict
 
-from ..eval_stats import (
+from .eval_stats import (
     cluster_bootstrap,
     clustered_stderr,
     code_agent_shape,

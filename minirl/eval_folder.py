@@ -16,9 +16,9 @@ import os
 import shutil
 import tempfile
 
-from ..data import read_jsonl
-from ..files import atomic_write
+from .data import read_jsonl
 from .eval_summary import summarize
+from .files import atomic_write
 
 # an eval folder's files; `minirl view` adds viewer.html, which a new eval there replaces with the rest
 EVAL_FILES = ("episodes.jsonl", "summary.json", "run.json", "viewer.html")

@@ -35,11 +35,11 @@ import time
 import torch
 from tqdm import tqdm
 
-from .. import distributed
-from ..envs import perturb
-from ..envs.tools import parse_assistant
-from ..eval_stats import call_problems
+from . import distributed
+from .envs import perturb
+from .envs.tools import parse_assistant
 from .eval_folder import items_digest, write_run
+from .eval_stats import call_problems
 from .eval_summary import recovery, summarize
 
 
