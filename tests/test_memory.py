@@ -354,7 +354,7 @@ def test_chunked_logprobs_peak_stays_small_on_a_real_vocabulary():
 
 TRIM_SCRIPT = textwrap.dedent("""
     import torch
-    from minirl.run.budget import trim_heap
+    from minirl.budget import trim_heap
 
     def rss():
         return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) * 1024

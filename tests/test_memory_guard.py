@@ -9,11 +9,11 @@ import os
 import pytest
 import torch
 
+from minirl.budget import GB, MemoryBudgetError, available_bytes, budget_bytes, fit_pass
 from minirl.config import Qwen2Config
 from minirl.data import encode, read_conversations
 from minirl.fast import FAST
 from minirl.fast.prefix_sft import shared_prefix_length
-from minirl.run.budget import GB, MemoryBudgetError, available_bytes, budget_bytes, fit_pass
 from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo import train as grpo_train
 from minirl.run.memory import MemoryEstimate

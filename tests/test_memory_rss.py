@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from minirl.budget import GB, MemoryBudgetError
 from minirl.config import Qwen2Config
 from minirl.fast import FAST
-from minirl.run.budget import GB, MemoryBudgetError
 from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo_memory import plan_memory
 from minirl.tasks import make_task

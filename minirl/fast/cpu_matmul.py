@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..budget import available_bytes
 from ..lora import LoRALinear
-from ..run.budget import available_bytes
 from ..trainable_tokens import TokenHead
 
 # the row counts where the transposed product measured faster (float32, CPU)

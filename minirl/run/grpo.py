@@ -27,6 +27,7 @@ import torch
 from tqdm import tqdm
 
 from .. import distributed, evaluation
+from ..budget import budget_bytes
 from ..config import Qwen2Config
 from ..eval_stats import success_where_perturbed
 from ..fast import speedups
@@ -37,7 +38,6 @@ from ..tasks import make_task
 from ..tokenizer import Tokenizer
 from ..weights import load_pretrained
 from . import training
-from .budget import budget_bytes
 from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .flags import FlagError, check_grpo
 from .grpo_memory import LearningGuard, plan_memory

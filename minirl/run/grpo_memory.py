@@ -11,12 +11,12 @@ whole rows (learner.py), with chunked log-probs or the logits.
 import torch
 
 from .. import distributed
+from ..budget import MemoryBudgetError, describe_choice, fit_pass, trim_heap, what_fits
 from ..fast.cpu_matmul import native_bfloat16
 from ..fast.length_passes import passes
 from ..fast.prefixes import common_prefix_length
 from ..rollout import prompt_ids
 from ..task import EnvTask
-from .budget import MemoryBudgetError, describe_choice, fit_pass, trim_heap, what_fits
 from .memory import MemoryEstimate, estimate, learning_items, persistent_items
 
 

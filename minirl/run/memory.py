@@ -38,8 +38,8 @@ bench/memory.py compares this estimate with the measured peak.
 
 from dataclasses import dataclass
 
+from ..budget import GB
 from ..config import Qwen2Config
-from .budget import GB
 from .sizes import (
     CPU_RUNTIME_BYTES,
     ROLLOUT_RECORD_TOKEN_BYTES,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, fields
 from tqdm import tqdm
 
 from .. import data, distributed
+from ..budget import budget_bytes
 from ..config import Qwen2Config
 from ..fast import speedups
 from ..losses import IGNORE_INDEX
@@ -36,7 +37,6 @@ from ..tokenizer import Tokenizer
 from ..trainable_tokens import add_trainable_tokens, spelled_rows, untrained_tokens
 from ..weights import load_pretrained
 from . import graduation, training
-from .budget import budget_bytes
 from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
 from .flags import check_sft
 from .sft_eval import GraduationCheck, eval_row, eval_task, split_heldout

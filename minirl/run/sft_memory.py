@@ -9,10 +9,10 @@ chunked (fast/chunked_logprobs.py).
 import torch
 
 from .. import distributed
+from ..budget import MemoryBudgetError, describe_choice, fit_pass, what_fits
 from ..config import Qwen2Config
 from ..fast.cpu_matmul import native_bfloat16
 from ..fast.prefix_sft import shared_prefix_length
-from .budget import MemoryBudgetError, describe_choice, fit_pass, what_fits
 from .memory import MemoryEstimate, check_sizes, persistent_items
 from .sizes import (
     activation_bytes,
