@@ -11,9 +11,9 @@ peak memory of each phase.
         --new-tokens 200 --peer                                        # the same on a real shape
 
 A step is minirl's own code path, `grpo.grpo_step`, with the speed-ups the CLI uses by default
-(`fast=FAST`: the model's layers swapped to their fast CPU-product twins by FAST.apply after the
+(FAST: `learner=FAST.learner()`, the model's layers swapped to their fast CPU-product twins by FAST.apply after the
 adapter is added, and the run's sampler FAST.decoder(model, compile=--compile), held for the whole
-run as `minirl grpo` holds it); --plain runs the plain pipeline instead (fast=PLAIN, PLAIN.apply,
+run as `minirl grpo` holds it); --plain runs the plain pipeline instead (PLAIN's learner, PLAIN.apply,
 no decoder: sampling.generate), as `minirl grpo --plain` does. The prompts are random token ids, so
 grpo_step is handed a small task of this script's own (EvenTokens): its rollout calls
 `minirl.sampling.generate` (with the run's decoder) for G completions of each prompt (every row decoded to --new-tokens: no stop
@@ -298,7 +298,7 @@ def grpo_step(
         seed=seed,
         ref_model=ref_model,
         decoder=decoder,
-        fast=fast,
+        learner=fast.learner(),
     )
     task.learning.stop()
     return dict(
@@ -453,7 +453,7 @@ def compare_learning(args, model, ref_model, cfg, device, prompts, trajectories,
             fixed_cfg,
             seed=args.seed,
             ref_model=ref_model,
-            fast=fast,
+            learner=fast.learner(),
         )
         # the peer learns from the step's advantages: these must be the same
         assert torch.equal(done.advantages, advantages)

@@ -9,12 +9,12 @@ A step is what a training loop does once per batch: forward, loss, backward, the
 clipped to 1, AdamW step, zero_grad. LoRA r=16, alpha=32 on every linear layer of the decoder (q, k,
 v, o, gate, up, down), AdamW (lr 1e-4) on the adapters only, float32 on the CPU; the sequence is its
 own label (every token trained but the first, which nothing predicts). Three steps are timed in
-turn: minirl's own `sft.sft_step` with the speed-ups `minirl sft` runs by default (fast=FAST: the
+turn: minirl's own `sft.sft_step` with the speed-ups `minirl sft` runs by default (FAST.sft_passes(): the
 model's layers swapped to their fast CPU-product twins by FAST.apply once the adapter is added, as
 the CLI does, and the loss computed in chunks from the hidden states by fast/chunked_logprobs.py,
 the lm_head applied inside it and its logits recomputed in backward; fast/prefix_sft.py's passes
 have no shared prefix to run once with one sequence); the same step as `minirl sft --plain` runs it
-(fast=PLAIN: the plain layers, `sft_loss` on the full logits); and transformers + peft
+(PLAIN.sft_passes(): the plain layers, `sft_loss` on the full logits); and transformers + peft
 (`model(input_ids, labels=...)`, SDPA attention, use_cache=False, the gradient norm clipped to 1 as
 transformers' Trainer does by default and sft_step does with SFTSettings' max_grad_norm). Both models
 hold the *same* base weight tensors (transformers' model is built on the meta device and assigned
@@ -154,7 +154,7 @@ class MinirlVariant:
             self.cfg,
             pad_id=0,
             step=self.steps,
-            fast=self.fast,
+            passes=self.fast.sft_passes(),
         )
         return stats["loss"]
 

@@ -197,7 +197,7 @@ def run_step(model, adapters, prompts, task, cfg, fast, static, seed) -> dict:
         cfg,
         seed=seed,
         decoder=decoder,
-        fast=fast,
+        learner=fast.learner(),
     )
     seconds = time.perf_counter() - start
     lengths = [len(t.completion_ids) for t in done.trajectories]

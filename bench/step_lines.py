@@ -151,7 +151,7 @@ def grpo_by_hand_lines(toy: str, plain: bool, task_name: str = "calculator"):
     """Step 2 of 3 calls of grpo_step made by hand, as lesson 06 makes its one (no harness: no
     memory guard, metrics, logs or checkpoints), with grpo_step_lines' sizes, on its task (the
     calculator's episodes) or another (arithmetic: one turn, as lesson 06's own task); with the
-    commands' drop-ins (fast=FAST and its Decoder) unless plain."""
+    commands' drop-ins (FAST.learner() and its Decoder) unless plain."""
     import random
 
     import torch
@@ -168,7 +168,7 @@ def grpo_by_hand_lines(toy: str, plain: bool, task_name: str = "calculator"):
     add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha)
     fast = speedups(plain)
     fast.apply(model)
-    decoder = fast.decoder(model)
+    decoder, learner = fast.decoder(model), fast.learner()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=5e-5)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -188,7 +188,7 @@ def grpo_by_hand_lines(toy: str, plain: bool, task_name: str = "calculator"):
                 cfg,
                 seed=step,
                 decoder=decoder,
-                fast=fast,
+                learner=learner,
             )
 
     return traced(grpo, "grpo_step", run)

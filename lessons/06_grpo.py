@@ -127,9 +127,9 @@ class DigitsTask(Task):
 
 # %% 4. one step by hand: grpo_step is all of it, the stages numbered in its body
 # run/grpo.py's train(cfg) calls this function once per step; around it sit the run folder, the
-# memory guard, torchrun, checkpoints and logs. `minirl grpo` passes fast=FAST (minirl/fast/: on
-# one batch the same loss and update up to rounding, tests/test_speedups.py; a sampled run draws
-# other tokens); here it runs the plain versions (bench/step_lines.py --step by-hand counts the
+# memory guard, torchrun, checkpoints and logs. `minirl grpo` hands it the drop-ins' learner,
+# learner=FAST.learner() (minirl/fast/: on one batch the same loss and update up to rounding,
+# tests/test_speedups.py; a sampled run draws other tokens); here it runs the plain versions (bench/step_lines.py --step by-hand counts the
 # lines of minirl/ such a step runs, plain and with the drop-ins).
 print(inspect.getsource(grpo_step))
 model, tokenizer = load_pretrained(base)

@@ -18,12 +18,9 @@ from dataclasses import dataclass, field
 import torch
 
 from . import distributed
-from . import learner as plain_learner
 from .envs import perturb
-from .fast import PLAIN, Speedups, prefix_learner
-from .fast.chunked_logprobs import chunked_token_logprobs
 from .finite import check_update
-from .learner import fixed_logprobs, lm_head_logprobs
+from .learner import PLAIN_LEARNER, Learner, fixed_logprobs
 from .lora import disable_adapters, merged_for_sampling
 from .losses import group_advantages, policy_loss
 
@@ -112,7 +109,7 @@ def grpo_step(
     seed: int,
     ref_model=None,
     decoder=None,
-    fast: Speedups = PLAIN,
+    learner: Learner = PLAIN_LEARNER,
     fit_memory=None,
 ):
     """One GRPO step on `items` (under torchrun, this rank's share of the step's prompts):
@@ -127,8 +124,9 @@ def grpo_step(
          the clipped, KL-regularized surrogate (losses.policy_loss), the loss divided by the
          normalizer of the whole batch (of every rank: N ranks take the step one process would).
 
-    fast: the drop-ins to use (fast/__init__.py); decoder: the sampler the run holds (a
-    fast.decoder.Decoder, or None: sampling.generate). fit_memory(kept rollouts) -> sequences per
+    learner: what the log-probs are computed with (learner.py's, or the drop-ins' that
+    fast.Speedups.learner hands in); decoder: the sampler the run holds (a fast.decoder.Decoder,
+    or None: sampling.generate). fit_memory(kept rollouts) -> sequences per
     forward and backward: run/grpo.py's memory guard (default: cfg.minibatch_size).
     Returns a StepResult."""
     G, params = cfg.group_size, [p for g in optimizer.param_groups for p in g["params"]]
@@ -153,8 +151,7 @@ def grpo_step(
     if not distributed.all_reduce_sum(len(kept)):
         return result
     # Stage 4: the learning batch, and the log-probs of the fixed policies
-    learner = prefix_learner if fast.prefixes else plain_learner
-    head = chunked_token_logprobs if fast.chunked_logprobs else lm_head_logprobs
+    head = learner.head
     # the memory guard: sequences per pass for this batch, within the budget
     size = fit_memory(kept) if fit_memory else cfg.minibatch_size
     T = cfg.temperature

@@ -13,6 +13,9 @@ tokens the rows share run once; it gives the same log-probs (tests/test_speedups
 Shapes: N rows, P prompt columns, Lc completion columns, b rows of a minibatch, C hidden, V vocab.
 """
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 from .losses import token_logprobs
@@ -74,3 +77,18 @@ def fixed_logprobs(logprobs, model, batch, minibatch_size, temperature, head) ->
     for rows, logp in logprobs(model, batch, minibatch_size, temperature, head):
         out[rows] = logp
     return out
+
+
+@dataclass(frozen=True)
+class Learner:
+    """What grpo_step computes the policy's log-probs with, handed in by its caller: the batch's
+    layout (learning_batch), the pass over it a minibatch at a time (logprobs) and the head from
+    hidden states to token log-probs. PLAIN_LEARNER is this module's; fast/ builds its drop-ins'
+    (fast.Speedups.learner), and the step never names them."""
+
+    learning_batch: Callable = learning_batch
+    logprobs: Callable = logprobs
+    head: Callable = lm_head_logprobs
+
+
+PLAIN_LEARNER = Learner()

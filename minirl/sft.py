@@ -15,13 +15,12 @@ not change what is learned.
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from . import distributed
 from .data import collate
-from .fast import PLAIN, Speedups, prefix_sft
-from .fast.chunked_logprobs import chunked_sft_loss
 from .finite import check_update
 from .losses import IGNORE_INDEX, sft_loss
 
@@ -87,6 +86,19 @@ def batch_losses(model, examples, micro_batches, pad_id, rows_per_pass, head, au
             yield loss, trained, int(batch["attention_mask"].sum())
 
 
+@dataclass(frozen=True)
+class SFTPasses:
+    """What sft_step computes its losses with, handed in by its caller: the passes over a
+    micro-batch (batch_losses) and the head from hidden states to the loss. PLAIN_PASSES is this
+    module's; fast/ builds its drop-ins' (fast.Speedups.sft_passes), and the step never names them."""
+
+    batch_losses: Callable = batch_losses
+    head: Callable = lm_head_sft_loss
+
+
+PLAIN_PASSES = SFTPasses()
+
+
 def sft_step(
     model,
     examples,
@@ -98,7 +110,7 @@ def sft_step(
     pad_id: int,
     step: int,
     rows_per_pass: int | None = None,
-    fast: Speedups = PLAIN,
+    passes: SFTPasses = PLAIN_PASSES,
 ) -> dict:
     """One optimizer step over `micro_batches`, lists of indices into `examples` (data.encode's; under
     torchrun this rank's share of every micro-batch):
@@ -110,7 +122,8 @@ def sft_step(
          (losses.sft_loss), weighted by its share of the step's, backward (gradients accumulate);
       3. sum the ranks' gradients, clip their norm, check them, and take an AdamW step.
 
-    fast: the drop-ins to use (fast/__init__.py). step: this step's number, for error messages.
+    passes: what the losses are computed with (this module's, or the drop-ins' that
+    fast.Speedups.sft_passes hands in). step: this step's number, for error messages.
     Returns the step's loss, gradient norm, learning rate and tokens (prompts included)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     # Stage 1: the step's trained tokens (position t predicts token t + 1: labels from the second on)
@@ -118,13 +131,13 @@ def sft_step(
     trained = sum(sum(label != IGNORE_INDEX for label in labels) for labels in mine)
     trained = distributed.all_reduce_sum(trained)  # torchrun: every rank's
     # Stage 2: forward and backward, a pass at a time
-    passes_of = prefix_sft.batch_losses if fast.prefixes else batch_losses
-    head = chunked_sft_loss if fast.chunked_logprobs else lm_head_sft_loss
     cuda = model.device.type == "cuda"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
     rows = rows_per_pass or cfg.batch_size
     loss_value, tokens = 0.0, 0
-    for loss, n, seen in passes_of(model, examples, micro_batches, pad_id, rows, head, autocast):
+    for loss, n, seen in passes.batch_losses(
+        model, examples, micro_batches, pad_id, rows, passes.head, autocast
+    ):
         (loss * (n / trained)).backward()
         loss_value += loss.item() * n / trained
         tokens += seen

@@ -143,6 +143,32 @@ def imported_modules(path: str, package: dict) -> set[str]:
     return {m for m in found if m in package and m != rel}
 
 
+def test_imports_flow_down_the_wings():
+    """The chapter never names its engineering (STYLE.md, the third review): a chapter module
+    (minirl/*.py, but the public API in __init__.py and __main__.py) imports nothing of fast/, run/
+    or apps/; envs/ nothing of those; fast/ nothing of run/ or apps/; run/ nothing of apps/. The
+    drop-ins are handed in (fast.Speedups.learner, sft_passes), never looked up."""
+    paths = glob.glob(os.path.join(ROOT, "minirl", "**", "*.py"), recursive=True)
+    package = {os.path.relpath(p, os.path.join(ROOT, "minirl")): p for p in paths}
+    above = {
+        "": ("fast/", "run/", "apps/"),
+        "envs/": ("fast/", "run/", "apps/"),
+        "fast/": ("run/", "apps/"),
+        "run/": ("apps/",),
+    }
+    wrong = []
+    for module, path in package.items():
+        wing = module.split("/")[0] + "/" if "/" in module else ""
+        if module in ("__init__.py", "__main__.py") or wing not in above:
+            continue
+        wrong += [
+            f"{module} imports {m}"
+            for m in sorted(imported_modules(path, package))
+            if m.startswith(above[wing])
+        ]
+    assert not wrong, "imports that climb back up:\n" + "\n".join(wrong)
+
+
 def test_design_floors_are_the_imports():
     """docs/DESIGN.md gives every module a floor, one above the highest floor it imports (the
     layout's rule): the tables must say what the imports are, and no module may import another

@@ -334,7 +334,9 @@ def one_grpo_step(fast, aggregation="token", inner_steps=2, beta=0.04):
     rewards = [1.0, 0.0, 0.5, 0.2, 0.2, 0.2, 0.0, 1.0, 1.0]
     task = FixedRollouts(rollouts(), rewards)
     tokenizer = type("Tokenizer", (), {"pad_token_id": 0})
-    done = grpo_step(model, tokenizer, task, [{}] * 3, optimizer, scheduler, cfg, seed=0, fast=fast)
+    done = grpo_step(
+        model, tokenizer, task, [{}] * 3, optimizer, scheduler, cfg, seed=0, learner=fast.learner()
+    )
     return done, {n: p.detach() for n, p in trainable(model).items()}
 
 
@@ -378,7 +380,7 @@ def one_sft_step(fast, rows_per_pass=2):
         pad_id=0,
         step=1,
         rows_per_pass=rows_per_pass,
-        fast=fast,
+        passes=fast.sft_passes(),
     )
     return done, {n: p.detach() for n, p in trainable(model).items()}
 

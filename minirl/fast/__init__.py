@@ -21,9 +21,14 @@ sampler's call with every drop-in on, for a library user who calls it on a model
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
+from .. import learner as plain_learner
 from .. import sampling
+from ..learner import Learner, lm_head_logprobs
 from ..next_token import multinomial_draw
 from ..sampling import Completion
+from ..sft import SFTPasses, batch_losses, lm_head_sft_loss
+from . import prefix_learner, prefix_sft
+from .chunked_logprobs import chunked_sft_loss, chunked_token_logprobs
 from .cpu_matmul import use_fast_products, use_plain_products
 from .decode_attention import use_decode_attention
 from .decoder import Decoder
@@ -49,6 +54,20 @@ class Speedups:
         flag says). In place; returns it."""
         (use_fast_products if self.cpu_matmul else use_plain_products)(model)
         return use_decode_attention(model, on=self.decode_attention)
+
+    def learner(self) -> Learner:
+        """What grpo_step computes its log-probs with: the shared-prefix layout and passes
+        (prefix_learner.py) and the chunked head (chunked_logprobs.py) where on, else learner.py's."""
+        layout = prefix_learner if self.prefixes else plain_learner
+        head = chunked_token_logprobs if self.chunked_logprobs else lm_head_logprobs
+        return Learner(layout.learning_batch, layout.logprobs, head)
+
+    def sft_passes(self) -> SFTPasses:
+        """What sft_step computes its losses with: the shared-prefix passes (prefix_sft.py) and the
+        chunked loss (chunked_logprobs.py) where on, else sft.py's."""
+        passes = prefix_sft.batch_losses if self.prefixes else batch_losses
+        head = chunked_sft_loss if self.chunked_logprobs else lm_head_sft_loss
+        return SFTPasses(passes, head)
 
     def decoder(self, model, compile: bool = False) -> Decoder | None:
         """The sampler for `model`: a Decoder with the decoding drop-ins that are on (compile: fixed

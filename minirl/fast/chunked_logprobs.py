@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..losses import IGNORE_INDEX, check_trained
 from ..trainable_tokens import output_rows
-from . import cpu_matmul
+from .cpu_matmul import input_grad, linear, uses_fast_products
 
 
 class ChunkLogprobs(torch.autograd.Function):
@@ -37,7 +37,7 @@ class ChunkLogprobs(torch.autograd.Function):
 
     @staticmethod
     def _logits(hidden, weight, temperature, ids, delta, fast):
-        logits = (cpu_matmul.linear if fast else F.linear)(hidden, weight).float()  # (N, V)
+        logits = (linear if fast else F.linear)(hidden, weight).float()  # (N, V)
         if ids is not None:
             # (N, k) onto the trained ids' columns
             logits.index_add_(1, ids, hidden.float() @ delta.T)
@@ -80,7 +80,7 @@ class ChunkLogprobs(torch.autograd.Function):
         grad_logits = grad_logits.to(hidden.dtype)
         grad_hidden = grad_weight = grad_delta = None
         if ctx.needs_input_grad[0]:
-            product = cpu_matmul.input_grad if ctx.fast else torch.matmul
+            product = input_grad if ctx.fast else torch.matmul
             grad_hidden = product(grad_logits, weight)  # (N, C)
             if ids is not None:
                 grad_hidden = grad_hidden + (grad_rows @ delta).to(hidden.dtype)
@@ -154,12 +154,12 @@ def token_logprobs_chunked(
 # The two heads the training steps take: hidden states in, what the plain head (losses.py) returns out.
 def chunked_token_logprobs(model, hidden, targets, temperature, mask):
     """learner's head: log πθ of targets (b, n) from hidden (b, n, C). -> (b, n)"""
-    rows, fast = output_rows(model), cpu_matmul.uses_fast_products(model)
+    rows, fast = output_rows(model), uses_fast_products(model)
     W = model.lm_head.weight
     return token_logprobs_chunked(hidden, W, targets, temperature, mask, rows=rows, fast=fast)
 
 
 def chunked_sft_loss(model, hidden, labels):
     """sft's head: the mean NLL of the trained labels (B, T) from hidden (B, T, C). -> scalar"""
-    rows, fast = output_rows(model), cpu_matmul.uses_fast_products(model)
+    rows, fast = output_rows(model), uses_fast_products(model)
     return sft_loss_chunked(hidden, model.lm_head.weight, labels, rows=rows, fast=fast)

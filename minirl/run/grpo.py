@@ -219,6 +219,8 @@ def train(cfg: GRPOConfig) -> dict:
     # the sampler: with --compile it keeps its compiled step and fixed-shape cache for the whole run;
     # the held-out evaluation (batches of other sizes, greedy) samples uncompiled
     decoder, eval_decoder = fast.decoder(model, compile=cfg.compile), fast.decoder(model)
+    # what grpo_step computes its log-probs with: the drop-ins' functions, or with --plain its own
+    learner = fast.learner()
     G, start, last_eval, paused = cfg.group_size, time.perf_counter(), None, False
     main = distributed.is_main()
     bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True, disable=not main)
@@ -240,7 +242,7 @@ def train(cfg: GRPOConfig) -> dict:
             seed=seed,
             ref_model=ref_model,
             decoder=decoder,
-            fast=fast,
+            learner=learner,
             fit_memory=guard.fit,
         )
         t1 = time.perf_counter()

@@ -164,6 +164,8 @@ def train(cfg: SFTConfig) -> dict:
     claim_run_folder(cfg, "sft")
     add_trained_parts(model, cfg, tokenizer, examples)
     fast.apply(model)
+    # what sft_step computes its losses with: the drop-ins' passes, or with --plain its own
+    passes = fast.sft_passes()
     model.set_gradient_checkpointing(checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
     steps_per_epoch = math.ceil(math.ceil(len(examples) / cfg.batch_size) / cfg.grad_accum)
@@ -201,7 +203,7 @@ def train(cfg: SFTConfig) -> dict:
             pad_id=tokenizer.pad_token_id,
             step=step + 1,
             rows_per_pass=rows_per_pass,
-            fast=fast,
+            passes=passes,
         )
         step += 1
         losses.append(done["loss"])
