@@ -29,9 +29,9 @@ checkpointing is on (set_gradient_checkpointing): grpo_step puts the model in tr
 optimizer steps, where the layers checkpoint; the reference log-probs run without gradients, where
 there is nothing to checkpoint, and sampling runs in eval mode.
 
-The times are grpo_step's own (StepResult.timing()): sampling (the task's rollout, the fold of the
-adapters included), scoring (the reward and the advantages) and learning (the rest of the step).
-grpo_step reads its clock without waiting for the GPU; its last waits are the loss's and the
+The times are read as `minirl grpo` reads them (run/grpo.Clock, handed to grpo_step as its task):
+sampling (the task's rollout, the fold of the adapters included), scoring (the reward) and learning
+(the rest of the step: the advantages and the updates). The clock is read without waiting for the GPU; its last waits are the loss's and the
 gradient norm's .item(), so on a GPU t_learn leaves out the AdamW update's kernels (milliseconds).
 
 Peer (--peer): the learning phase of the last step, timed again side by side in this process on the
@@ -108,7 +108,7 @@ from minirl.learner import fixed_logprobs, lm_head_logprobs  # noqa: E402
 from minirl.lora import add_lora  # noqa: E402
 from minirl.losses import policy_loss  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
-from minirl.run.grpo import GRPOConfig  # noqa: E402
+from minirl.run.grpo import Clock, GRPOConfig, learning_stats  # noqa: E402
 from minirl.task import Task  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 
@@ -287,10 +287,12 @@ def grpo_step(
     if decoder is None:
         decoder = fast.decoder(model, compile=compile)
     task = EvenTokens(device)
+    # the harness's clock (grpo_step keeps none): it notes when the rollout and the scoring return
+    clock = Clock(task)
     done = grpo.grpo_step(
         model,
         TOKENIZER,
-        task,
+        clock,
         prompts,
         optimizer,
         scheduler,
@@ -300,12 +302,13 @@ def grpo_step(
         decoder=decoder,
         learner=fast.learner(),
     )
+    clock.stop()
     task.learning.stop()
     return dict(
-        **done.timing(),
+        **clock.timing(),
         sampling=task.sampling,
         learning=task.learning,
-        stats=done.stats,
+        stats={**learning_stats(done, cfg), "loss": done.loss, "grad_norm": done.grad_norm},
         tokens=sum(len(t.completion_ids) for t in done.trajectories),
         trajectories=done.trajectories,
         advantages=done.advantages,
@@ -457,7 +460,7 @@ def compare_learning(args, model, ref_model, cfg, device, prompts, trajectories,
         )
         # the peer learns from the step's advantages: these must be the same
         assert torch.equal(done.advantages, advantages)
-        return done.stats
+        return {"loss": done.loss, "grad_norm": done.grad_norm}
 
     sides = {
         "minirl": Side(model, minirl_run),

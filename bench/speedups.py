@@ -53,7 +53,7 @@ from minirl.grpo import grpo_step  # noqa: E402
 from minirl.lora import add_lora  # noqa: E402
 from minirl.next_token import multinomial_draw  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
-from minirl.run.grpo import GRPOConfig
+from minirl.run.grpo import Clock, GRPOConfig
 from minirl.task import Task  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 
@@ -187,10 +187,12 @@ def run_step(model, adapters, prompts, task, cfg, fast, static, seed) -> dict:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     tokenizer = SimpleNamespace(pad_token_id=0)
     start = time.perf_counter()
+    # the harness's clock (grpo_step keeps none): it notes when the rollout and the scoring return
+    clock = Clock(task)
     done = grpo_step(
         model,
         tokenizer,
-        task,
+        clock,
         prompts,
         optimizer,
         scheduler,
@@ -199,15 +201,15 @@ def run_step(model, adapters, prompts, task, cfg, fast, static, seed) -> dict:
         decoder=decoder,
         learner=fast.learner(),
     )
-    seconds = time.perf_counter() - start
+    seconds = clock.stop() - start
     lengths = [len(t.completion_ids) for t in done.trajectories]
-    timing = done.timing()
+    timing = clock.timing()
     return {
         "sample": timing["t_sample"],
         "learn": timing["t_learn"],
         "step": seconds,
         "length": sum(lengths) / len(lengths),
-        "loss": done.stats["loss"],
+        "loss": done.loss,
     }
 
 

@@ -142,14 +142,24 @@ cfg = GRPOSettings(group_size=8, max_new_tokens=12, beta=0.04)
 items = task.sample(4, random.Random(0))
 step = grpo_step(model, tokenizer, task, items, optimizer, scheduler, cfg, seed=0)
 rewards = [t.reward for t in step.trajectories]
+# the step returns its per-token values; the loss's statistics are policy_loss's own, over them
+per_token, mask = step.per_token, step.batch["action_mask"]
+_, stats = policy_loss(
+    per_token["logprob"],
+    per_token["old_logprob"],
+    per_token["ref_logprob"],
+    step.advantages[step.rows],
+    mask,
+    beta=cfg.beta,
+)
 print(
     f"{len(rewards)} completions, mean reward {sum(rewards) / len(rewards):.2f}, advantages of the "
-    f"first group {[round(a, 2) for a in step.advantages[:8].tolist()]}, loss {step.stats['loss']:+.4f}, "
-    f"KL {step.stats['kl']:.1e}"
+    f"first group {[round(a, 2) for a in step.advantages[:8].tolist()]}, loss {step.loss:+.4f}, "
+    f"KL {stats['kl']:.1e}"
 )
 assert len(step.trajectories) == 32 and all(r is not None for r in rewards)
 # B = 0: the fresh adapter is the reference policy, so the first step's KL is 0 and every ρ is 1
-assert step.stats["kl"] < 1e-6 and math.isclose(step.stats["ratio"], 1.0, abs_tol=1e-5)
+assert stats["kl"] < 1e-6 and math.isclose(stats["ratio"], 1.0, abs_tol=1e-5)
 
 # %% 5. a short run: the toy model learns, by reward alone, to reply in digits
 # (train runs grpo_step as `minirl grpo` does, with minirl/fast/'s drop-ins; plain=True: step 4's)

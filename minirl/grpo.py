@@ -12,7 +12,6 @@ SFT adapter into the weights first and trains a fresh LoRA, so disabling adapter
 groups with a non-finite reward are dropped and counted instead of poisoning the update.
 """
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -83,18 +82,12 @@ class StepResult:
     advantages: torch.Tensor
     # the rollouts learned from (their groups were kept)
     rows: list[int]
-    # when the step started, sampled, scored, learned (time.perf_counter)
-    clock: list[float]
-    # the last inner step's loss statistics, and its log-probs (N_kept, Lc): logprob, old_logprob,
-    # ref_logprob
-    stats: dict = field(default_factory=dict)
+    # the learning batch (learner.learning_batch) and the last inner step's per-token log-probs
+    # (n, Lc): logprob, old_logprob, ref_logprob; its loss and gradient norm (None: nothing learned)
+    batch: dict | None = None
     per_token: dict | None = None
-
-    def timing(self) -> dict:
-        """Seconds spent sampling, scoring and learning (none when no group was kept)."""
-        clock = self.clock + self.clock[-1:] * (4 - len(self.clock))
-        t = [b - a for a, b in zip(clock, clock[1:])]
-        return {"t_sample": t[0], "t_score": t[1], "t_learn": t[2]}
+    loss: float | None = None
+    grad_norm: float | None = None
 
 
 def grpo_step(
@@ -111,7 +104,7 @@ def grpo_step(
     decoder=None,
     learner: Learner = PLAIN_LEARNER,
     fit_memory=None,
-):
+) -> StepResult:
     """One GRPO step on `items` (under torchrun, this rank's share of the step's prompts):
 
       1. sample G completions per item with the current policy;
@@ -126,11 +119,11 @@ def grpo_step(
 
     learner: what the log-probs are computed with (learner.py's, or the drop-ins' that
     fast.Speedups.learner hands in); decoder: the sampler the run holds (a fast.decoder.Decoder,
-    or None: sampling.generate). fit_memory(kept rollouts) -> sequences per
-    forward and backward: run/grpo.py's memory guard (default: cfg.minibatch_size).
-    Returns a StepResult."""
-    G, params = cfg.group_size, [p for g in optimizer.param_groups for p in g["params"]]
-    clock = [time.perf_counter()]
+    or None: sampling.generate). fit_memory(kept rollouts) -> sequences per forward and backward:
+    run/grpo.py's memory guard (default: cfg.minibatch_size). The caller keeps the books: the
+    clock, and the loss's statistics from the per-token values returned (run/grpo.py)."""
+    G = cfg.group_size
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     # Stage 1: sample, with the adapters folded into the weights where that is faster
     sampling = dict(temperature=cfg.temperature, top_p=cfg.top_p, seed=seed, decoder=decoder)
     if cfg.perturb:
@@ -138,72 +131,67 @@ def grpo_step(
         sampling["wrap_env"] = perturb.training(cfg.perturb, seed)
     with merged_for_sampling(model, cfg.merge_lora):
         rollouts = task.rollout(model, tokenizer, items, G, cfg.max_new_tokens, **sampling)
-    clock.append(time.perf_counter())
     # Stage 2: score
     task.score(rollouts)
     # Stage 3: advantages
     rewards, _, _, keep = filter_groups(rollouts, G, cfg.dynamic_sampling)
     advantages = group_advantages(rewards.nan_to_num(), G, cfg.advantage_scale)  # (N,)
     rows = keep.repeat_interleave(G).nonzero()[:, 0].tolist()
-    kept, result = [rollouts[i] for i in rows], StepResult(rollouts, advantages, rows, clock)
-    clock.append(time.perf_counter())
+    kept = [rollouts[i] for i in rows]
+    result = StepResult(rollouts, advantages, rows)
     # torchrun: every rank learns while any rank has rows (their reductions must meet)
     if not distributed.all_reduce_sum(len(kept)):
         return result
     # Stage 4: the learning batch, and the log-probs of the fixed policies
-    head = learner.head
     # the memory guard: sequences per pass for this batch, within the budget
     size = fit_memory(kept) if fit_memory else cfg.minibatch_size
-    T = cfg.temperature
     # "constant" divides by B·Lc, Lc the step's longest completion: every rank pads to it
     longest = distributed.all_reduce_max(max((len(t.completion_ids) for t in kept), default=1))
     batch = learner.learning_batch(kept, tokenizer.pad_token_id, model.device, longest)
-    mask, adv = batch["action_mask"], advantages[rows].to(model.device)  # (n, Lc), (n,)
+    mask = batch["action_mask"]  # (n, Lc)
+    adv = advantages[rows].to(model.device)  # (n,)
+    # what every pass over the batch takes
+    passes = (batch, size, cfg.temperature, learner.head)
     ref_logp = old_logp = None
     if cfg.beta and ref_model is not None:
         # π_ref with --full: the frozen copy of the starting weights
-        ref_logp = fixed_logprobs(learner.logprobs, ref_model, batch, size, T, head)
+        ref_logp = fixed_logprobs(learner.logprobs, ref_model, *passes)
     elif cfg.beta:
         # π_ref with LoRA: the same weights, the adapters off
         with disable_adapters(model):
-            ref_logp = fixed_logprobs(learner.logprobs, model, batch, size, T, head)
+            ref_logp = fixed_logprobs(learner.logprobs, model, *passes)
     if cfg.inner_steps > 1:
-        old_logp = fixed_logprobs(learner.logprobs, model, batch, size, T, head)
+        old_logp = fixed_logprobs(learner.logprobs, model, *passes)
     # Stage 5: μ optimizer steps; each loss is divided by the whole batch's normalizer
     objective = dict(beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high)
     objective["aggregation"] = cfg.aggregation
     model.train()
     n_rows = distributed.all_reduce_sum(len(kept))  # torchrun: every rank's rows
     n_tokens = distributed.all_reduce_sum(mask.sum()).clamp(min=1)  # and tokens
+    logp_seen = torch.zeros(mask.shape, device=mask.device)  # (n, Lc)
     for _ in range(cfg.inner_steps):
-        totals, seen = dict.fromkeys(STATS, 0.0), torch.zeros(mask.shape, device=mask.device)
-        for r, logp in learner.logprobs(model, batch, size, T, head):  # (b,), (b, Lc)
+        loss_sum = 0.0
+        for r, logp in learner.logprobs(model, *passes):  # (b,), (b, Lc)
             old = logp.detach() if old_logp is None else old_logp[r]
             ref = None if ref_logp is None else ref_logp[r]
-            loss, stats = policy_loss(logp, old, ref, adv[r], mask[r], **objective)
-            share = mask[r].sum() / n_tokens
-            weight = share if cfg.aggregation == "token" else len(r) / n_rows
+            loss, _ = policy_loss(logp, old, ref, adv[r], mask[r], **objective)
+            if cfg.aggregation == "token":
+                weight = mask[r].sum() / n_tokens
+            else:
+                weight = len(r) / n_rows
             # a minibatch without an action token (empty completions) has nothing to learn
             if mask[r].any():
                 (loss * weight).backward()
-            seen[r] = logp.detach()
-            gap = ((logp.detach() - batch["sampler_logprobs"][r]).abs() * mask[r]).sum()
-            totals["loss"] += (loss * weight).item()
-            totals["sampler_logprob_gap"] += float(gap / n_tokens)
-            for key, value in stats.items():
-                totals[key] += value * float(share)
-        totals = distributed.all_reduce_sums(totals)  # torchrun: the whole batch's statistics
+            loss_sum += (loss * weight).item()
+            logp_seen[r] = logp.detach()
+        loss_sum = distributed.all_reduce_sum(loss_sum)  # torchrun: the whole batch's loss
         distributed.all_reduce_grads(params)  # torchrun: sum the ranks' gradients
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item()
-        check_update(totals["loss"], grad_norm, model, scheduler.last_epoch // cfg.inner_steps + 1)
-        result.stats = {**totals, "grad_norm": grad_norm, "lr": scheduler.get_last_lr()[0]}
+        check_update(loss_sum, grad_norm, model, scheduler.last_epoch // cfg.inner_steps + 1)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-    old = seen if old_logp is None else old_logp
-    result.per_token = {"logprob": seen, "old_logprob": old, "ref_logprob": ref_logp}
-    clock.append(time.perf_counter())
+    old = logp_seen if old_logp is None else old_logp
+    result.per_token = {"logprob": logp_seen, "old_logprob": old, "ref_logprob": ref_logp}
+    result.batch, result.loss, result.grad_norm = batch, loss_sum, grad_norm
     return result
-
-
-STATS = ("loss", "clip_low_frac", "clip_high_frac", "kl", "ratio", "sampler_logprob_gap")

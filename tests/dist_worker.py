@@ -20,7 +20,7 @@ from minirl import distributed, load_pretrained
 from minirl.grpo import grpo_step
 from minirl.lora import add_lora
 from minirl.rollout import sample_completions
-from minirl.run.grpo import GRPOConfig, train
+from minirl.run.grpo import GRPOConfig, learning_stats, train
 from minirl.task import Task
 
 PROMPTS, G = 4, 4
@@ -85,7 +85,7 @@ def learn_once(base: str, aggregation: str, split: int) -> dict:
     done = grpo_step(model, tokenizer, task, items, optimizer, scheduler, cfg, seed=0)
     return {
         "params": {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad},
-        "stats": done.stats,
+        "stats": {**learning_stats(done, cfg), "loss": done.loss, "grad_norm": done.grad_norm},
         "moved": max((p - b).abs().max().item() for p, b in zip(params, before)),
     }
 

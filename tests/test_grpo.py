@@ -334,7 +334,7 @@ def test_empty_completions_do_not_update(base):
     task = FixedRollouts(empty, rewards=[1.0, 0.0])
     done = grpo_step(model, tokenizer, task, [{}], optimizer, scheduler, cfg, seed=0)
     assert done.advantages.abs().tolist() == pytest.approx([1.0, 1.0], abs=1e-3)
-    assert done.stats["loss"] == 0.0 and done.stats["grad_norm"] == 0.0
+    assert done.loss == 0.0 and done.grad_norm == 0.0
     assert all(torch.equal(p, b) for p, b in zip(params, before))
 
 

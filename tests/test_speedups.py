@@ -27,7 +27,7 @@ from minirl.lora import add_lora
 from minirl.losses import IGNORE_INDEX
 from minirl.model import Attention, random_model
 from minirl.rollout import Trajectory
-from minirl.run.grpo import GRPOConfig
+from minirl.run.grpo import GRPOConfig, learning_stats
 from minirl.run.sft import SFTConfig
 from minirl.sampling import generate, left_padded
 from minirl.sft import lm_head_sft_loss, sft_step
@@ -337,6 +337,8 @@ def one_grpo_step(fast, aggregation="token", inner_steps=2, beta=0.04):
     done = grpo_step(
         model, tokenizer, task, [{}] * 3, optimizer, scheduler, cfg, seed=0, learner=fast.learner()
     )
+    # what run/grpo.py logs of the step: the loss's statistics, the loss and the gradient norm
+    done.stats = {**learning_stats(done, cfg), "loss": done.loss, "grad_norm": done.grad_norm}
     return done, {n: p.detach() for n, p in trainable(model).items()}
 
 

@@ -33,6 +33,7 @@ from ..eval_stats import success_where_perturbed
 from ..fast import speedups
 from ..grpo import GRPOSettings, filter_groups, grpo_step
 from ..lora import load_adapter, merge_and_unload
+from ..losses import policy_loss
 from ..task import EnvTask
 from ..tasks import make_task
 from ..tokenizer import Tokenizer
@@ -146,6 +147,64 @@ def step_metrics(task, trajectories, cfg) -> dict:
 PERTURBED = ["perturbed_episodes", "perturbed_success"]
 
 
+class Clock:
+    """The harness's clock around one grpo_step, which keeps none: handed to the step as its task,
+    it passes rollout and score on to the task and notes when each returns, so a step's time splits
+    into sampling, scoring and learning (the rest)."""
+
+    def __init__(self, task):
+        self.task, self.marks = task, [time.perf_counter()]
+
+    def rollout(self, *args, **kwargs):
+        rollouts = self.task.rollout(*args, **kwargs)
+        self.marks.append(time.perf_counter())
+        return rollouts
+
+    def score(self, trajectories):
+        self.task.score(trajectories)
+        self.marks.append(time.perf_counter())
+
+    def stop(self) -> float:
+        self.marks.append(time.perf_counter())
+        return self.marks[-1]
+
+    def timing(self) -> dict:
+        """Seconds spent sampling, scoring, and from then to the step's end: learning (next to
+        nothing when no group was kept)."""
+        start, sampled, scored, end = self.marks
+        return {"t_sample": sampled - start, "t_score": scored - sampled, "t_learn": end - scored}
+
+
+def learning_stats(done, cfg) -> dict:
+    """The statistics of the step's last inner step, from the per-token values grpo_step returns
+    ({} when no group was kept): losses.policy_loss's clip fractions, KL and ratio, and how far the
+    learner's log-probs lie from the sampler's (sampler_logprob_gap, per action token); under
+    torchrun over every rank's tokens, as the loss is. The same numbers as summed minibatch by
+    minibatch in the step, up to the order of the sums."""
+    if done.per_token is None:
+        return {}
+    mask = done.batch["action_mask"]  # (n, Lc)
+    logp = done.per_token["logprob"]  # (n, Lc)
+    advantages = done.advantages[done.rows].to(mask.device)  # (n,)
+    _, stats = policy_loss(
+        logp,
+        done.per_token["old_logprob"],
+        done.per_token["ref_logprob"],
+        advantages,
+        mask,
+        beta=cfg.beta,
+        clip_low=cfg.clip_low,
+        clip_high=cfg.clip_high,
+    )
+    gap = ((logp - done.batch["sampler_logprobs"]).abs() * mask).sum().item()
+    tokens = mask.sum().item()
+    # each a mean over this rank's tokens: weighted by them, summed over ranks (torchrun)
+    sums = {key: value * tokens for key, value in stats.items()}
+    sums = distributed.all_reduce_sums({**sums, "sampler_logprob_gap": gap, "tokens": tokens})
+    every = max(sums.pop("tokens"), 1)
+    return {key: value / every for key, value in sums.items()}
+
+
 def perturbed_metrics(trajectories, verdicts) -> dict:
     fired = [(t.info.get("perturbed", 0), v["strict"]) for t, v in zip(trajectories, verdicts)]
     return dict(zip(PERTURBED, success_where_perturbed(fired)))
@@ -231,10 +290,12 @@ def train(cfg: GRPOConfig) -> dict:
         items = items[rank * share : (rank + 1) * share]
         seed = distributed.rank_seed(cfg.seed * 1_000_003 + step)
         guard.step = step + 1
+        lr = scheduler.get_last_lr()[0]
+        clock = Clock(task)
         done = grpo_step(
             model,
             tokenizer,
-            task,
+            clock,
             items,
             optimizer,
             scheduler,
@@ -245,15 +306,17 @@ def train(cfg: GRPOConfig) -> dict:
             learner=learner,
             fit_memory=guard.fit,
         )
-        t1 = time.perf_counter()
+        t1 = clock.stop()
         step += 1
 
         # Stage 4: log (the metrics describe every rank's groups), the held-out evaluation every
         # --eval-every steps, checkpoints
         trajectories = distributed.all_gather_objects(done.trajectories)
-        row = {"step": step, **step_metrics(task, trajectories, cfg), **done.stats}
+        row = {"step": step, **step_metrics(task, trajectories, cfg), **learning_stats(done, cfg)}
+        if done.per_token is not None:
+            row.update(loss=done.loss, grad_norm=done.grad_norm, lr=lr)
         completion_tokens = sum(len(t.completion_ids) for t in trajectories)
-        row.update(done.timing(), tokens_per_s=completion_tokens / (t1 - t0))
+        row.update(clock.timing(), tokens_per_s=completion_tokens / (t1 - t0))
         if rollout_log and (step == 1 or step % cfg.log_rollouts_every == 0 or step == cfg.steps):
             records = rollout_records(
                 step,
