@@ -4,7 +4,17 @@
 
 Chapter §10.1 (L_RL = −E[R(τ)] + β·KL(πθ‖π_SFT)) and ch. 11 §6. `grpo_step` is one step, start to
 end; run/grpo.py's `train(cfg)` runs it `cfg.steps` times inside the harness (the run folder, the
-memory guard, torchrun, --resume, checkpoints, logs and the held-out evaluation).
+memory guard, torchrun, --resume, checkpoints, logs and the held-out evaluation). Its stages:
+
+  1. sample G completions per item with the current policy;
+  2. score them: reward = Σ weight · reward function (task.score);
+  3. advantages, each completion against its own group (losses.group_advantages); groups with a
+     non-finite reward, and with dynamic sampling those without spread, are left out;
+  4. the log-probs of the policies that stay fixed this step: π_ref (the adapters off, or
+     ref_model with --full) when β > 0, and π_old when there are μ > 1 inner steps;
+  5. μ = cfg.inner_steps optimizer steps, each over all minibatches (gradient accumulation) of the
+     clipped, KL-regularized surrogate (losses.policy_loss), the loss divided by the normalizer of
+     the whole batch (of every rank: under torchrun N ranks take the step one process would).
 
 Departures from DeepSeekMath's GRPO, all switchable: the asymmetric clip (DAPO) is available but off
 by default; aggregation defaults to "token" (DAPO) rather than per-sequence means; --adapter merges an
@@ -105,23 +115,11 @@ def grpo_step(
     learner: Learner = PLAIN_LEARNER,
     fit_memory=None,
 ) -> StepResult:
-    """One GRPO step on `items` (under torchrun, this rank's share of the step's prompts):
-
-      1. sample G completions per item with the current policy;
-      2. score them: reward = Σ weight · reward function (task.score);
-      3. advantages, each completion against its own group (losses.group_advantages); groups with a
-         non-finite reward, and with dynamic sampling those without spread, are left out;
-      4. the log-probs of the policies that stay fixed this step: π_ref (the adapters off, or
-         ref_model with --full) when β > 0, and π_old when there are μ > 1 inner steps;
-      5. μ = cfg.inner_steps optimizer steps, each over all minibatches (gradient accumulation) of
-         the clipped, KL-regularized surrogate (losses.policy_loss), the loss divided by the
-         normalizer of the whole batch (of every rank: N ranks take the step one process would).
-
-    learner: what the log-probs are computed with (learner.py's, or the drop-ins' that
-    fast.Speedups.learner hands in); decoder: the sampler the run holds (a fast.decoder.Decoder,
-    or None: sampling.generate). fit_memory(kept rollouts) -> sequences per forward and backward:
-    run/grpo.py's memory guard (default: cfg.minibatch_size). The caller keeps the books: the
-    clock, and the loss's statistics from the per-token values returned (run/grpo.py)."""
+    """One GRPO step on `items` (under torchrun, this rank's share of the step's prompts), in the
+    five stages of the module docstring. learner: what the log-probs are computed with (learner.py's,
+    or the drop-ins' from fast.Speedups.learner); decoder: the sampler the run holds (None:
+    sampling.generate); fit_memory(kept rollouts) -> sequences per pass: the memory guard (default
+    cfg.minibatch_size). The caller keeps the books (run/grpo.py: the clock, the statistics)."""
     G = cfg.group_size
     params = [p for group in optimizer.param_groups for p in group["params"]]
     # Stage 1: sample, with the adapters folded into the weights where that is faster
@@ -139,14 +137,14 @@ def grpo_step(
     rows = keep.repeat_interleave(G).nonzero()[:, 0].tolist()
     kept = [rollouts[i] for i in rows]
     result = StepResult(rollouts, advantages, rows)
-    # torchrun: every rank learns while any rank has rows (their reductions must meet)
-    if not distributed.all_reduce_sum(len(kept)):
+    # every rank learns while any rank has rows (their reductions must meet)
+    if not distributed.all_reduce_sum(len(kept)):  # torchrun: every rank's rows
         return result
-    # Stage 4: the learning batch, and the log-probs of the fixed policies
-    # the memory guard: sequences per pass for this batch, within the budget
+    # Stage 4: the learning batch (passes of `size` rows: the memory guard's), the fixed policies
     size = fit_memory(kept) if fit_memory else cfg.minibatch_size
     # "constant" divides by B·Lc, Lc the step's longest completion: every rank pads to it
-    longest = distributed.all_reduce_max(max((len(t.completion_ids) for t in kept), default=1))
+    longest = max((len(t.completion_ids) for t in kept), default=1)
+    longest = distributed.all_reduce_max(longest)  # torchrun: every rank's longest
     batch = learner.learning_batch(kept, tokenizer.pad_token_id, model.device, longest)
     mask = batch["action_mask"]  # (n, Lc)
     adv = advantages[rows].to(model.device)  # (n,)
@@ -167,7 +165,7 @@ def grpo_step(
     objective["aggregation"] = cfg.aggregation
     model.train()
     n_rows = distributed.all_reduce_sum(len(kept))  # torchrun: every rank's rows
-    n_tokens = distributed.all_reduce_sum(mask.sum()).clamp(min=1)  # and tokens
+    n_tokens = distributed.all_reduce_sum(mask.sum()).clamp(min=1)  # torchrun: every rank's tokens
     logp_seen = torch.zeros(mask.shape, device=mask.device)  # (n, Lc)
     for _ in range(cfg.inner_steps):
         loss_sum = 0.0
@@ -175,10 +173,7 @@ def grpo_step(
             old = logp.detach() if old_logp is None else old_logp[r]
             ref = None if ref_logp is None else ref_logp[r]
             loss, _ = policy_loss(logp, old, ref, adv[r], mask[r], **objective)
-            if cfg.aggregation == "token":
-                weight = mask[r].sum() / n_tokens
-            else:
-                weight = len(r) / n_rows
+            weight = mask[r].sum() / n_tokens if cfg.aggregation == "token" else len(r) / n_rows
             # a minibatch without an action token (empty completions) has nothing to learn
             if mask[r].any():
                 (loss * weight).backward()
