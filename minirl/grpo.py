@@ -136,10 +136,9 @@ def grpo_step(
     advantages = group_advantages(rewards.nan_to_num(), G, cfg.advantage_scale)  # (N,)
     rows = keep.repeat_interleave(G).nonzero()[:, 0].tolist()
     kept = [rollouts[i] for i in rows]
-    result = StepResult(rollouts, advantages, rows)
     # every rank learns while any rank has rows (their reductions must meet)
     if not distributed.all_reduce_sum(len(kept)):  # torchrun: every rank's rows
-        return result
+        return StepResult(rollouts, advantages, rows)
     # Stage 4: the learning batch (passes of `size` rows: the memory guard's), the fixed policies
     size = fit_memory(kept) if fit_memory else cfg.minibatch_size
     # "constant" divides by B·Lc, Lc the step's longest completion: every rank pads to it
@@ -187,6 +186,5 @@ def grpo_step(
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
     old = logp_seen if old_logp is None else old_logp
-    result.per_token = {"logprob": logp_seen, "old_logprob": old, "ref_logprob": ref_logp}
-    result.batch, result.loss, result.grad_norm = batch, loss_sum, grad_norm
-    return result
+    per_token = {"logprob": logp_seen, "old_logprob": old, "ref_logprob": ref_logp}
+    return StepResult(rollouts, advantages, rows, batch, per_token, loss_sum, grad_norm)
