@@ -13,6 +13,7 @@ from conftest import SUM_ORDER, cpu_compiler_missing
 
 from minirl import load_model
 from minirl.fast import decoder as fast_decoder
+from minirl.fast import static_cache
 from minirl.fast.decoder import SYNC_EVERY, Decoder
 from minirl.fast.inverse_cdf import inverse_cdf_draw
 from minirl.fast.static_cache import StaticKVCache
@@ -414,25 +415,28 @@ def test_decoder_keeps_one_static_cache_per_batch_size_until_released(tiny):
     _, model = tiny
     decoder = Decoder(model, static_cache=True)
     first = decoder.generate(PROMPTS, max_new_tokens=8, temperature=0, stop_token_ids=[])
-    (cache,) = decoder.caches.values()
+    (cache,) = decoder.pool.caches.values()
     again = decoder.generate(PROMPTS, max_new_tokens=8, temperature=0, stop_token_ids=[])
-    assert list(decoder.caches.values()) == [cache]  # the same batch size decodes in the same cache
+    assert list(decoder.pool.caches.values()) == [
+        cache
+    ]  # the same batch size decodes in the same cache
     assert [o.tokens for o in again] == [o.tokens for o in first]
     assert (
         list(decoder.stream(PROMPTS[0], max_new_tokens=8, temperature=0, stop_token_ids=[]))
         == first[0].tokens
     )
     decoder.generate(PROMPTS, max_new_tokens=4, seed=0, num_samples=2)
-    assert sorted(key[0] for key in decoder.caches) == [1, 3, 6]  # one per batch size
-    decoder.release()
-    assert decoder.caches == {}
+    assert sorted(key[0] for key in decoder.pool.caches) == [1, 3, 6]  # one per batch size
+    decoder.pool.release()
+    assert decoder.pool.caches == {}
     assert [
         o.tokens
         for o in decoder.generate(PROMPTS, max_new_tokens=8, temperature=0, stop_token_ids=[])
     ] == [o.tokens for o in first]
-    assert list(decoder.caches.values()) != [cache]  # a new one after release()
+    assert list(decoder.pool.caches.values()) != [cache]  # a new one after release()
     assert (
-        Decoder(model).generate(PROMPTS, max_new_tokens=4, seed=0) and Decoder(model).caches == {}
+        Decoder(model).generate(PROMPTS, max_new_tokens=4, seed=0)
+        and Decoder(model).pool.caches == {}
     )
 
 
@@ -460,7 +464,7 @@ def eager_compile(monkeypatch):
 
 
 def kept(decoder):
-    return dict(decoder.caches)
+    return dict(decoder.pool.caches)
 
 
 def test_compiled_decoding_keeps_its_cache_between_calls(tiny, eager_compile):
@@ -501,17 +505,17 @@ def test_compiled_decoding_keeps_its_cache_between_calls(tiny, eager_compile):
     assert longer is not cache and longer.max_len == 512
     decoder.generate(PROMPTS, max_new_tokens=4, seed=0, num_samples=2)
     assert sorted(key[0] for key in kept(decoder)) == [3, 6]
-    decoder.release()
+    decoder.pool.release()
     assert kept(decoder) == {}
 
 
 def test_kept_caches_are_bounded_and_never_shared_by_two_loops(tiny, eager_compile):
     _, model = tiny
     decoder = Decoder(model, compile=True)
-    for rows in range(1, fast_decoder.KEPT_CACHES + 3):
+    for rows in range(1, static_cache.KEPT_CACHES + 3):
         generate(model, [[5, 6]] * rows, max_new_tokens=2, seed=0, decoder=decoder)
     assert sorted(key[0] for key in kept(decoder)) == list(
-        range(3, fast_decoder.KEPT_CACHES + 3)
+        range(3, static_cache.KEPT_CACHES + 3)
     )  # the newest
     # a stream still running holds its cache; a call of the same batch size meanwhile decodes on its own
     expected = list(
@@ -522,14 +526,14 @@ def test_kept_caches_are_bounded_and_never_shared_by_two_loops(tiny, eager_compi
     )
     first = [next(tokens) for _ in range(5)]
     held = kept(decoder)[(1, model.dtype, model.device)]
-    assert held in decoder._busy
+    assert held in decoder.pool.busy
     other = decoder.generate([[3, 3, 3]], max_new_tokens=10, seed=2, stop_token_ids=[])
     assert kept(decoder)[(1, model.dtype, model.device)] is held
     assert first + list(tokens) == expected
-    assert held not in decoder._busy
+    assert held not in decoder.pool.busy
     alone = Decoder(model).generate([[3, 3, 3]], max_new_tokens=10, seed=2, stop_token_ids=[])
     assert other[0].tokens == alone[0].tokens
-    decoder.release()
+    decoder.pool.release()
 
 
 def test_static_decoding_asks_the_device_only_every_few_tokens(tiny, monkeypatch):
@@ -543,9 +547,8 @@ def test_static_decoding_asks_the_device_only_every_few_tokens(tiny, monkeypatch
             name,
             lambda self, *a, _f=original, _n=name: reads.append(_n) or _f(self, *a),
         )
-    steps = Decoder(model, static_cache=True)._steps(
-        PROMPTS, 32, 2, [], torch.Generator().manual_seed(0), temperature=1.0, top_k=0, top_p=1.0
-    )
+    options = dict(temperature=1.0, top_k=0, top_p=1.0)
+    steps = Decoder(model, static_cache=True)._steps(PROMPTS, 32, 2, [], 0, options)
     for _ in steps:
         pass
     assert len(reads) == 32 // SYNC_EVERY - 1  # after tokens 8, 16, 24; the last step needs none
@@ -569,7 +572,7 @@ def test_compiled_decoding_equals_eager(hf_checkpoint):
             torch.tensor(c.logprobs), torch.tensor(e.logprobs), atol=1e-4, rtol=0
         )
     # a new call (other prompt lengths, sampling) replays the same compiled step on the same cache
-    (cache,) = decoder.caches.values()
+    (cache,) = decoder.pool.caches.values()
     with torch._dynamo.config.patch(error_on_recompile=True):
         again = generate(
             model,
@@ -581,4 +584,4 @@ def test_compiled_decoding_equals_eager(hf_checkpoint):
             decoder=decoder,
         )
     assert [len(o.tokens) for o in again] == [12, 12, 12]
-    assert list(decoder.caches.values()) == [cache]
+    assert list(decoder.pool.caches.values()) == [cache]

@@ -268,13 +268,13 @@ def use_plain_products(model: nn.Module) -> nn.Module:
 
 
 @contextmanager
-def packed_weights(model: nn.Module):
+def packed_weights(model: nn.Module, on: bool = True):
     """While the block runs, every fast layer's weight (use_fast_products ran) also held packed for
-    oneDNN (3. in the module docstring), on a CPU where native_bfloat16(); elsewhere nothing. The
-    copies are dropped when the block ends. A layer already packed (a call made while another one,
-    a stream, is still sampling) is left to the block that packed it."""
+    oneDNN (3. in the module docstring), on a CPU where native_bfloat16(); elsewhere, or with
+    on=False, nothing. The copies are dropped when the block ends. A layer already packed (a call
+    made while another one, a stream, is still sampling) is left to the block that packed it."""
     layers = []
-    if native_bfloat16():
+    if on and native_bfloat16():
         layers = [
             layer
             for layer in model.modules()

@@ -5,10 +5,17 @@ the fill counter is a tensor and the buffers are written in place, so the decode
 graph that keeps its addresses. Shapes: L layers, B rows, K kv heads, S slots, D head dim.
 """
 
+from contextlib import contextmanager
+
 import torch
 
 from ..config import Qwen2Config
 from ..kv_cache import KVCache
+
+# caches a pool keeps (one per batch size, the least recently used goes)
+KEPT_CACHES = 4
+# cache lengths are rounded up to this, so similar calls reuse one cache and one compiled step
+SLOTS_MULTIPLE = 256
 
 
 class StaticKVCache(KVCache):
@@ -70,3 +77,59 @@ class StaticKVCache(KVCache):
     def advance(self, attention_mask: torch.Tensor):
         self.slot += attention_mask.shape[1]
         self.next_pos += attention_mask.sum(-1).to(self.next_pos.dtype)
+
+
+class StaticCachePool:
+    """The StaticKVCaches a fixed-shape Decoder keeps between calls, one per (batch size, dtype,
+    device), at most KEPT_CACHES (the least recently used goes), each reused while it is long
+    enough. A CUDA graph replays reads and writes at the addresses it was recorded with, so a
+    compiled decoder must decode in the same buffers from call to call. A cache is never handed to
+    two loops at once: while one is writing it (a stream() not yet finished), another gets a fresh
+    cache that is not kept."""
+
+    def __init__(self):
+        # (rows, dtype, device) -> cache, least recently used first
+        self.caches: dict[tuple, StaticKVCache] = {}
+        # the caches a decoding loop is writing now
+        self.busy: set[KVCache] = set()
+
+    def get(self, model, rows: int, slots: int) -> StaticKVCache:
+        """The kept cache for this batch size, or a new one kept in its place when none is long
+        enough; while the kept one is busy, a fresh one, not kept."""
+        key = (rows, model.dtype, model.device)
+        cache = self.caches.pop(key, None)
+        if cache is not None and cache in self.busy:
+            self.caches[key] = cache
+            return StaticKVCache(model.config, rows, slots, model.dtype, model.device)
+        if cache is None or cache.max_len < slots:
+            # give its memory back before allocating the longer one
+            del cache
+            cache = StaticKVCache(model.config, rows, slots, model.dtype, model.device)
+        # now the most recently used
+        self.caches[key] = cache
+        idle = [k for k, kept in self.caches.items() if kept not in self.busy]  # oldest first
+        for old in idle[: max(0, len(idle) - KEPT_CACHES)]:
+            del self.caches[old]
+        return cache
+
+    def loaded(self, model, prefilled: KVCache, group_of_row, new_tokens: int) -> StaticKVCache:
+        """A cache of the pool with room for `new_tokens` after the prefill, each row holding its
+        group's prefilled prompt (fast/prefill.py's group_of_row)."""
+        slots = -(-(prefilled.length + new_tokens) // SLOTS_MULTIPLE) * SLOTS_MULTIPLE
+        slots = min(slots, model.config.max_position_embeddings)
+        cache = self.get(model, len(group_of_row), slots)
+        cache.load(prefilled, group_of_row)
+        return cache
+
+    @contextmanager
+    def writing(self, cache: KVCache):
+        """While the block runs, `cache` (kept or not) is busy: no other loop is handed it."""
+        self.busy.add(cache)
+        try:
+            yield cache
+        finally:
+            self.busy.discard(cache)
+
+    def release(self):
+        """Free the kept caches (a loop still running finishes in its own)."""
+        self.caches.clear()
