@@ -1,7 +1,7 @@
 """Make figures/viewer.png: `python -m minirl view` on a run, photographed by headless Chromium with a
 token hovered (the screenshot in docs/usage.md, "Viewer").
 
-    python -m minirl quickstart --fast --out /tmp/q && python figures/viewer_screenshot.py /tmp/q
+    python -m minirl quickstart --smoke --out /tmp/q && python figures/viewer_screenshot.py /tmp/q
 
 Needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver) and selenium
 (pip install -e ".[test]"); nothing is downloaded. Writes RUN/viewer.html on the way. A few seconds.

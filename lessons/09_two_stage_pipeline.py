@@ -7,7 +7,7 @@ answer reward, which finds the tool on its own and climbs past its teacher. SFT 
 RL optimizes the reward.
 
     python lessons/09_two_stage_pipeline.py            # ~8 minutes on 2 CPU cores, < 2 GB
-    python lessons/09_two_stage_pipeline.py --fast     # the same steps shrunk: a minute, plumbing only
+    python lessons/09_two_stage_pipeline.py --smoke     # the same steps shrunk: a minute, plumbing only
 
 Departure from the chapter: a toy model trained from scratch stands in for "pretrained"; with a real
 model, run `python -m minirl sft` and `python -m minirl grpo --task calculator` instead.
@@ -24,14 +24,14 @@ from minirl.apps.quickstart import run
 
 parser = argparse.ArgumentParser(description="Lesson 09: the two-stage pipeline")
 parser.add_argument(
-    "--fast", action="store_true", help="shrunk pipeline (checks the plumbing, not the numbers)"
+    "--smoke", action="store_true", help="shrunk pipeline (checks the plumbing, not the numbers)"
 )
 parser.add_argument("--out", default=os.path.join("runs", "lesson09"))
 args, _ = parser.parse_known_args()
 
 # %% 1-4. demonstrations, SFT, GRPO, evaluation (each step prints what it did)
 # run as `python -m minirl quickstart` runs it, with minirl/fast/'s drop-ins: the README's numbers
-summary = run(out_dir=args.out, fast=args.fast, figure=os.path.join(args.out, "pipeline.png"))
+summary = run(out_dir=args.out, smoke=args.smoke, figure=os.path.join(args.out, "pipeline.png"))
 
 # %% 5. what to look at
 print(
@@ -55,7 +55,7 @@ print(
     "SFT copied the demonstrator's habit of skipping the tool; no demonstration told GRPO to use it more. The\n"
     "reward did: in each group, the samples that called the calculator were right and pulled the policy along."
 )
-# --fast learns nothing (its accuracies are ~0); the README's quickstart table is the full run
-if not args.fast:
+# --smoke learns nothing (its accuracies are ~0); the README's quickstart table is the full run
+if not args.smoke:
     assert summary["grpo_accuracy"] > summary["demonstrator_accuracy"], "RL past its teacher"
     assert summary["tool_use_rate_grpo"] > summary["tool_use_rate_sft"], "more tool use after RL"

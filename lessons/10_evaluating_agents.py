@@ -7,13 +7,13 @@ kind at a time, each formula shown beside its numbers, and ends with the paired 
 would run, then tool calling scored as a public benchmark does (BFCL's AST checks, strict and lenient).
 
     python lessons/10_evaluating_agents.py                     # lesson 09's checkpoints (runs/lesson09), ~2 min
-    python lessons/10_evaluating_agents.py --fast              # quickstart --fast checkpoints, a minute: plumbing
+    python lessons/10_evaluating_agents.py --smoke              # quickstart --smoke checkpoints, a minute: plumbing
 
 Departure from the chapter: its agents are judged on real tasks; here the world is lesson 09's
 calculator, small enough that all of it runs on a CPU in minutes.
 """
 
-# %% setup: lesson 09's checkpoints (built with quickstart --fast when they are missing)
+# %% setup: lesson 09's checkpoints (built with quickstart --smoke when they are missing)
 # (the quickstart's pipeline with minirl/fast/'s drop-ins, as the command runs it; the evaluation
 # below plays with the plain sampler)
 import argparse
@@ -31,21 +31,21 @@ parser = argparse.ArgumentParser(description="Lesson 10: evaluating agents")
 parser.add_argument(
     "--runs",
     default=None,
-    help="lesson 09's output folder (default runs/lesson09; --fast: runs/lesson10-fast)",
+    help="lesson 09's output folder (default runs/lesson09; --smoke: runs/lesson10-smoke)",
 )
 parser.add_argument(
-    "--fast", action="store_true", help="a --fast quickstart's checkpoints, 16 items"
+    "--smoke", action="store_true", help="a --smoke quickstart's checkpoints, 16 items"
 )
 parser.add_argument("-n", type=int, default=4, help="samples per item")
 args, _ = parser.parse_known_args()
-runs = args.runs or os.path.join("runs", "lesson10-fast" if args.fast else "lesson09")
+runs = args.runs or os.path.join("runs", "lesson10-smoke" if args.smoke else "lesson09")
 if not os.path.isdir(os.path.join(runs, "grpo", "model")):
     print(
-        f"no checkpoints in {runs}: running the pipeline (quickstart{' --fast' if args.fast else ''}) first"
+        f"no checkpoints in {runs}: running the pipeline (quickstart{' --smoke' if args.smoke else ''}) first"
     )
-    run(out_dir=runs, fast=args.fast, figure=None)
+    run(out_dir=runs, smoke=args.smoke, figure=None)
 # lesson 09's world
-task = CalculatorTask(seed=0, level="toy", eval_size=16 if args.fast else 200, max_turns=3)
+task = CalculatorTask(seed=0, level="toy", eval_size=16 if args.smoke else 200, max_turns=3)
 episodes = {}
 for name in ("sft", "grpo"):
     model, tokenizer = load_pretrained(os.path.join(runs, name, "model"))

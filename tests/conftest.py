@@ -188,9 +188,9 @@ def real_model_dir():
 
 
 @pytest.fixture(scope="session")
-def fast_pipeline(tmp_path_factory):
-    """lessons/09_two_stage_pipeline.py --fast, run once for the session: the quickstart pipeline in its
-    fast mode, with the lesson's own checks. Returns (its folder, the finished process);
+def smoke_pipeline(tmp_path_factory):
+    """lessons/09_two_stage_pipeline.py --smoke, run once for the session: the quickstart pipeline in its
+    smoke mode, with the lesson's own checks. Returns (its folder, the finished process);
     tests/test_quickstart.py checks the folder, lesson 10's test evaluates its checkpoints."""
     out = tmp_path_factory.mktemp("pipeline") / "run"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -198,7 +198,7 @@ def fast_pipeline(tmp_path_factory):
         [
             sys.executable,
             os.path.join(root, "lessons", "09_two_stage_pipeline.py"),
-            "--fast",
+            "--smoke",
             "--out",
             str(out),
         ],

@@ -197,7 +197,7 @@ def test_a_rank_that_raises_stops_the_whole_run(base, tmp_path):
 def test_one_process_commands_refuse_torchrun(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(SystemExit) as exit_info:
-        main(["quickstart", "--fast"])
+        main(["quickstart", "--smoke"])
     assert exit_info.value.code == 2 and "quickstart runs in one process" in capsys.readouterr().err
 
 

@@ -65,8 +65,8 @@ def test_a_folder_holding_anything_else_is_refused_whole(tmp_path):
 @pytest.mark.parametrize(
     "job",
     [
-        lambda model: recipe.run(model, out_dir=model, fast=True),
-        lambda model: quickstart.run(out_dir=model, fast=True, figure=None),
+        lambda model: recipe.run(model, out_dir=model, smoke=True),
+        lambda model: quickstart.run(out_dir=model, smoke=True, figure=None),
     ],
     ids=["recipe calculator", "quickstart"],
 )
@@ -82,6 +82,6 @@ def test_recipe_code_out_at_its_model_is_one_clear_line(tmp_path, capsys):
     """python -m minirl recipe code --model M --out M, as a user mistypes it."""
     model = build_checkpoint(str(tmp_path / "toy"))
     before = snapshot(model)
-    line = cli_error(["recipe", "code", "--model", model, "--out", model, "--fast"], capsys)
+    line = cli_error(["recipe", "code", "--model", model, "--out", model, "--smoke"], capsys)
     assert "config.json" in line and "nothing was removed" in line
     assert snapshot(model) == before

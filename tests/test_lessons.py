@@ -1,4 +1,4 @@
-"""Every lesson runs top to bottom in a fast mode, so none rots; each asserts the claims it prints, so a
+"""Every lesson runs top to bottom in a smoke mode, so none rots; each asserts the claims it prints, so a
 lesson that stops showing its point fails here (the last test breaks one claim on purpose)."""
 
 import os
@@ -14,7 +14,7 @@ QUICK_ARGS = {
     "04_sampling_kv_cache.py": ["--new-tokens", "16"],
     "06_grpo.py": ["--steps", "3"],
     "07_calculator_agent.py": ["--episodes", "8"],
-    "10_evaluating_agents.py": ["--fast", "--runs", "{pipeline}", "-n", "2"],
+    "10_evaluating_agents.py": ["--smoke", "--runs", "{pipeline}", "-n", "2"],
 }
 LESSONS = sorted(f for f in os.listdir(os.path.join(ROOT, "lessons")) if f.endswith(".py"))
 
@@ -33,11 +33,11 @@ def test_every_chapter_section_has_its_lesson():
 def test_lesson_runs(lesson, request):
     if (
         lesson == "09_two_stage_pipeline.py"
-    ):  # run once for the session (conftest.fast_pipeline), --fast
-        _, result = request.getfixturevalue("fast_pipeline")
+    ):  # run once for the session (conftest.smoke_pipeline), --smoke
+        _, result = request.getfixturevalue("smoke_pipeline")
     else:  # lesson 10 evaluates lesson 09's checkpoints
         pipeline = (
-            str(request.getfixturevalue("fast_pipeline")[0]) if lesson.startswith("10_") else ""
+            str(request.getfixturevalue("smoke_pipeline")[0]) if lesson.startswith("10_") else ""
         )
         args = [a.replace("{pipeline}", pipeline) for a in QUICK_ARGS.get(lesson, [])]
         result = subprocess.run(

@@ -1,5 +1,5 @@
 """The toy world: the demonstrator's habits as specified, the toy tokenizer's clean turn boundaries, and
-the quickstart pipeline end to end in its fast mode (plumbing, not the numbers), with its figure and its
+the quickstart pipeline end to end in its smoke mode (--smoke: plumbing, not the numbers), with its figure and its
 rollout viewer page."""
 
 import json
@@ -86,9 +86,9 @@ def test_the_toy_tokenizer_never_merges_across_a_turn_boundary():
         assert sum(mask) > 0
 
 
-def test_quickstart_fast_runs_end_to_end(fast_pipeline, tmp_path):
-    """quickstart.run(fast=True), as lesson 09 runs it (once per session: conftest.fast_pipeline)."""
-    qs, result = fast_pipeline
+def test_quickstart_smoke_runs_end_to_end(smoke_pipeline, tmp_path):
+    """quickstart.run(smoke=True), as lesson 09 runs it (once per session: conftest.smoke_pipeline)."""
+    qs, result = smoke_pipeline
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.load(open(qs / "summary.json"))
     for key in (
@@ -116,8 +116,8 @@ def test_quickstart_fast_runs_end_to_end(fast_pipeline, tmp_path):
 
 
 @pytest.mark.slow
-def test_quickstart_fast_runs_on_the_plain_versions_only(tmp_path, monkeypatch, capsys):
-    """python -m minirl quickstart --fast --plain: the whole pipeline with none of minirl/fast/'s
+def test_quickstart_smoke_runs_on_the_plain_versions_only(tmp_path, monkeypatch, capsys):
+    """python -m minirl quickstart --smoke --plain: the whole pipeline with none of minirl/fast/'s
     drop-ins. Every model the stages build keeps its plain layers, and no Decoder is ever made.
     (Run under a fault too, --perturb, so that path is exercised without another pipeline.)"""
     import minirl.fast.decoder
@@ -133,7 +133,7 @@ def test_quickstart_fast_runs_on_the_plain_versions_only(tmp_path, monkeypatch, 
     )
     out = tmp_path / "plain"
     faults = ["--perturb", "tool_error=0.5"]
-    cli(["quickstart", "--fast", "--plain", "--out", str(out), "--no-figure", *faults])
+    cli(["quickstart", "--smoke", "--plain", "--out", str(out), "--no-figure", *faults])
     summary = json.load(open(out / "summary.json"))
     assert 0 <= summary["grpo_accuracy"] <= 1 and summary["seconds"] > 0
     assert made == [] and fast_layers == []

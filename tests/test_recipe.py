@@ -1,5 +1,5 @@
 """`python -m minirl recipe calculator` (minirl/apps/recipe.py, recipe_metrics.py): every stage end to end on the toy checkpoint in its
-fast mode, the metrics it reports on hand-made episodes, and (real tier) a shortened run on a real Qwen2.5."""
+smoke mode (--smoke), the metrics it reports on hand-made episodes, and (real tier) a shortened run on a real Qwen2.5."""
 
 import json
 import os
@@ -120,7 +120,7 @@ def test_fast_recipe_runs_every_stage_on_the_toy_model(tmp_path):
     model = build_checkpoint(str(tmp_path / "toy"), initializer_range=0.2)
     out = tmp_path / "recipe"
     mix = list(mix_files(tmp_path / "mix"))
-    summary = run(model, out_dir=str(out), fast=True, perturb={"tool_error": 0.5}, mix=mix)
+    summary = run(model, out_dir=str(out), smoke=True, perturb={"tool_error": 0.5}, mix=mix)
     for stage in ("base", "sft", "grpo"):
         assert set(summary[stage]) == {"greedy", "sampled", "robustness"}
         assert 0 <= summary[stage]["greedy"]["accuracy"] <= 1
@@ -187,7 +187,7 @@ def test_real_recipe_fast_teaches_the_tool_call_tag(real_model_dir, tmp_path):
     the heap left behind by earlier tests in the same process would move (by 0.6 GB once)."""
     result = subprocess.run(
         [sys.executable, "-m", "minirl", "recipe", "calculator", "--model", real_model_dir]
-        + ["--out", str(tmp_path / "recipe"), "--fast"],
+        + ["--out", str(tmp_path / "recipe"), "--smoke"],
         capture_output=True,
         text=True,
         timeout=1800,
@@ -207,7 +207,7 @@ def test_real_recipe_fast_teaches_the_tool_call_tag(real_model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_fast_recipe_honours_plain(tmp_path, monkeypatch):
-    """recipe --fast --plain: every stage on the plain versions (no Decoder is ever built, the
+    """recipe --smoke --plain: every stage on the plain versions (no Decoder is ever built, the
     model's layers stay plain), and the run folders record it; and --sft-steps."""
     import minirl.fast.decoder
     from minirl.fast import cpu_matmul
@@ -216,9 +216,9 @@ def test_fast_recipe_honours_plain(tmp_path, monkeypatch):
     monkeypatch.setattr(minirl.fast.decoder.Decoder, "__init__", lambda *a, **k: made.append(a))
     monkeypatch.setattr(cpu_matmul, "use_fast_products", lambda m: made.append(m) or m)
     model = build_checkpoint(str(tmp_path / "toy"), initializer_range=0.2)
-    summary = run(model, out_dir=str(tmp_path / "recipe"), fast=True, plain=True, sft_steps=2)
+    summary = run(model, out_dir=str(tmp_path / "recipe"), smoke=True, plain=True, sft_steps=2)
     assert summary["plain"] is True and summary["grpo_run"]["steps"] == 2 and made == []
-    # --sft-steps stops SFT early (5 steps in --fast), graduated or not
+    # --sft-steps stops SFT early (5 steps in --smoke), graduated or not
     assert summary["sft_run"]["steps"] == 2 and summary["sft_run"]["total_steps"] == 5
     for stage in ("sft", "grpo"):
         assert json.loads((tmp_path / "recipe" / stage / "run.json").read_text())["plain"] is True

@@ -1,6 +1,6 @@
 """`python -m minirl recipe code` (minirl/apps/recipe_code.py): the scripted engineer's demonstrations (envs/engineer.py), the
 code agent's trajectory shape (eval_stats.code_agent_shape, eval_summary.code_agent_summary), and every
-stage end to end on the toy checkpoint in its fast mode."""
+stage end to end on the toy checkpoint in its smoke mode (--smoke)."""
 
 import json
 import math
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from minirl.apps.recipe_code import FAST, OUTPUTS, run
+from minirl.apps.recipe_code import OUTPUTS, SMOKE, run
 from minirl.apps.recipe_code_metrics import group_fixes, stage_eval, table
 from minirl.envs import play
 from minirl.envs.bugs import load_bug_templates
@@ -264,7 +264,7 @@ def test_fast_code_recipe_runs_every_stage_on_the_toy_model(tmp_path):
         str(tmp_path / "toy"), initializer_range=0.2, max_position_embeddings=4096
     )
     out = tmp_path / "recipe"
-    summary = run(model, out_dir=str(out), fast=True)
+    summary = run(model, out_dir=str(out), smoke=True)
     assert summary["held_out_tasks"] == 4 and summary["demonstrator"]["fix_rate"] == 1.0
     for stage in ("base", "sft", "grpo"):
         assert 0 <= summary[stage]["fix_rate"] <= 1 and summary[stage]["turns"] >= 1
@@ -281,8 +281,10 @@ def test_fast_code_recipe_runs_every_stage_on_the_toy_model(tmp_path):
     assert (out / "eval" / "grpo" / "episodes.jsonl").read_text() == last.read_text()
     adapters = [str(out / stage / "adapter") for stage in ("sft", "grpo")]
     policy, tokenizer = load_policy(model, adapters)
-    task = CodeTask(tasks=FAST["tasks"], eval_size=FAST["eval_size"], max_turns=FAST["max_turns"])
-    stage_eval(policy, tokenizer, task, FAST, 0, speedups(False), str(tmp_path / "fresh"))
+    task = CodeTask(
+        tasks=SMOKE["tasks"], eval_size=SMOKE["eval_size"], max_turns=SMOKE["max_turns"]
+    )
+    stage_eval(policy, tokenizer, task, SMOKE, 0, speedups(False), str(tmp_path / "fresh"))
     played = [
         [(e["messages"], e["success"], e["reward"]) for e in read_episodes(str(folder))]
         for folder in (tmp_path / "fresh", out / "eval" / "grpo")
@@ -300,7 +302,7 @@ def test_fast_lean_code_recipe_trains_on_the_lean_episode_and_resumes(tmp_path):
         str(tmp_path / "toy"), initializer_range=0.2, max_position_embeddings=4096
     )
     out = tmp_path / "recipe"
-    whole = run(model, out_dir=str(out), fast=True, episode="lean", grpo_steps=2)
+    whole = run(model, out_dir=str(out), smoke=True, episode="lean", grpo_steps=2)
     s = whole["settings"]
     assert (s["opening"], s["outcome"], s["retry_rate"], s["beta"]) == (
         "report",
@@ -324,11 +326,11 @@ def test_fast_lean_code_recipe_trains_on_the_lean_episode_and_resumes(tmp_path):
     grpo_log = (out / "grpo" / "metrics.csv").read_text().splitlines()[0]
     assert "reward_solved" in grpo_log and "reward_fraction" not in grpo_log
     # every group of both steps counted by its fixes: k = 0..G
-    G, groups = FAST["group_size"], whole["grpo_groups"]
-    assert len(groups) == G + 1 and sum(groups) == 2 * FAST["prompts_per_step"]
+    G, groups = SMOKE["group_size"], whole["grpo_groups"]
+    assert len(groups) == G + 1 and sum(groups) == 2 * SMOKE["prompts_per_step"]
     assert "| groups | " + " | ".join(map(str, groups)) + " |" in table(whole)
     with pytest.raises(ValueError, match="--episode must be one of full, lean"):
-        run(model, out_dir=str(tmp_path / "x"), fast=True, episode="short")
+        run(model, out_dir=str(tmp_path / "x"), smoke=True, episode="short")
 
     # --resume: the finished stages are read back, not run again; GRPO stopped after its first of
     # two steps continues from its checkpoint to the uninterrupted run's adapter and episodes
@@ -350,7 +352,7 @@ def test_fast_lean_code_recipe_trains_on_the_lean_episode_and_resumes(tmp_path):
     written = json.loads((out / "summary.json").read_text())
     (out / "summary.json").write_text(json.dumps({**written, "finished": False}))
 
-    resumed = run(model, out_dir=str(out), fast=True, episode="lean", grpo_steps=2, resume=True)
+    resumed = run(model, out_dir=str(out), smoke=True, episode="lean", grpo_steps=2, resume=True)
     assert resumed["finished"] and resumed["resumes"] == 1
     assert os.path.getmtime(out / "sft" / "summary.json") == sft_written  # read back, not rerun
     for stage in ("base", "sft", "grpo"):
@@ -362,9 +364,9 @@ def test_fast_lean_code_recipe_trains_on_the_lean_episode_and_resumes(tmp_path):
     assert resumed["seconds"]["sft"] == whole["seconds"]["sft"]
 
     with pytest.raises(ValueError, match="other settings.*seed 0 -> 1"):
-        run(model, out_dir=str(out), fast=True, episode="lean", grpo_steps=2, resume=True, seed=1)
+        run(model, out_dir=str(out), smoke=True, episode="lean", grpo_steps=2, resume=True, seed=1)
     with pytest.raises(FileNotFoundError, match="holds no recipe code run"):
-        run(model, out_dir=str(tmp_path / "none"), fast=True, resume=True)
+        run(model, out_dir=str(tmp_path / "none"), smoke=True, resume=True)
 
 
 def test_group_fixes_counts_each_groups_fixed_episodes(tmp_path):
@@ -389,7 +391,7 @@ def test_real_code_recipe_fast_runs_every_stage(real_model_dir, tmp_path):
     untrained Coder model makes no call minirl can read (it writes its edits in prose)."""
     result = subprocess.run(
         [sys.executable, "-m", "minirl", "recipe", "code", "--model", real_model_dir]
-        + ["--out", str(tmp_path / "recipe"), "--fast"],
+        + ["--out", str(tmp_path / "recipe"), "--smoke"],
         capture_output=True,
         text=True,
         timeout=3600,

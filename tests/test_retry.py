@@ -17,7 +17,7 @@ from minirl.apps import recipe_code
 from minirl.apps.bug_pool import bug_pool
 from minirl.apps.bug_pool import main as pool_main
 from minirl.apps.cli import main
-from minirl.apps.recipe_code import RETRY_FAST, run
+from minirl.apps.recipe_code import RETRY_SMOKE, run
 from minirl.apps.recipe_code_metrics import grpo_gate, retry_odds, sft_gate
 from minirl.data import encode
 from minirl.envs import teacher
@@ -323,7 +323,7 @@ def test_the_retry_recipe_end_to_end_paused_and_resumed(tmp_path, capsys):
         str(tmp_path / "toy"), initializer_range=0.2, max_position_embeddings=4096
     )
     out = tmp_path / "run"
-    options = dict(out_dir=str(out), fast=True, episode="retry", skip_untrained=True, grpo_steps=4)
+    options = dict(out_dir=str(out), smoke=True, episode="retry", skip_untrained=True, grpo_steps=4)
     paused = run(model, grpo_minutes=1e-9, **options)
     assert paused["paused_at_grpo_step"] == 3 and paused["grpo_run"]["paused"]
     written = json.loads((out / "summary.json").read_text())
@@ -344,7 +344,7 @@ def test_the_retry_recipe_end_to_end_paused_and_resumed(tmp_path, capsys):
     )
     assert "base" not in whole and set(whole["compare"]) == {"sft->grpo"}
     assert set(whole["compare_recovered"]) == {"sft->grpo"}
-    # both checks ran and were recorded (not enforced with --fast: a toy policy fixes nothing)
+    # both checks ran and were recorded (not enforced with --smoke: a toy policy fixes nothing)
     assert set(whole["gates"]) == {"sft", "grpo"} and not whole["gates"]["sft"]["passed"]
     assert not whole.get("stopped")
     # every logged training episode: 2 bugs x 2 episodes a step, 4 steps
@@ -403,9 +403,9 @@ def test_a_failed_check_stops_the_retry_recipe(tmp_path, monkeypatch):
     model = build_checkpoint(
         str(tmp_path / "toy"), initializer_range=0.2, max_position_embeddings=4096
     )
-    monkeypatch.setitem(RETRY_FAST, "gates", True)
+    monkeypatch.setitem(RETRY_SMOKE, "gates", True)
     out = tmp_path / "run"
-    stopped = run(model, out_dir=str(out), fast=True, episode="retry", skip_untrained=True)
+    stopped = run(model, out_dir=str(out), smoke=True, episode="retry", skip_untrained=True)
     assert stopped["stopped"] == "the check after SFT's evaluation failed"
     assert stopped["finished"] and not (out / "grpo").exists()
     assert "Stopped: the check after SFT's evaluation failed." in (out / "results.md").read_text()
@@ -413,7 +413,7 @@ def test_a_failed_check_stops_the_retry_recipe(tmp_path, monkeypatch):
     passed = {"passed": True, "checks": {}, "reading": "as if passed"}
     monkeypatch.setattr(recipe_code, "sft_gate", lambda row: passed)
     stopped = run(
-        model, out_dir=str(out), fast=True, episode="retry", skip_untrained=True, resume=True
+        model, out_dir=str(out), smoke=True, episode="retry", skip_untrained=True, resume=True
     )
     assert stopped["stopped"] == "the check at GRPO step 1 failed"
     assert stopped["gates"]["grpo"]["checks"] == {"recovered": False, "retry_not_falling": True}
@@ -427,15 +427,15 @@ def test_a_failed_check_stops_the_retry_recipe(tmp_path, monkeypatch):
     other = build_checkpoint(str(tmp_path / "other"), seed=1, initializer_range=0.2)
     shutil.copy(os.path.join(other, "model.safetensors"), weights)
     with pytest.raises(ValueError, match="other settings.*model_contents"):
-        run(model, out_dir=str(out), fast=True, episode="retry", skip_untrained=True, resume=True)
+        run(model, out_dir=str(out), smoke=True, episode="retry", skip_untrained=True, resume=True)
     open(weights, "wb").write(original)
     # a run folder from before the digest was recorded resumes as before
     summary = json.loads((out / "summary.json").read_text())
     del summary["model_contents"]
     (out / "summary.json").write_text(json.dumps(summary))
-    run(model, out_dir=str(out), fast=True, episode="retry", skip_untrained=True, resume=True)
+    run(model, out_dir=str(out), smoke=True, episode="retry", skip_untrained=True, resume=True)
     shutil.rmtree(out)
     with pytest.raises(ValueError, match="the retry episode's teacher always tests"):
-        run(model, out_dir=str(out), fast=True, episode="retry", hack_rate=0.1)
+        run(model, out_dir=str(out), smoke=True, episode="retry", hack_rate=0.1)
     with pytest.raises(ValueError, match="--grpo-minutes must be >= 0"):
-        run(model, out_dir=str(out), fast=True, episode="retry", grpo_minutes=-1)
+        run(model, out_dir=str(out), smoke=True, episode="retry", grpo_minutes=-1)

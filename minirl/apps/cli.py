@@ -34,17 +34,17 @@ def cmd_quickstart(args):
     from .quickstart import run
 
     faults = perturb.rates(args.perturb or [])
-    # --fast and --perturb never overwrite the README's figure
+    # --smoke and --perturb never overwrite the README's figure
     figure = args.figure or (
         os.path.join(args.out, "quickstart.png")
-        if args.fast or faults
+        if args.smoke or faults
         else os.path.join("figures", "quickstart.png")
     )
     figure = None if args.no_figure else figure
     run(
         out_dir=args.out,
         seed=args.seed,
-        fast=args.fast,
+        smoke=args.smoke,
         figure=figure,
         plain=args.plain,
         perturb=faults,
@@ -61,7 +61,7 @@ def add_quickstart_parser(sub, fmt):
     q.add_argument("--out", default=os.path.join("runs", "quickstart"))
     q.add_argument("--seed", type=int, default=0)
     q.add_argument(
-        "--fast",
+        "--smoke",
         action="store_true",
         help="the same pipeline shrunk to about a minute (plumbing only)",
     )
@@ -76,7 +76,7 @@ def add_quickstart_parser(sub, fmt):
     q.add_argument(
         "--figure",
         default=None,
-        help="default: figures/quickstart.png (--fast, --perturb: inside --out)",
+        help="default: figures/quickstart.png (--smoke, --perturb: inside --out)",
     )
     q.add_argument("--no-figure", action="store_true")
     q.set_defaults(func=cmd_quickstart)
@@ -101,7 +101,7 @@ def cmd_recipe(args):
             args.model,
             out_dir=args.out or os.path.join("runs", "recipe-code"),
             seed=args.seed,
-            fast=args.fast,
+            smoke=args.smoke,
             retry_rate=args.retry_rate,
             test_rate=args.test_rate,
             hack_rate=args.hack_rate,
@@ -127,7 +127,7 @@ def cmd_recipe(args):
         args.model,
         out_dir=args.out or os.path.join("runs", f"recipe-{args.task}"),
         seed=args.seed,
-        fast=args.fast,
+        smoke=args.smoke,
         demonstrator_kind=args.demonstrator or "imperfect",
         tool_rate=0.3 if args.tool_rate is None else args.tool_rate,
         memory_limit=args.memory_limit,
@@ -236,7 +236,7 @@ def add_recipe_parser(sub, fmt):
         "--memory-limit", type=float, default=0.0, help="GB (0: 90%% of the available memory)"
     )
     c.add_argument(
-        "--fast",
+        "--smoke",
         action="store_true",
         help="every stage shrunk (plumbing only, e.g. on the toy model)",
     )

@@ -15,7 +15,7 @@ The toy world (toy.py; README "Quickstart"): a calculator agent answering "What 
      `python -m minirl view runs/quickstart` shows GRPO's logged rollouts (runs/quickstart/grpo/rollouts.jsonl).
 All accuracies are greedy, on one fixed held-out set, measured by evaluation.py (`minirl eval`'s
 code) inside each stage: runs/quickstart/{sft,grpo}/eval/step-N are eval folders for --compare.
---fast runs the same pipeline, shrunk, in about a minute: it checks the plumbing, not the numbers.
+--smoke runs the same pipeline, shrunk, in about a minute: it checks the plumbing, not the numbers.
 The claim the README makes of the full run (GRPO at least CLAIM_MARGIN over SFT and above the
 demonstrator) is checked by `claim_holds`, written into summary.json and printed; `pytest -m
 quickstart` runs the full pipeline on three seeds and asserts it (tests/test_quickstart.py).
@@ -59,7 +59,7 @@ FULL = dict(
     eval_every=10,
     log_rollouts_every=5,
 )
-FAST = dict(
+SMOKE = dict(
     train_questions=200,
     sft_epochs=1,
     sft_batch=32,
@@ -103,7 +103,7 @@ def held_out(run_dir: str) -> dict:
 def run(
     out_dir: str = os.path.join("runs", "quickstart"),
     seed: int = 0,
-    fast: bool = False,
+    smoke: bool = False,
     figure: str | None = os.path.join("figures", "quickstart.png"),
     plain: bool = False,
     perturb: dict | None = None,
@@ -111,7 +111,7 @@ def run(
 ) -> dict:
     if not 0 <= retry_rate <= 1:
         raise ValueError(f"--retry-rate must be within 0..1, got {retry_rate}")
-    settings = FAST if fast else FULL
+    settings = SMOKE if smoke else FULL
     start = time.perf_counter()
     torch.manual_seed(seed)
     fresh_folder(out_dir, OUTPUTS, "quickstart", also=[figure])
@@ -204,7 +204,7 @@ def run(
         "tool_use_easy_grpo": grpo["tool_use_easy"],
         "claim_holds": claim_holds(demo_accuracy, sft["accuracy"], grpo["accuracy"]),
         "eval_questions": len(task.eval_items()),
-        "fast": fast,
+        "smoke": smoke,
         "seed": seed,
         "perturb": perturb or {},
         "seconds": time.perf_counter() - start,
@@ -218,7 +218,7 @@ def run(
         f"in {summary['seconds']:.0f}s; {os.path.join(out_dir, 'summary.json')}"
         + (f", {figure}" if figure else "")
     )
-    if not fast:
+    if not smoke:
         verdict = "holds" if summary["claim_holds"] else "does NOT hold"
         print(
             f"   the claim (GRPO >= SFT + {CLAIM_MARGIN} and GRPO > demonstrator) {verdict} "

@@ -19,7 +19,7 @@ library's own command, run in this process:
 
     python -m minirl recipe calculator --model qwen2.5-0.5b-instruct           # README "The chapter on a real Qwen2.5"
     python -m minirl recipe calculator --model DIR --demonstrator expert       # a perfect teacher instead
-    python -m minirl recipe calculator --model DIR --fast                      # plumbing only, seconds on the toy model
+    python -m minirl recipe calculator --model DIR --smoke                      # plumbing only, seconds on the toy model
     python -m minirl recipe calculator --model DIR --perturb tool_error=0.5   # train under faults
 
 --mix PATH[:N] adds other conversations to SFT's data (an SFT JSONL, or a BFCL file read as its
@@ -67,7 +67,7 @@ OUTPUTS = {
     "eval",
 }
 
-# One setting per scale: the real recipe (measured in the README) and --fast, which runs every stage shrunk.
+# One setting per scale: the real recipe (measured in the README) and --smoke, which runs every stage shrunk.
 FULL = dict(
     eval_size=96,
     max_turns=3,
@@ -87,7 +87,7 @@ FULL = dict(
     tool_cost=0.05,
     grpo_eval_every=0,
 )
-FAST = dict(
+SMOKE = dict(
     eval_size=8,
     max_turns=3,
     eval_max_new_tokens=24,
@@ -112,7 +112,7 @@ def run(
     model: str,
     out_dir: str = os.path.join("runs", "recipe-calculator"),
     seed: int = 0,
-    fast: bool = False,
+    smoke: bool = False,
     demonstrator_kind: str = "imperfect",
     tool_rate: float = 0.3,
     figure: str | None = None,
@@ -133,7 +133,7 @@ def run(
         raise ValueError(f"--sft-steps must be 0 (until graduated) or more, got {sft_steps}")
     perturb = perturb or {}
     mixed, mix_counts = mix_conversations(mix or [], seed)
-    s = FAST if fast else FULL
+    s = SMOKE if smoke else FULL
     speed, meter = speedups(plain), StageMeter()
     fresh_folder(out_dir, OUTPUTS, "recipe calculator", also=[figure])
     task = CalculatorTask(
@@ -141,7 +141,7 @@ def run(
     )
     summary = {
         "model": model,
-        "fast": fast,
+        "smoke": smoke,
         "plain": plain,
         "seed": seed,
         "eval_questions": len(task.eval_items()),

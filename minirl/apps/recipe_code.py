@@ -23,7 +23,7 @@ Each stage is the library's own command, run in this process, as in `recipe calc
     python -m minirl recipe code --model DIR --episode retry --skip-untrained --grpo-minutes 200
         # recovery: a teacher who misses half the time and retries sometimes (envs/teacher.py),
         # files rolled back after a failed test, GRPO in stages (RETRY below); --resume continues
-    python -m minirl recipe code --model DIR --fast   # plumbing only, seconds on the toy model
+    python -m minirl recipe code --model DIR --smoke   # plumbing only, seconds on the toy model
 """
 
 import dataclasses
@@ -86,7 +86,7 @@ NOT_RETRY = dict(
     pool_share=0.0,
     gates=False,
 )
-# The real recipe (docs/results.md) and --fast, every stage shrunk to run on the toy model.
+# The real recipe (docs/results.md) and --smoke, every stage shrunk to run on the toy model.
 FULL = dict(
     tasks="bugs",
     eval_size=None,
@@ -116,7 +116,7 @@ FULL = dict(
     dynamic_sampling=False,
     **NOT_RETRY,
 )
-FAST = dict(
+SMOKE = dict(
     tasks="templates",
     eval_size=4,
     max_turns=4,
@@ -197,9 +197,9 @@ RETRY_SIZES = dict(
     pool_after=14,
     pool_share=0.5,
 )
-# --fast --episode retry: the same stages in miniature; the checks are recorded, not enforced (a toy
+# --smoke --episode retry: the same stages in miniature; the checks are recorded, not enforced (a toy
 # policy fixes nothing)
-RETRY_FAST = dict(grpo_steps=3, gate_step=1, pool_after=2, pool_share=0.5, gates=False)
+RETRY_SMOKE = dict(grpo_steps=3, gate_step=1, pool_after=2, pool_share=0.5, gates=False)
 EPISODES = ("full", "lean", "retry")
 # training stages save a checkpoint every this many steps (what --resume can lose; a step of the
 # real recipe takes minutes, a save of the adapter and its optimizer state about a second)
@@ -208,7 +208,7 @@ SAVE_EVERY = 1
 
 # ---- the recipe ------------------------------------------------------------------------------------------
 def settings(
-    fast: bool,
+    smoke: bool,
     episode: str,
     retry_rate: float | None,
     test_rate: float,
@@ -216,15 +216,15 @@ def settings(
     eval_size: int | None,
     grpo_steps: int | None,
 ) -> dict:
-    """The run's settings: FULL or FAST, the episode's on top, then the flags that override them,
+    """The run's settings: FULL or SMOKE, the episode's on top, then the flags that override them,
     each checked."""
     if episode not in EPISODES:
         raise ValueError(f"--episode must be one of {', '.join(EPISODES)}, got {episode!r}")
-    s = dict(FAST if fast else FULL)
+    s = dict(SMOKE if smoke else FULL)
     if episode == "lean":
-        s.update(LEAN, **({} if fast else LEAN_SIZES))
+        s.update(LEAN, **({} if smoke else LEAN_SIZES))
     if episode == "retry":
-        s.update(RETRY, **(RETRY_FAST if fast else RETRY_SIZES))
+        s.update(RETRY, **(RETRY_SMOKE if smoke else RETRY_SIZES))
         if hack_rate or test_rate != 1:
             raise ValueError(
                 "--hack-rate, --test-rate: the retry episode's teacher always tests its edit and "
@@ -266,7 +266,7 @@ def run(
     model: str,
     out_dir: str = os.path.join("runs", "recipe-code"),
     seed: int = 0,
-    fast: bool = False,
+    smoke: bool = False,
     retry_rate: float | None = None,
     test_rate: float = 1.0,
     hack_rate: float = 0.0,
@@ -286,7 +286,7 @@ def run(
     the run in out_dir (Progress). skip_untrained: no evaluation of the untrained policy (its row
     and comparisons are left out). grpo_minutes: pause GRPO cleanly after the step during which
     that many minutes of this sitting's GRPO have passed, its checkpoint kept; --resume continues."""
-    s = settings(fast, episode, retry_rate, test_rate, hack_rate, eval_size, grpo_steps)
+    s = settings(smoke, episode, retry_rate, test_rate, hack_rate, eval_size, grpo_steps)
     if grpo_minutes < 0 or grpo_minutes != grpo_minutes:
         raise ValueError(f"--grpo-minutes must be >= 0 (0: no limit), got {grpo_minutes}")
     speed = speedups(plain)
@@ -295,7 +295,7 @@ def run(
         "model": model,
         # the weights' digest: --resume refuses other weights at the same path
         "model_contents": contents(model),
-        "fast": fast,
+        "smoke": smoke,
         "plain": plain,
         "seed": seed,
         "held_out_tasks": len(task.eval_items()),
@@ -536,7 +536,7 @@ def keep_bug_records(out_dir: str, stage: str, folder: str) -> None:
 
 def gate(summary: dict, name: str, result: dict, s: dict) -> bool:
     """Record a check's result in summary["gates"] and print it; whether the run goes on (a failed
-    check stops it, unless the settings only record the checks: --fast)."""
+    check stops it, unless the settings only record the checks: --smoke)."""
     summary.setdefault("gates", {})[name] = result
     verdict = "passed" if result["passed"] else "FAILED"
     print(f"   check ({name}): {verdict}: {result['reading']}")

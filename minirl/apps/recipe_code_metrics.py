@@ -102,7 +102,7 @@ def grpo_gate(grpo_dir: str, step: int) -> dict:
         return sum(values) / len(values) if values else float("nan")
 
     first, second = mean(rates[:half]), mean(rates[half:])
-    # with one step (--fast) there is no first half to compare with
+    # with one step (--smoke) there is no first half to compare with
     not_falling = bool(half == 0 or not first == first or (second == second and second >= first))
     checks = {"recovered": recovered >= GRPO_GATE["recovered"], "retry_not_falling": not_falling}
     return {

@@ -152,7 +152,7 @@ def comparison_html(summary_path: str | None) -> str:
             )
         out.append(f'<text x="{x + 44}" y="178" text-anchor="middle">{html.escape(name)}</text>')
     note = f"{s.get('eval_questions', '?')} held-out questions" + (
-        ", --fast run" if s.get("fast") else ""
+        ", --smoke run" if s.get("smoke") else ""
     )
     return (
         "".join(out)
