@@ -46,8 +46,10 @@ token streams are compared. Expected time on 2 CPU cores, 0.5B fp32: about a min
 GB."""
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -283,8 +285,11 @@ def main():
     if args.batch is None:
         args.batch = 16 if args.realistic and args.group == 1 else 8
     if args.realistic and args.tiny and not args.model:  # a toy checkpoint: its tokenizer templates
+        scratch = tempfile.mkdtemp(prefix="minirl-bench-")
+        # removed when the benchmark ends, as a temporary folder should be
+        atexit.register(shutil.rmtree, scratch, True)
         args.model = build_checkpoint(
-            tempfile.mkdtemp(prefix="minirl-bench-"), seed=args.seed, max_position_embeddings=4096
+            scratch, seed=args.seed, max_position_embeddings=4096
         )  # the toy BPE spells HumanEval prompts in up to ~1,300 tokens
     if args.realistic and not args.model:
         parser.error("--realistic needs a checkpoint's tokenizer: --model DIR (or --tiny)")
