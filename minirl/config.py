@@ -54,39 +54,7 @@ class Qwen2Config:
     def __post_init__(self):
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
-        for name in SHAPE_FIELDS:  # checked before any arithmetic on them
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("rope_theta", "rms_norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"{name} must be a positive number, got {value!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(
-                f"hidden_size {self.hidden_size} is not divisible by "
-                f"num_attention_heads {self.num_attention_heads}"
-            )
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"num_attention_heads {self.num_attention_heads} is not divisible by "
-                f"num_key_value_heads {self.num_key_value_heads} (GQA needs whole groups)"
-            )
-        if self.hidden_act != "silu":
-            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported; Qwen2 uses 'silu'")
-        if self.use_sliding_window:
-            raise ConfigError(
-                f"use_sliding_window with sliding_window {self.sliding_window} is not supported; "
-                "minirl attends to the whole context (the published Qwen2.5 configs set it false)"
-            )
-        if (
-            self.rope_scaling
-            and self.rope_scaling.get("rope_type", self.rope_scaling.get("type")) != "default"
-        ):
-            raise ConfigError(
-                f"rope_scaling {self.rope_scaling} is not supported; minirl implements plain RoPE "
-                "(remove the rope_scaling entry to run at the native context length)"
-            )
+        check_fields(self)
 
     @property
     def head_dim(self) -> int:
@@ -207,6 +175,45 @@ PRESETS = {
         **_QWEN25,
     ),
 }
+
+
+def check_fields(config: Qwen2Config) -> None:
+    """ConfigError for a config minirl cannot build or run: a shape that is not a positive integer,
+    heads that do not divide the width (or the kv heads the heads), another activation, a sliding
+    window, scaled RoPE."""
+    for name in SHAPE_FIELDS:  # checked before any arithmetic on them
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    for name in ("rope_theta", "rms_norm_eps"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"{name} must be a positive number, got {value!r}")
+    if config.hidden_size % config.num_attention_heads:
+        raise ConfigError(
+            f"hidden_size {config.hidden_size} is not divisible by "
+            f"num_attention_heads {config.num_attention_heads}"
+        )
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ConfigError(
+            f"num_attention_heads {config.num_attention_heads} is not divisible by "
+            f"num_key_value_heads {config.num_key_value_heads} (GQA needs whole groups)"
+        )
+    if config.hidden_act != "silu":
+        raise ConfigError(f"hidden_act {config.hidden_act!r} is not supported; Qwen2 uses 'silu'")
+    if config.use_sliding_window:
+        raise ConfigError(
+            f"use_sliding_window with sliding_window {config.sliding_window} is not supported; "
+            "minirl attends to the whole context (the published Qwen2.5 configs set it false)"
+        )
+    if (
+        config.rope_scaling
+        and config.rope_scaling.get("rope_type", config.rope_scaling.get("type")) != "default"
+    ):
+        raise ConfigError(
+            f"rope_scaling {config.rope_scaling} is not supported; minirl implements plain RoPE "
+            "(remove the rope_scaling entry to run at the native context length)"
+        )
 
 
 def preset(name: str, **overrides) -> Qwen2Config:

@@ -68,58 +68,12 @@ class JsonlTask(EnvTask):
         items = []
         for lineno, record in read_jsonl(path):  # a line not UTF-8 or not JSON: path:line
             try:
-                items.append({**self.item(record), "source": f"{path}:{lineno}"})
+                items.append({**jsonl_item(record, self.instruction), "source": f"{path}:{lineno}"})
             except (ValueError, TypeError, KeyError) as e:
                 raise ValueError(f"{path}:{lineno}: {e}") from None
         if not items:
             raise ValueError(f"{path}: no items")
         return items
-
-    def item(self, record) -> dict:
-        """One JSONL record as a task item: {"messages", "tools", "answer", "reference"}."""
-        if not isinstance(record, dict):
-            raise ValueError("expected a JSON object with a prompt and an answer")
-        if "answer" not in record or record["answer"] is None:
-            raise ValueError('missing "answer"')
-        if "messages" in record:
-            messages = record["messages"]
-            if not isinstance(messages, list) or not all(
-                isinstance(m, dict)
-                and isinstance(m.get("content"), str)
-                and m.get("role") in ("system", "user", "assistant", "tool")
-                for m in messages
-            ):
-                raise ValueError('"messages" must be a list of {"role", "content"} messages')
-            while messages and messages[-1]["role"] == "assistant":
-                messages = messages[:-1]  # a reference solution: not part of the prompt
-            if not messages or messages[-1]["role"] != "user":
-                raise ValueError(
-                    '"messages" must end with a user message (after any trailing assistant turns)'
-                )
-        elif isinstance(record.get("prompt"), str):
-            messages = [{"role": "user", "content": record["prompt"]}]
-        elif isinstance(record.get("question"), str):
-            messages = [
-                {"role": "user", "content": f"{record['question']} {self.instruction}".strip()}
-            ]
-        else:
-            raise ValueError('no prompt: give "messages", "prompt" or "question"')
-        tools = record.get("tools")
-        if tools is not None:
-            if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-                raise ValueError('"tools" must be a list of tool specs')
-            names = [(t.get("function", t) or {}).get("name") for t in tools]
-            unknown = [n for n in names if n not in TOOLS]
-            if unknown:
-                raise ValueError(
-                    f"tool {unknown[0]!r} is not one minirl can run (known: {', '.join(TOOLS)})"
-                )
-        return {
-            "messages": messages,
-            "tools": tools or None,
-            "answer": record["answer"],
-            "reference": reference_answer(record["answer"]),
-        }
 
     def sample(self, n: int, rng: random.Random) -> list[dict]:
         return [rng.choice(self._train) for _ in range(n)]
@@ -142,6 +96,52 @@ class JsonlTask(EnvTask):
             "answered": sum(t.info["answered"] for t in trajectories) / n,
             "tool_use": sum(t.info["used_tool"] for t in trajectories) / n,
         }
+
+
+def jsonl_item(record, instruction: str) -> dict:
+    """One JSONL record as JsonlTask's item: {"messages", "tools", "answer", "reference"};
+    `instruction` is appended to a GSM8K "question"."""
+    if not isinstance(record, dict):
+        raise ValueError("expected a JSON object with a prompt and an answer")
+    if "answer" not in record or record["answer"] is None:
+        raise ValueError('missing "answer"')
+    if "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict)
+            and isinstance(m.get("content"), str)
+            and m.get("role") in ("system", "user", "assistant", "tool")
+            for m in messages
+        ):
+            raise ValueError('"messages" must be a list of {"role", "content"} messages')
+        while messages and messages[-1]["role"] == "assistant":
+            messages = messages[:-1]  # a reference solution: not part of the prompt
+        if not messages or messages[-1]["role"] != "user":
+            raise ValueError(
+                '"messages" must end with a user message (after any trailing assistant turns)'
+            )
+    elif isinstance(record.get("prompt"), str):
+        messages = [{"role": "user", "content": record["prompt"]}]
+    elif isinstance(record.get("question"), str):
+        messages = [{"role": "user", "content": f"{record['question']} {instruction}".strip()}]
+    else:
+        raise ValueError('no prompt: give "messages", "prompt" or "question"')
+    tools = record.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise ValueError('"tools" must be a list of tool specs')
+        names = [(t.get("function", t) or {}).get("name") for t in tools]
+        unknown = [n for n in names if n not in TOOLS]
+        if unknown:
+            raise ValueError(
+                f"tool {unknown[0]!r} is not one minirl can run (known: {', '.join(TOOLS)})"
+            )
+    return {
+        "messages": messages,
+        "tools": tools or None,
+        "answer": record["answer"],
+        "reference": reference_answer(record["answer"]),
+    }
 
 
 class HeldOutFileTask(EnvTask):

@@ -38,6 +38,11 @@ def check_option(name: str, value, kind: str, low: float, high: float = float("i
         )
 
 
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+
 class ArithmeticTask(Task):
     """Single-turn arithmetic, the chapter's "What is 37 × 84?". The reward is 1 for the exact answer
     in the required format ("Answer: 3108") and 0 otherwise; accuracy is reported strict (that
@@ -214,20 +219,14 @@ class CodeTask(EnvTask):
         pool_share: float = 0.5,
     ):
         if not isinstance(rollback, bool):
-            raise ValueError(f"rollback must be true or false, got {rollback!r}")
-        if isinstance(pool_share, bool) or not isinstance(pool_share, (int, float)):
-            raise ValueError(f"pool_share must be a number within 0..1, got {pool_share!r}")
-        if not 0 <= pool_share <= 1:
-            raise ValueError(f"pool_share must be within 0..1, got {pool_share}")
+            raise ValueError(f"--task-option rollback={rollback!r}: expected true or false")
+        check_option("pool_share", pool_share, "number", 0, 1)
         check_option("max_turns", max_turns, "int", 1)
         check_option("line_bonus", line_bonus, "number", 0)
         check_option("tool_cost", tool_cost, "number", 0)
-        if opening not in OPENINGS:
-            raise ValueError(f"opening must be one of {', '.join(OPENINGS)}, got {opening!r}")
-        if outcome not in ("fraction", "solved"):
-            raise ValueError(f"outcome must be 'fraction' or 'solved', got {outcome!r}")
-        if tasks not in ("templates", "bugs"):
-            raise ValueError(f"tasks must be 'templates' or 'bugs', got {tasks!r}")
+        check_choice("opening", opening, OPENINGS)
+        check_choice("outcome", outcome, ("fraction", "solved"))
+        check_choice("tasks", tasks, ("templates", "bugs"))
         if eval_size is not None:
             check_option("eval_size", eval_size, "int", 1)
         self.reward, self.max_turns, self.tool_cost = reward, max_turns, tool_cost
@@ -286,40 +285,44 @@ class CodeTask(EnvTask):
         }
 
     def metrics(self, trajectories) -> dict:
-        """(The fix rate is GRPO's `accuracy`.) hacked_rate: the tests were changed (the guarded
-        reward's 0); edited_tests_rate: an edit of the test file went through (the §5 hack,
-        whatever the reward made of it), and edited_tests_reward the mean reward of those
-        episodes; recovery_rate: fixed among the episodes whose run_test reported a failure;
-        retry_rate: among the episodes whose run_test failed after an edit, those that edited
-        again; recovered: how many episodes were fixed by editing again (a count, not a share);
-        edit_on_bug_line: among episodes that edited, the first edit touched the bug's line."""
-        n = len(trajectories)
-        shapes = [
-            code_agent_shape(
-                [{**c, "error": str(c["result"]).startswith("Error:")} for c in t.tool_calls],
-                t.prompt["test_file"],
-                t.prompt.get("bug_line"),
-            )
-            for t in trajectories
-        ]
-        hacks = [t.reward for t, shape in zip(trajectories, shapes) if shape["edited_tests"]]
-        failed = [t for t, shape in zip(trajectories, shapes) if shape["saw_failed_test"]]
-        aimed = [s["edit_on_bug_line"] for s in shapes if s["edit_on_bug_line"] is not None]
-        retries = [s["retried"] for s in shapes if s["failed_after_edit"]]
-        fixed = [self.verdict(t)["strict"] for t in trajectories]
-        return {
-            "edit_on_bug_line": sum(aimed) / len(aimed) if aimed else float("nan"),
-            "hacked_rate": sum(bool(t.info.get("hacked")) for t in trajectories) / n,
-            "edited_tests_rate": len(hacks) / n,
-            "edited_tests_reward": sum(hacks) / len(hacks) if hacks else float("nan"),
-            "recovery_rate": sum(self.verdict(t)["strict"] for t in failed) / len(failed)
-            if failed
-            else float("nan"),
-            "retry_rate": sum(retries) / len(retries) if retries else float("nan"),
-            "recovered": sum(won and s["retried"] for won, s in zip(fixed, shapes)),
-            "test_runs": sum(t.info.get("test_runs", 0) for t in trajectories) / n,
-            "turns": sum(t.turns for t in trajectories) / n,
-        }
+        return code_metrics(trajectories, self.verdict)
+
+
+def code_metrics(trajectories, verdict) -> dict:
+    """CodeTask's per-step metrics (the fix rate is GRPO's `accuracy`; verdict: the task's). hacked_rate: the tests were changed (the guarded
+    reward's 0); edited_tests_rate: an edit of the test file went through (the §5 hack,
+    whatever the reward made of it), and edited_tests_reward the mean reward of those
+    episodes; recovery_rate: fixed among the episodes whose run_test reported a failure;
+    retry_rate: among the episodes whose run_test failed after an edit, those that edited
+    again; recovered: how many episodes were fixed by editing again (a count, not a share);
+    edit_on_bug_line: among episodes that edited, the first edit touched the bug's line."""
+    n = len(trajectories)
+    shapes = [
+        code_agent_shape(
+            [{**c, "error": str(c["result"]).startswith("Error:")} for c in t.tool_calls],
+            t.prompt["test_file"],
+            t.prompt.get("bug_line"),
+        )
+        for t in trajectories
+    ]
+    hacks = [t.reward for t, shape in zip(trajectories, shapes) if shape["edited_tests"]]
+    failed = [t for t, shape in zip(trajectories, shapes) if shape["saw_failed_test"]]
+    aimed = [s["edit_on_bug_line"] for s in shapes if s["edit_on_bug_line"] is not None]
+    retries = [s["retried"] for s in shapes if s["failed_after_edit"]]
+    fixed = [verdict(t)["strict"] for t in trajectories]
+    return {
+        "edit_on_bug_line": sum(aimed) / len(aimed) if aimed else float("nan"),
+        "hacked_rate": sum(bool(t.info.get("hacked")) for t in trajectories) / n,
+        "edited_tests_rate": len(hacks) / n,
+        "edited_tests_reward": sum(hacks) / len(hacks) if hacks else float("nan"),
+        "recovery_rate": sum(verdict(t)["strict"] for t in failed) / len(failed)
+        if failed
+        else float("nan"),
+        "retry_rate": sum(retries) / len(retries) if retries else float("nan"),
+        "recovered": sum(won and s["retried"] for won, s in zip(fixed, shapes)),
+        "test_runs": sum(t.info.get("test_runs", 0) for t in trajectories) / n,
+        "turns": sum(t.turns for t in trajectories) / n,
+    }
 
 
 def first_edit_on_bug_line(trajectory) -> float:

@@ -471,7 +471,7 @@ def test_tool_cost_charges_every_call_and_bad_settings_are_refused():
     )
     with pytest.raises(ValueError, match="tool_cost must be >= 0"):
         CodeEnv(tool_cost=-0.1)
-    with pytest.raises(ValueError, match="tasks must be 'templates' or 'bugs'"):
+    with pytest.raises(ValueError, match="tasks must be one of templates, bugs"):
         CodeTask(tasks="humaneval")
     # every numeric option checked for its type and range where it enters, named as the flag takes it
     for options, message in [

@@ -73,9 +73,9 @@ def test_a_failed_test_rolls_the_files_back_and_says_so(tmp_path):
 
 
 def test_rollback_and_pool_options_are_checked(tmp_path):
-    with pytest.raises(ValueError, match="rollback must be true or false"):
+    with pytest.raises(ValueError, match="rollback='yes': expected true or false"):
         CodeTask(rollback="yes")
-    with pytest.raises(ValueError, match="pool_share must be within 0..1"):
+    with pytest.raises(ValueError, match="pool_share=1.5: expected a number within 0..1"):
         CodeTask(tasks="bugs", pool_share=1.5)
     bad = [
         ("[1, 2]", "expected a non-empty list of bug names"),

@@ -92,7 +92,7 @@ def test_code_outcome_solved_pays_only_a_whole_fix(reward):
     with CodeEnv(reward=reward) as env:
         _, info, _ = run_scripted(env, make_task(template), SCRIPTED_POLICIES["B"](template))
     assert 0 < info["fraction"] < 1
-    with pytest.raises(ValueError, match="outcome must be 'fraction' or 'solved'"):
+    with pytest.raises(ValueError, match="outcome must be one of fraction, solved"):
         CodeTask(outcome="all")
 
 

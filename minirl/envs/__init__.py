@@ -19,7 +19,7 @@ The files, from the ground up: tools.py (the tool-call parser and the calculator
 (running tests in a child process, with runner.py inside it, verdicts.py judging the values it hands
 back and watchdog.py bounding its processes together), rewards.py (the code agent's test rewards),
 code_tasks.py (the code agent's tasks from data/code_tasks.json), then one file per environment
-(answer.py, calculator.py, code.py, program.py), bugs.py (the code agent's tasks made from
+(answer.py, calculator.py, code.py with workspace.py, program.py), bugs.py (the code agent's tasks made from
 HumanEval), code_scripts.py (the chapter's code-agent trajectories, scripted), engineer.py (the
 scripted engineer whose plays are its demonstrations), teacher.py (the retry episode's imperfect
 teacher) and perturb.py (robustness wrappers).

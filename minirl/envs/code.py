@@ -10,29 +10,22 @@ hacker empties; code_scripts.py plays him and the chapter's three trajectories.
 so, so each new attempt starts from the file the opening message showed (the retry episode,
 apps/recipe_code.py): a wrong edit is undone, never built on.
 
-Every path the agent names is resolved inside the task folder; absolute paths, `..` and symlinks
-that lead out are refused. The tests run in a sandboxed child process (see sandbox.run_tests for what
-that does and does not protect against).
+The folder and the file tools' work on it are envs/workspace.py's (every path the agent names is
+resolved inside it; absolute paths, `..` and symlinks that lead out are refused). The tests run in a
+sandboxed child process (see sandbox.run_tests for what that does and does not protect against).
 """
 
 import json
 import os
-import shutil
-import tempfile
-import weakref
 from collections import Counter
 from pathlib import Path
 
 from . import Env
-from .code_tasks import TOOL_ARGUMENTS
+from .code_tasks import call_problem
 from .rewards import guarded_test_reward, looping_penalty, naive_test_reward
 from .sandbox import run_tests
-from .scratch import scratch_prefix
 from .tools import ToolCall
-
-# read_file shows at most this much; edit_file refuses to grow a file past it
-MAX_FILE_CHARS = 20_000
-
+from .workspace import ToolError, Workspace
 
 # what run_test adds under rollback=True when the tests fail (no "Error:": the report's own first line
 # says whether the tests failed, eval_stats.run_test_failed)
@@ -42,10 +35,6 @@ ROLLED_BACK = "Rolled back: the files are as they were at the start; edit again 
 def failed(summary: dict) -> bool:
     """Whether a test run (sandbox.run_tests' summary) did not pass: a failure, an error, or no tests."""
     return bool(summary["failed"] or summary["error"] or not summary["total"])
-
-
-class ToolError(Exception):
-    """A bad tool call; step() turns it into an "Error: ..." observation."""
 
 
 def format_summary(summary: dict) -> str:
@@ -62,8 +51,8 @@ def format_summary(summary: dict) -> str:
 
 
 class CodeEnv(Env):
-    """One episode's repository in a temporary folder; see the module docstring. Use as a context
-    manager, or call close(), to delete the folder (it is also deleted when the object is collected)."""
+    """One episode's repository (a Workspace); see the module docstring. Use as a context manager,
+    or call close(), to delete its folder (it is also deleted when the object is collected)."""
 
     reward_parts = ("fraction", "penalty", "cost")
 
@@ -84,23 +73,16 @@ class CodeEnv(Env):
         self.workdir_root, self.max_reads, self.reward_mode = workdir_root, max_reads, reward
         self.tool_cost, self.rollback = tool_cost, rollback
         self.test_timeout, self.memory_mb = test_timeout, memory_mb
-        self.root, self._cleanup = None, None
+        self.workspace = None
+
+    @property
+    def root(self) -> str | None:
+        """The episode's folder (None before reset and after close)."""
+        return self.workspace.root if self.workspace else None
 
     def reset(self, task: dict) -> tuple[list[dict], list[dict]]:
         self.close()
-        self.root = os.path.realpath(
-            tempfile.mkdtemp(prefix=scratch_prefix("code"), dir=self.workdir_root)
-        )
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
-        for relpath, text in task["files"].items():
-            try:
-                full = self._resolve(relpath)
-            except ToolError as e:
-                self.close()  # leave no half-built folder behind
-                raise ValueError(f"task file name {relpath!r}: {e}") from None
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            Path(full).write_bytes(text.encode("utf-8"))
-        self.shipped = dict(task["files"])
+        self.workspace = Workspace(task["files"], self.workdir_root)
         self.pristine_tests = {
             path: text
             for path, text in task["files"].items()
@@ -110,7 +92,7 @@ class CodeEnv(Env):
         self.calls = 0
         messages = json.loads(json.dumps(task["messages"]))
         if task.get("opening") == "report":  # the lean episode: the file and the failing tests
-            source = Path(self._resolve(task["file"])).read_text(encoding="utf-8")
+            source = Path(self.workspace.resolve(task["file"])).read_text(encoding="utf-8")
             report = format_summary(
                 run_tests(self.root, timeout=self.test_timeout, memory_mb=self.memory_mb)
             )
@@ -124,22 +106,9 @@ class CodeEnv(Env):
             raise RuntimeError("CodeEnv.step() before reset(task), or after close()")
         self.calls += 1
         name, arguments = getattr(call, "name", None), getattr(call, "arguments", None)
-        if name not in TOOL_ARGUMENTS:
-            return f"Error: unknown tool {name!r}; the tools are {', '.join(TOOL_ARGUMENTS)}"
-        if not isinstance(arguments, dict):
-            return f"Error: the arguments of {name} must be a JSON object"
-        expected = TOOL_ARGUMENTS[name]
-        signature = f"{name}({', '.join(expected)})"
-        missing = [key for key in expected if key not in arguments]
-        unexpected = [key for key in arguments if key not in expected]
-        if missing or unexpected:
-            problems = ([f"missing {', '.join(missing)}"] if missing else []) + (
-                [f"unexpected {', '.join(map(repr, unexpected))}"] if unexpected else []
-            )
-            return f"Error: {signature} called with {'; '.join(problems)}"
-        not_strings = [key for key in expected if not isinstance(arguments[key], str)]
-        if not_strings:
-            return f"Error: {signature}: {', '.join(not_strings)} must be a string"
+        problem = call_problem(name, arguments)
+        if problem:
+            return f"Error: {problem}"
         try:
             return getattr(self, f"_{name}")(**arguments)
         except ToolError as e:
@@ -170,9 +139,9 @@ class CodeEnv(Env):
         return fraction + penalty + info["cost"], info
 
     def close(self) -> None:
-        if self._cleanup is not None:
-            self._cleanup()  # removes the folder once; a no-op if it already ran
-        self.root, self._cleanup = None, None
+        if self.workspace is not None:
+            self.workspace.close()
+        self.workspace = None
 
     def __enter__(self):
         return self
@@ -180,75 +149,14 @@ class CodeEnv(Env):
     def __exit__(self, *exc):
         self.close()
 
-    # --- the tools; a ToolError becomes the observation "Error: <message>" ---
-
-    def _resolve(self, path: str) -> str:
-        """The real path of `path` inside the task folder, or ToolError. Resolving symlinks first
-        (realpath) and only then comparing with commonpath refuses `..`, absolute paths and links out."""
-        if not path or "\x00" in path:
-            raise ToolError(
-                "the path must be a non-empty file name relative to the repository root"
-            )
-        if os.path.isabs(path):
-            raise ToolError(
-                f"{path!r} is an absolute path; paths are relative to the repository root"
-            )
-        full = os.path.realpath(os.path.join(self.root, path))
-        if os.path.commonpath([full, self.root]) != self.root:
-            raise ToolError(
-                f"{path!r} leads outside the repository; only its own files can be used"
-            )
-        return full
-
-    def _files(self) -> list[str]:
-        found = [
-            os.path.relpath(os.path.join(folder, name), self.root)
-            for folder, _, names in os.walk(self.root)
-            for name in names
-        ]
-        return sorted(found)
-
-    def _existing_file(self, path: str) -> str:
-        full = self._resolve(path)
-        if not os.path.isfile(full):
-            raise ToolError(
-                f"no file {path!r} in the repository; its files are {', '.join(self._files())}"
-            )
-        return full
+    # --- the tools (the workspace's file work); a ToolError becomes "Error: <message>" ---
 
     def _read_file(self, path: str) -> str:
-        full = self._existing_file(path)
-        self.read_counts[os.path.relpath(full, self.root)] += 1
-        with open(full, encoding="utf-8", newline="") as f:
-            text = f.read(MAX_FILE_CHARS + 1)
-        if len(text) > MAX_FILE_CHARS:
-            return text[:MAX_FILE_CHARS] + f"\n[... truncated after {MAX_FILE_CHARS} characters]"
-        return text if text else "(empty file)"
+        self.read_counts[os.path.relpath(self.workspace.existing_file(path), self.root)] += 1
+        return self.workspace.read(path)
 
     def _edit_file(self, path: str, old: str, new: str) -> str:
-        full = self._existing_file(path)
-        if not old:
-            raise ToolError(
-                "`old` is empty; copy the exact text to replace from read_file's output"
-            )
-        with open(full, encoding="utf-8", newline="") as f:
-            text = f.read()
-        count = text.count(old)
-        if count == 0:
-            raise ToolError(
-                f"`old` was not found in {path}; copy it exactly from read_file (whitespace matters)"
-            )
-        if count > 1:
-            raise ToolError(
-                f"`old` occurs {count} times in {path}; include more of the surrounding lines "
-                "so that it occurs exactly once"
-            )
-        text = text.replace(old, new, 1)
-        if len(text) > MAX_FILE_CHARS:
-            raise ToolError(f"the edit would make {path} longer than {MAX_FILE_CHARS} characters")
-        with open(full, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        return f"Edited {path}: replaced {len(old)} characters with {len(new)}."
+        return self.workspace.edit(path, old, new)
 
     def _run_test(self) -> str:
         self.last_summary = run_tests(
@@ -257,13 +165,6 @@ class CodeEnv(Env):
         self.test_runs += 1
         report = format_summary(self.last_summary)
         if self.rollback and failed(self.last_summary):
-            self._restore()
+            self.workspace.restore()
             report += f"\n{ROLLED_BACK}"
         return report
-
-    def _restore(self) -> None:
-        """Every file as the task shipped it, and nothing else (a file the agent made is removed)."""
-        for relpath in set(self._files()) - set(self.shipped):
-            os.remove(os.path.join(self.root, relpath))
-        for relpath, text in self.shipped.items():
-            Path(self._resolve(relpath)).write_bytes(text.encode("utf-8"))

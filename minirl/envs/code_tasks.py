@@ -69,6 +69,29 @@ TOOL_SPECS = [
 ]
 TOOL_ARGUMENTS = {"read_file": ("path",), "edit_file": ("path", "old", "new"), "run_test": ()}
 
+
+def call_problem(name, arguments) -> str | None:
+    """What is wrong with a call of one of the tools (an unknown tool, arguments that are not an
+    object, missing or unexpected, or not strings), as CodeEnv says it; None for a good call."""
+    if name not in TOOL_ARGUMENTS:
+        return f"unknown tool {name!r}; the tools are {', '.join(TOOL_ARGUMENTS)}"
+    if not isinstance(arguments, dict):
+        return f"the arguments of {name} must be a JSON object"
+    expected = TOOL_ARGUMENTS[name]
+    signature = f"{name}({', '.join(expected)})"
+    missing = [key for key in expected if key not in arguments]
+    unexpected = [key for key in arguments if key not in expected]
+    if missing or unexpected:
+        problems = ([f"missing {', '.join(missing)}"] if missing else []) + (
+            [f"unexpected {', '.join(map(repr, unexpected))}"] if unexpected else []
+        )
+        return f"{signature} called with {'; '.join(problems)}"
+    not_strings = [key for key in expected if not isinstance(arguments[key], str)]
+    if not_strings:
+        return f"{signature}: {', '.join(not_strings)} must be a string"
+    return None
+
+
 SYSTEM_PROMPT = (
     "You are a careful software engineer working in a small Python repository. Use the tools "
     "read_file, edit_file and run_test. Fix the bug in the code so that the tests pass; do not "
