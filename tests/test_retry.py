@@ -18,7 +18,12 @@ from minirl.apps.bug_pool import bug_pool
 from minirl.apps.bug_pool import main as pool_main
 from minirl.apps.cli import main
 from minirl.apps.recipe_code import RETRY_SMOKE, run
-from minirl.apps.recipe_code_metrics import grpo_gate, retry_odds, sft_gate
+from minirl.apps.recipe_code_metrics import (
+    grpo_gate,
+    retry_against_fresh,
+    retry_odds,
+    sft_gate,
+)
 from minirl.data import encode
 from minirl.envs import teacher
 from minirl.envs.bugs import load_bug_templates
@@ -281,6 +286,35 @@ def test_retry_odds_by_hand(tmp_path):
         "first_attempt_fix_rate": 0.25,
         "retried": 2,
         "retry_fix_rate": 0.5,
+    }
+
+
+def test_retry_against_a_fresh_sample_by_hand():
+    """A retry within an episode against an independent second sample of the same bug."""
+
+    def episode(item, sample, calls, success):
+        return {"item": item, "sample": sample, "tool_calls": calls, "success": success}
+
+    edit = {"name": "edit_file", "arguments": {"path": "f.py"}, "error": False, "result": "Edited"}
+    failing = {"name": "run_test", "arguments": {}, "error": False, "result": "0 passed, 1 failed"}
+    passing = {"name": "run_test", "arguments": {}, "error": False, "result": "1 passed, 0 failed"}
+    episodes = [
+        episode(0, 0, [edit, failing, edit, passing], True),  # recovered
+        episode(0, 1, [edit, passing], True),
+        episode(1, 0, [edit, failing], False),  # gave up; its second sample fixed it
+        episode(1, 1, [edit, passing], True),
+        episode(2, 0, [edit, failing, edit, failing], False),  # retried in vain; so did sample 1
+        episode(2, 1, [edit, failing], False),
+    ]
+    for e in episodes:
+        e["test_file"] = "test_f.py"
+    assert retry_against_fresh(episodes) == {
+        "episodes": 6,
+        "first_attempt_fix_rate": 2 / 6,
+        "retried": 2,
+        "retry_fix_rate": 0.5,
+        "second_samples": 2,
+        "fresh_fix_rate": 0.5,
     }
 
 

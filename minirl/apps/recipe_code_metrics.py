@@ -169,6 +169,31 @@ def retry_odds(rollouts: str) -> dict:
     }
 
 
+def retry_against_fresh(episodes: list[dict]) -> dict:
+    """How often a retry within an episode fixes the bug, against a fresh sample, from an eval
+    folder's sampled episodes (`eval -n 2` or more at a temperature, the retry episode's options):
+    the share of episodes whose first attempt fixed the bug; among the episodes that edited again
+    after their attempt failed, the share that ended fixed; and among the bugs whose sample 0 did
+    not end fixed, the share whose sample 1 did (an independent second try)."""
+    by_item: dict[int, dict[int, dict]] = {}
+    first = retried = recovered = 0
+    for e in episodes:
+        by_item.setdefault(e["item"], {})[e["sample"]] = e
+        shape = code_agent_shape(e["tool_calls"], e["test_file"], e.get("bug_line"))
+        first += e["success"] and not shape["failed_after_edit"]
+        retried += shape["retried"]
+        recovered += shape["retried"] and e["success"]
+    pairs = [s for s in by_item.values() if 0 in s and 1 in s and not s[0]["success"]]
+    return {
+        "episodes": len(episodes),
+        "first_attempt_fix_rate": first / len(episodes) if episodes else None,
+        "retried": retried,
+        "retry_fix_rate": recovered / retried if retried else None,
+        "second_samples": len(pairs),
+        "fresh_fix_rate": sum(s[1]["success"] for s in pairs) / len(pairs) if pairs else None,
+    }
+
+
 def stage_row(summary: dict) -> dict:
     """The table's numbers from an eval summary (eval_summary.summarize)."""
     code = summary.get("code_agent", {})
