@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from minirl.apps.recipe_code import OUTPUTS, SMOKE, run
+from minirl.apps.recipe_code import OUTPUTS, run
 from minirl.apps.recipe_code_metrics import group_fixes, stage_eval, table
+from minirl.apps.recipe_code_settings import SMOKE
 from minirl.envs import play
 from minirl.envs.bugs import load_bug_templates
 from minirl.envs.code import CodeEnv

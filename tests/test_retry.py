@@ -17,13 +17,14 @@ from minirl.apps import recipe_code
 from minirl.apps.bug_pool import bug_pool
 from minirl.apps.bug_pool import main as pool_main
 from minirl.apps.cli import main
-from minirl.apps.recipe_code import RETRY_SMOKE, run
+from minirl.apps.recipe_code import run
 from minirl.apps.recipe_code_metrics import (
     grpo_gate,
     retry_against_fresh,
     retry_odds,
     sft_gate,
 )
+from minirl.apps.recipe_code_settings import RETRY_SMOKE
 from minirl.data import encode
 from minirl.envs import teacher
 from minirl.envs.bugs import load_bug_templates
