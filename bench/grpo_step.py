@@ -109,7 +109,7 @@ from minirl.lora import add_lora  # noqa: E402
 from minirl.losses import policy_loss  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
 from minirl.run.grpo import Clock, GRPOConfig, learning_stats  # noqa: E402
-from minirl.task import Task  # noqa: E402
+from minirl.tasks import Task  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 
 LR = 1e-5  # AdamW's learning rate, minirl's and the peer's

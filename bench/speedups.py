@@ -54,7 +54,7 @@ from minirl.lora import add_lora  # noqa: E402
 from minirl.next_token import multinomial_draw  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
 from minirl.run.grpo import Clock, GRPOConfig
-from minirl.task import Task  # noqa: E402
+from minirl.tasks import Task  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 
 # turn_cache saves work between the turns of episodes; this step's rollouts are one turn, so it is

@@ -30,7 +30,7 @@ from minirl.grpo import GRPOSettings, grpo_step
 from minirl.lora import add_lora
 from minirl.losses import group_advantages, policy_loss
 from minirl.run.grpo import GRPOConfig, train
-from minirl.task import Task
+from minirl.tasks import Task
 from minirl.toy import build_checkpoint
 
 parser = argparse.ArgumentParser(description="Lesson 06: GRPO")

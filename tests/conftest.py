@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minirl.apps.cli import main
-from minirl.task import Task
+from minirl.tasks import Task
 from minirl.toy import arithmetic_corpus, train_tokenizer
 
 # Float32 results of one formula computed two ways: a drop-in against its plain version, a batch

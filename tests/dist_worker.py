@@ -21,7 +21,7 @@ from minirl.grpo import grpo_step
 from minirl.lora import add_lora
 from minirl.rollout import sample_completions
 from minirl.run.grpo import GRPOConfig, learning_stats, train
-from minirl.task import Task
+from minirl.tasks import Task
 
 PROMPTS, G = 4, 4
 # (aggregation, how many of the 16 rollouts rank 0 takes; rank 1 takes the rest): even halves, an

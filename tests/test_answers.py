@@ -17,9 +17,9 @@ from minirl.answers import (
 )
 from minirl.envs.answer import AnswerEnv
 from minirl.envs.tools import CALCULATOR_SPEC, ToolCall
-from minirl.file_tasks import GSM8K_INSTRUCTION, JsonlTask
 from minirl.rollout import Trajectory
 from minirl.tasks import make_task
+from minirl.tasks.files import GSM8K_INSTRUCTION, JsonlTask
 
 
 @pytest.mark.parametrize(

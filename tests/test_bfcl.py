@@ -16,8 +16,8 @@ import pytest
 
 from minirl.apps import sft_mix
 from minirl.envs import bfcl
-from minirl.file_tasks import BFCLTask
 from minirl.tasks import make_task
+from minirl.tasks.files import BFCLTask
 
 
 def fn(name, properties, required):

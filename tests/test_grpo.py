@@ -29,8 +29,7 @@ from minirl.losses import group_advantages
 from minirl.rollout import Trajectory, sample_completions
 from minirl.run.flags import FlagError
 from minirl.run.grpo import GRPOConfig, train
-from minirl.task import Task
-from minirl.tasks import ArithmeticTask
+from minirl.tasks import ArithmeticTask, Task
 from minirl.toy import build_checkpoint
 
 TIMING = {"t_sample", "t_score", "t_learn", "tokens_per_s"}
@@ -277,9 +276,9 @@ def test_an_environment_whose_reward_raises_scores_0_and_is_counted(tmp_path):
     (rollout.end_episode). Its episode keeps an empty record; the task's metrics see only scored
     episodes, so a JsonlTask's metrics, which read the record, do not raise either."""
     from minirl.envs.answer import AnswerEnv
-    from minirl.file_tasks import JsonlTask
     from minirl.rollout import end_episode
     from minirl.run.grpo import step_metrics
+    from minirl.tasks.files import JsonlTask
 
     class Broken(AnswerEnv):
         closed = False

@@ -181,7 +181,7 @@ def test_real_model_humaneval_verdicts_agree_with_transformers_generate(real_mod
     from transformers import AutoModelForCausalLM
 
     from minirl import load_pretrained
-    from minirl.file_tasks import ProgramTask
+    from minirl.tasks.files import ProgramTask
 
     problems = human_eval_problems()[:20]
     data = tmp_path / "first20.jsonl"

@@ -14,7 +14,7 @@ from minirl.chat import tool_turn_text
 from minirl.rollout import Trajectory
 from minirl.run.grpo import GRPOConfig, train
 from minirl.run.rollout_log import RolloutLog, rollout_records, token_pieces
-from minirl.task import Task
+from minirl.tasks import Task
 from minirl.toy import build_checkpoint
 
 PER_TOKEN = ["sampler_logprob", "logprob", "old_logprob", "ref_logprob", "ratio", "kl"]

@@ -11,8 +11,7 @@ from minirl.envs.code import CodeEnv
 from minirl.envs.code_scripts import SCRIPTED_POLICIES, run_scripted
 from minirl.envs.code_tasks import load_templates, make_task
 from minirl.rollout import Trajectory
-from minirl.task import EnvTask, Task
-from minirl.tasks import TASKS, ArithmeticTask, CalculatorTask, CodeTask
+from minirl.tasks import TASKS, ArithmeticTask, CalculatorTask, CodeTask, EnvTask, Task
 from minirl.toy import build_checkpoint
 
 

@@ -21,7 +21,7 @@ from minirl.chat import tool_turn_text
 from minirl.rollout import Trajectory, sample_completions
 from minirl.run.grpo import GRPOConfig, train
 from minirl.run.rollout_log import RolloutLog, rollout_records
-from minirl.task import Task
+from minirl.tasks import Task
 from minirl.toy import build_checkpoint
 
 G, GROUPS, STEPS = 4, 2, 3

@@ -34,8 +34,8 @@ from ..fast import speedups
 from ..grpo import GRPOSettings, filter_groups, grpo_step
 from ..lora import load_adapter, merge_and_unload
 from ..losses import policy_loss
-from ..task import EnvTask
 from ..tasks import make_task
+from ..tasks.protocol import EnvTask
 from ..tokenizer import Tokenizer
 from ..weights import load_pretrained
 from . import training

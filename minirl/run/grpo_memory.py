@@ -16,7 +16,7 @@ from ..fast.cpu_matmul import native_bfloat16
 from ..fast.length_passes import passes
 from ..fast.prefixes import common_prefix_length
 from ..rollout import prompt_ids
-from ..task import EnvTask
+from ..tasks.protocol import EnvTask
 from .memory import MemoryEstimate, estimate, learning_items, persistent_items
 
 

@@ -6,14 +6,14 @@ read by answers.py.
 
 import random
 
-from .answers import CONVENTIONS, reference_answer, strict_answer
-from .data import read_jsonl
-from .envs.answer import AnswerEnv
-from .envs.bfcl import BFCLEnv
-from .envs.bfcl import read_items as read_bfcl
-from .envs.program import ProgramEnv, problem_item, read_problems
-from .envs.tools import TOOLS
-from .task import EnvTask
+from ..answers import CONVENTIONS, reference_answer, strict_answer
+from ..data import read_jsonl
+from ..envs.answer import AnswerEnv
+from ..envs.bfcl import BFCLEnv
+from ..envs.bfcl import read_items as read_bfcl
+from ..envs.program import ProgramEnv, problem_item, read_problems
+from ..envs.tools import TOOLS
+from .protocol import EnvTask
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 

@@ -5,14 +5,17 @@ Every task is a `Task`: it draws items for training (`sample`) and holds a fixed
 episodes in its environment when it is an `EnvTask`), names its reward functions
 (`reward_functions`, applied once by `score`), judges an episode (`accuracy`: strict and lenient)
 and may log metrics of its own (`metric_names`, `metrics`). An item is a dict {"messages": [...],
-"tools": [...] or None, "answer": ..., ...}. The tasks themselves are tasks.py's (the chapter's)
-and file_tasks.py's (read from a file).
+"tools": [...] or None, "answer": ..., ...}. The tasks themselves are this package's (the chapter's
+in arithmetic.py, calculator.py and code.py; read from a file in files.py). check_option and
+check_choice are how a task refuses an option of the wrong type or range, naming it as
+--task-option takes it.
 """
 
+import math
 import random
 from abc import ABC, abstractmethod
 
-from .rollout import describe_error, run_episodes, sample_completions
+from ..rollout import describe_error, run_episodes, sample_completions
 
 
 class Task(ABC):
@@ -151,3 +154,24 @@ class EnvTask(Task):
             decoder=decoder,
             wrap_env=wrap_env,
         )
+
+
+def check_option(name: str, value, kind: str, low: float, high: float = float("inf")) -> None:
+    """A task option of the wrong type or outside [low, high], named as --task-option takes it:
+    kind "int" (not bool) or "number" (int or float, finite; not bool)."""
+    if kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value)
+    if not ok or not low <= value <= high:
+        within = f">= {low:g}" if high == float("inf") else f"within {low:g}..{high:g}"
+        raise ValueError(
+            f"--task-option {name}={value!r}: expected {'an int' if kind == 'int' else 'a number'} "
+            f"{within}"
+        )
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
