@@ -29,7 +29,7 @@ checkpointing is on (set_gradient_checkpointing): grpo_step puts the model in tr
 optimizer steps, where the layers checkpoint; the reference log-probs run without gradients, where
 there is nothing to checkpoint, and sampling runs in eval mode.
 
-The times are read as `minirl grpo` reads them (run/grpo.Clock, handed to grpo_step as its task):
+The times are read as `minirl grpo` reads them (run/grpo_metrics.Clock, handed to grpo_step as its task):
 sampling (the task's rollout, the fold of the adapters included), scoring (the reward) and learning
 (the rest of the step: the advantages and the updates). The clock is read without waiting for the GPU; its last waits are the loss's and the
 gradient norm's .item(), so on a GPU t_learn leaves out the AdamW update's kernels (milliseconds).
@@ -108,7 +108,8 @@ from minirl.learner import fixed_logprobs, lm_head_logprobs  # noqa: E402
 from minirl.lora import add_lora  # noqa: E402
 from minirl.losses import policy_loss  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
-from minirl.run.grpo import Clock, GRPOConfig, learning_stats  # noqa: E402
+from minirl.run.grpo import GRPOConfig  # noqa: E402
+from minirl.run.grpo_metrics import Clock, learning_stats  # noqa: E402
 from minirl.tasks import Task  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 

@@ -53,7 +53,8 @@ from minirl.grpo import grpo_step  # noqa: E402
 from minirl.lora import add_lora  # noqa: E402
 from minirl.next_token import multinomial_draw  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
-from minirl.run.grpo import Clock, GRPOConfig
+from minirl.run.grpo import GRPOConfig  # noqa: E402
+from minirl.run.grpo_metrics import Clock  # noqa: E402
 from minirl.tasks import Task  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 

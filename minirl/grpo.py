@@ -119,7 +119,7 @@ def grpo_step(
     five stages of the module docstring. learner: what the log-probs are computed with (learner.py's,
     or the drop-ins' from fast.Speedups.learner); decoder: the sampler the run holds (None:
     sampling.generate); fit_memory(kept rollouts) -> sequences per pass: the memory guard (default
-    cfg.minibatch_size). The caller keeps the books (run/grpo.py: the clock, the statistics)."""
+    cfg.minibatch_size). The caller keeps the books (run/grpo_metrics.py: the clock, the statistics)."""
     G = cfg.group_size
     params = [p for group in optimizer.param_groups for p in group["params"]]
     # Stage 1: sample, with the adapters folded into the weights where that is faster

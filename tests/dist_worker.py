@@ -20,7 +20,8 @@ from minirl import distributed, load_pretrained
 from minirl.grpo import grpo_step
 from minirl.lora import add_lora
 from minirl.rollout import sample_completions
-from minirl.run.grpo import GRPOConfig, learning_stats, train
+from minirl.run.grpo import GRPOConfig, train
+from minirl.run.grpo_metrics import learning_stats
 from minirl.tasks import Task
 
 PROMPTS, G = 4, 4

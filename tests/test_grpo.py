@@ -277,7 +277,7 @@ def test_an_environment_whose_reward_raises_scores_0_and_is_counted(tmp_path):
     episodes, so a JsonlTask's metrics, which read the record, do not raise either."""
     from minirl.envs.answer import AnswerEnv
     from minirl.rollout import end_episode
-    from minirl.run.grpo import step_metrics
+    from minirl.run.grpo_metrics import step_metrics
     from minirl.tasks.files import JsonlTask
 
     class Broken(AnswerEnv):

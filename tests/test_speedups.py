@@ -27,7 +27,8 @@ from minirl.lora import add_lora
 from minirl.losses import IGNORE_INDEX
 from minirl.model import Attention, random_model
 from minirl.rollout import Trajectory
-from minirl.run.grpo import GRPOConfig, learning_stats
+from minirl.run.grpo import GRPOConfig
+from minirl.run.grpo_metrics import learning_stats
 from minirl.run.sft import SFTConfig
 from minirl.sampling import generate, left_padded
 from minirl.sft import lm_head_sft_loss, sft_step
