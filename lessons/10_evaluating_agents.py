@@ -148,7 +148,7 @@ print(
 # A BFCL question shows functions and scores the call the reply makes, without running it: the
 # function's name, its required arguments, no unknown one, each value's type and each value among
 # the allowed ones. `eval --data BFCL_v4_simple_python.json` plays the real files (docs/evaluation.md).
-from minirl.envs import bfcl  # noqa: E402
+from minirl.envs import bfcl, bfcl_files  # noqa: E402
 
 question = {
     "category": "simple_python",
@@ -196,7 +196,7 @@ from minirl.chat import render  # noqa: E402
 item = {
     **question,
     "messages": [{"role": "user", "content": "A triangle has base 10 and height 5. Its area?"}],
-    "tools": [{"type": "function", "function": bfcl.shown(f)} for f in question["functions"]],
+    "tools": [{"type": "function", "function": bfcl_files.shown(f)} for f in question["functions"]],
 }
 for shown_item in (item, {**item, "category": "irrelevance", "ground_truth": None}):
     conversation = sft_mix.demonstration(shown_item)

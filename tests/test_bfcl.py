@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from minirl.apps import sft_mix
-from minirl.envs import bfcl
+from minirl.envs import bfcl, bfcl_files
 from minirl.tasks import make_task
 from minirl.tasks.files import BFCLTask
 
@@ -103,7 +103,7 @@ def write(folder, name, records, answers=None):
 def item(record, answer=None):
     return {
         "id": record["id"],
-        "category": bfcl.category(record["id"]),
+        "category": bfcl_files.category(record["id"]),
         "functions": record["function"],
         "ground_truth": None if answer is None else answer["ground_truth"],
     }
@@ -116,20 +116,25 @@ def call(name, **arguments):
 # ---- reading ------------------------------------------------------------------------------------------------
 def test_a_bfcl_file_is_read_with_its_possible_answers_beside_it(tmp_path):
     path = write(tmp_path, "multiple", [MULTIPLE], [MULTIPLE_ANSWER])
-    assert bfcl.is_bfcl_file(path) and not bfcl.is_bfcl_file(str(tmp_path / "none.json"))
-    [read] = bfcl.read_items(path)
+    assert bfcl_files.is_bfcl_file(path) and not bfcl_files.is_bfcl_file(
+        str(tmp_path / "none.json")
+    )
+    [read] = bfcl_files.read_items(path)
     assert (
         read["category"] == "multiple" and read["ground_truth"] == MULTIPLE_ANSWER["ground_truth"]
     )
     # shown as Qwen's tools, with BFCL's language hint; the functions themselves kept for the checks
     assert read["tools"][1] == {
         "type": "function",
-        "function": {**SEARCH, "description": "search.books. " + bfcl.HINT.strip()},
+        "function": {**SEARCH, "description": "search.books. " + bfcl_files.HINT.strip()},
     }
     assert read["functions"] == [AREA, SEARCH] and read["messages"] == MULTIPLE["question"][0]
     # irrelevance needs no possible answers
-    assert bfcl.read_items(write(tmp_path, "irrelevance", [IRRELEVANCE]))[0]["ground_truth"] is None
-    assert [bfcl.category(i) for i in ("live_multiple_3-1-0", "parallel_multiple_12")] == [
+    assert (
+        bfcl_files.read_items(write(tmp_path, "irrelevance", [IRRELEVANCE]))[0]["ground_truth"]
+        is None
+    )
+    assert [bfcl_files.category(i) for i in ("live_multiple_3-1-0", "parallel_multiple_12")] == [
         "live_multiple",
         "parallel_multiple",
     ]
@@ -153,9 +158,9 @@ def test_a_possible_answer_the_checks_cannot_read_is_refused_at_load(tmp_path):
         path = write(folder, "simple_python", [SIMPLE], [{**SIMPLE_ANSWER, "ground_truth": truth}])
         answers = os.path.join(folder, "possible_answer", os.path.basename(path))
         with pytest.raises(ValueError, match=rf"{re.escape(answers)}:1: ground_truth"):
-            bfcl.read_items(path)
+            bfcl_files.read_items(path)
     # the shipped form still loads and scores
-    assert bfcl.read_items(write(tmp_path, "simple_python", [SIMPLE], [SIMPLE_ANSWER]))
+    assert bfcl_files.read_items(write(tmp_path, "simple_python", [SIMPLE], [SIMPLE_ANSWER]))
 
 
 def test_bad_bfcl_files_stop_with_what_and_where(tmp_path):
@@ -165,21 +170,21 @@ def test_bad_bfcl_files_stop_with_what_and_where(tmp_path):
     with pytest.raises(
         ValueError, match="does not exist; give the file with --task-option answers"
     ):
-        bfcl.read_items(path)
+        bfcl_files.read_items(path)
     path = write(
         tmp_path, "simple_python", [SIMPLE, {**SIMPLE, "id": "simple_python_1"}], [SIMPLE_ANSWER]
     )
     with pytest.raises(ValueError, match=r"BFCL_v4_simple_python.json:2: simple_python_1 has no"):
-        bfcl.read_items(path)
+        bfcl_files.read_items(path)
     turns = {**SIMPLE, "question": SIMPLE["question"] * 2}
     with pytest.raises(ValueError, match=r":1: simple_python_0: 2 turns; only single-turn"):
-        bfcl.read_items(write(tmp_path, "simple_python", [turns], [SIMPLE_ANSWER]))
+        bfcl_files.read_items(write(tmp_path, "simple_python", [turns], [SIMPLE_ANSWER]))
     broken = tmp_path / "BFCL_v4_irrelevance.json"
     broken.write_text(json.dumps(IRRELEVANCE) + "\n{oops\n")
     with pytest.raises(ValueError, match=r"BFCL_v4_irrelevance.json:2: invalid JSON"):
-        bfcl.read_items(str(broken))
+        bfcl_files.read_items(str(broken))
     with pytest.raises(ValueError, match="'simple' is not a BFCL id"):
-        bfcl.category("simple")
+        bfcl_files.category("simple")
 
 
 def test_every_field_the_checks_read_is_checked_at_load(tmp_path):
@@ -215,24 +220,24 @@ def test_every_field_the_checks_read_is_checked_at_load(tmp_path):
         folder.mkdir()
         path = write(folder, "simple_python", [{**SIMPLE, "function": functions}], [SIMPLE_ANSWER])
         with pytest.raises(ValueError, match=re.escape(f"{path}:1: ") + ".*" + message):
-            bfcl.read_items(path)
+            bfcl_files.read_items(path)
     twice = write(tmp_path, "simple_python", [SIMPLE, SIMPLE], [SIMPLE_ANSWER])
     with pytest.raises(
         ValueError, match=r"simple_python.json:2: id simple_python_0 again \(first at .*:1\)"
     ):
-        bfcl.read_items(twice)
+        bfcl_files.read_items(twice)
     mixed = write(
         tmp_path, "simple_python", [SIMPLE, {**MULTIPLE, "id": "multiple_0"}], [SIMPLE_ANSWER]
     )
     with pytest.raises(
         ValueError, match=r":2: multiple_0 is a multiple question in a file of simple_python"
     ):
-        bfcl.read_items(mixed)
+        bfcl_files.read_items(mixed)
     (tmp_path / "noid.json").write_text(json.dumps({"question": [], "function": []}) + "\n")
     with pytest.raises(
         ValueError, match=r"noid.json:1: a BFCL question is an object with a string"
     ):
-        bfcl.read_items(str(tmp_path / "noid.json"))
+        bfcl_files.read_items(str(tmp_path / "noid.json"))
 
 
 def test_json_nested_past_the_parsers_depth_is_skipped_not_a_crash():
@@ -361,14 +366,14 @@ def test_a_demonstration_is_the_reply_the_scorer_accepts(tmp_path):
         write(tmp_path, "irrelevance", [IRRELEVANCE]),
     ]
     for path in files:
-        [one] = bfcl.read_items(path)
+        [one] = bfcl_files.read_items(path)
         shown = check_conversation(sft_mix.demonstration(one))
         assert shown["messages"][:-1] == one["messages"] and shown["tools"] == one["tools"]
         ids, mask = render(tokenizer, shown["messages"], shown["tools"])
         reply = tokenizer.decode([i for i, m in zip(ids, mask) if m])
         assert bfcl.score(one, reply) == (True, "", len(one["ground_truth"] or [])), reply
     # every argument the answer gives a value for is written, optional or not, with its first one
-    [area] = bfcl.read_items(files[0])
+    [area] = bfcl_files.read_items(files[0])
     [shown] = sft_mix.demonstration(area)["messages"][-1]["tool_calls"]
     assert shown["function"] == {
         "name": "calculate_triangle_area",
@@ -507,7 +512,7 @@ def test_bfcls_checker_agrees_on_every_shipped_answer_and_its_corruptions():
     oracle, data = bfcl_checker()
     disagreements, unpassable, demonstrated, checked = [], [], [], 0
     for name in AST_FILES:
-        for one in bfcl.read_items(os.path.join(data, f"BFCL_v4_{name}.json")):
+        for one in bfcl_files.read_items(os.path.join(data, f"BFCL_v4_{name}.json")):
             right = canonical(one["ground_truth"])
             for calls in [right, *corruptions(right)]:
                 mine, theirs = bfcl.check(one, calls)[0], oracle(one, calls)
@@ -541,7 +546,7 @@ def test_bfcls_checker_agrees_on_every_shipped_answer_and_its_corruptions():
 
 
 def _ids(data, name):
-    return [one["id"] for one in bfcl.read_items(os.path.join(data, f"BFCL_v4_{name}.json"))]
+    return [one["id"] for one in bfcl_files.read_items(os.path.join(data, f"BFCL_v4_{name}.json"))]
 
 
 def bfcl_qwen_decoder():
@@ -586,9 +591,12 @@ def test_bfcls_own_pipeline_agrees_on_the_real_models_replies():
         )
     ]
     items = {}
-    for name in {bfcl.category(r["id"]) for r in replies}:
+    for name in {bfcl_files.category(r["id"]) for r in replies}:
         items.update(
-            {one["id"]: one for one in bfcl.read_items(os.path.join(data, f"BFCL_v4_{name}.json"))}
+            {
+                one["id"]: one
+                for one in bfcl_files.read_items(os.path.join(data, f"BFCL_v4_{name}.json"))
+            }
         )
 
     def theirs(one, reply):

@@ -20,7 +20,7 @@ import torch
 
 from ..config import Qwen2Config
 from ..envs import perturb
-from ..envs.bfcl import is_bfcl_file
+from ..envs.bfcl_files import is_bfcl_file
 from ..envs.program import is_program_file
 from ..envs.scratch import remove_orphans
 from ..eval_folder import (

@@ -10,7 +10,7 @@ import os
 import random
 
 from ..data import read_conversations
-from ..envs import bfcl
+from ..envs import bfcl, bfcl_files
 
 
 def mix_conversations(specs: list[str], seed: int) -> tuple[list[dict], dict]:
@@ -23,8 +23,8 @@ def mix_conversations(specs: list[str], seed: int) -> tuple[list[dict], dict]:
         path, n = (head, int(tail)) if tail.isdigit() else (spec, None)
         if not os.path.isfile(path):
             raise ValueError(f"--mix {spec}: no file {path}")
-        if bfcl.is_bfcl_file(path):
-            found = [demonstration(item) for item in bfcl.read_items(path)]
+        if bfcl_files.is_bfcl_file(path):
+            found = [demonstration(item) for item in bfcl_files.read_items(path)]
             found = [c for c in found if c is not None]
         else:
             found = read_conversations(path)[0]

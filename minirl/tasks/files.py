@@ -10,7 +10,7 @@ from ..answers import CONVENTIONS, reference_answer, strict_answer
 from ..data import read_jsonl
 from ..envs.answer import AnswerEnv
 from ..envs.bfcl import BFCLEnv
-from ..envs.bfcl import read_items as read_bfcl
+from ..envs.bfcl_files import read_items as read_bfcl
 from ..envs.program import ProgramEnv, problem_item, read_problems
 from ..envs.tools import TOOLS
 from .protocol import EnvTask
