@@ -23,9 +23,7 @@ continuing its own random stream. Every rank reads the checkpoint back, so on se
 --out must be on a file system they share.
 """
 
-import csv
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -34,7 +32,7 @@ from dataclasses import fields
 import torch
 
 from .. import distributed
-from ..files import remove, reopen_log, write_json
+from ..files import remove, write_json
 from ..finite import check_trained
 from ..lora import load_adapter, save_adapter
 from ..weights import load_model, save_pretrained
@@ -349,44 +347,3 @@ def restore_checkpoint(folder: str, model, optimizer, scheduler, full: bool) -> 
         state["rank_rng"][distributed.rank()] if "rank_rng" in state else state["torch_rng"]
     )
     return state
-
-
-def _step(row: dict) -> float:
-    """A metrics row's step; a row cut short by a kill counts as after every checkpoint."""
-    try:
-        return int(row["step"])
-    except (KeyError, TypeError, ValueError):
-        return float("inf")
-
-
-class MetricsLog:
-    """A CSV with fixed columns, one row per step, only ever appended to or replaced whole: on resume
-    the rows after the checkpoint are dropped by rewriting the file under a temporary name and
-    renaming it into place (files.reopen_log), so a run killed before its first new row keeps them."""
-
-    def __init__(self, path: str, fields: list[str], resume_step: int | None, write: bool = True):
-        self.file = None
-        # write=False: a rank > 0 under torchrun, whose metrics were reduced into rank 0's row
-        if not write:
-            return
-        rows = []
-        if resume_step is not None and os.path.exists(path):
-            with open(path, newline="", encoding="utf-8") as f:
-                rows = [r for r in csv.DictReader(f) if _step(r) <= resume_step]
-        self.fields = fields
-        text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-        self.file = reopen_log(path, text.getvalue().splitlines(keepends=True))
-        self.writer = csv.DictWriter(self.file, fieldnames=fields, extrasaction="ignore")
-
-    def write(self, row: dict):
-        if self.file is None:
-            return
-        self.writer.writerow({k: row.get(k, "") for k in self.fields})
-        self.file.flush()
-
-    def close(self):
-        if self.file is not None:
-            self.file.close()

@@ -36,10 +36,11 @@ from ..tasks.protocol import EnvTask
 from ..tokenizer import Tokenizer
 from ..weights import load_pretrained
 from . import training
-from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
+from .checkpoint import claim_run_folder, save_checkpoint
 from .flags import FlagError, check_grpo
 from .grpo_memory import LearningGuard, plan_memory
 from .grpo_metrics import FIELDS, PERTURBED, Clock, learning_stats, step_metrics
+from .metrics_log import MetricsLog
 from .rollout_log import RolloutLog, rollout_records
 
 

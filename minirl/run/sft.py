@@ -37,8 +37,9 @@ from ..tokenizer import Tokenizer
 from ..trainable_tokens import add_trainable_tokens, spelled_rows, untrained_tokens
 from ..weights import load_pretrained
 from . import graduation, training
-from .checkpoint import MetricsLog, claim_run_folder, save_checkpoint
+from .checkpoint import claim_run_folder, save_checkpoint
 from .flags import check_sft
+from .metrics_log import MetricsLog
 from .sft_eval import GraduationCheck, eval_row, eval_task, split_heldout
 from .sft_memory import plan_memory
 
