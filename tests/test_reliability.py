@@ -19,10 +19,11 @@ from minirl.data import DataError, read_conversations
 from minirl.envs.tools import parse_assistant
 from minirl.finite import NonFiniteError, check_weights
 from minirl.lora import load_adapter
-from minirl.run.checkpoint import MetricsLog, RunFolderError
+from minirl.run.checkpoint import RunFolderError
 from minirl.run.flags import FlagError
 from minirl.run.grpo import GRPOConfig
 from minirl.run.grpo import train as grpo_train
+from minirl.run.metrics_log import MetricsLog
 from minirl.run.rollout_log import RolloutLog
 from minirl.run.sft import SFTConfig
 from minirl.run.sft import train as sft_train
