@@ -235,7 +235,7 @@ class FixedRollouts(BenchTask):
 
 def build(args):
     """The model (LoRA or full) with the run's speed-ups applied, the frozen π_ref copy (--full with
-    β > 0), its optimizer and scheduler, the run's GRPOConfig (grpo_step reads its GRPOSettings part), and the device."""
+    β > 0), its optimizer and scheduler, the run's GRPOConfig (grpo_step reads its GRPOStepSettings part), and the device."""
     device = torch.device(args.device)
     dtype = DTYPES.get(args.dtype) or (
         torch.float32 if args.full or device.type == "cpu" else torch.bfloat16

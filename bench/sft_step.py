@@ -16,7 +16,7 @@ the lm_head applied inside it and its logits recomputed in backward; fast/prefix
 have no shared prefix to run once with one sequence); the same step as `minirl sft --plain` runs it
 (PLAIN.sft_passes(): the plain layers, `sft_loss` on the full logits); and transformers + peft
 (`model(input_ids, labels=...)`, SDPA attention, use_cache=False, the gradient norm clipped to 1 as
-transformers' Trainer does by default and sft_step does with SFTSettings' max_grad_norm). Both models
+transformers' Trainer does by default and sft_step does with SFTStepSettings' max_grad_norm). Both models
 hold the *same* base weight tensors (transformers' model is built on the meta device and assigned
 ours), and peft's adapters start from a copy of minirl's A and B, so the losses of each step must
 agree (to ~1e-4; B starts at zero, so step 1 checks the base model and later steps the gradients and
@@ -61,7 +61,7 @@ from minirl.fast import FAST, PLAIN  # noqa: E402
 from minirl.fast.chunked_logprobs import sft_loss_chunked  # noqa: E402
 from minirl.lora import DEFAULT_TARGETS, add_lora  # noqa: E402
 from minirl.losses import IGNORE_INDEX, sft_loss  # noqa: E402
-from minirl.sft import SFTSettings, sft_step  # noqa: E402
+from minirl.sft import SFTStepSettings, sft_step  # noqa: E402
 from minirl.toy import tiny_config  # noqa: E402
 
 MiB = 2**20
@@ -323,7 +323,7 @@ def main():
     labels = ids.clone()
     labels[:, 0] = IGNORE_INDEX
 
-    cfg = SFTSettings(lr=args.lr)
+    cfg = SFTStepSettings(lr=args.lr)
     variants = {
         "minirl": MinirlVariant(model, FAST, cfg),
         "minirl --plain": MinirlVariant(model, PLAIN, cfg),

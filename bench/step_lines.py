@@ -158,12 +158,12 @@ def grpo_by_hand_lines(toy: str, plain: bool, task_name: str = "calculator"):
 
     from minirl import grpo
     from minirl.fast import speedups
-    from minirl.grpo import GRPOSettings
+    from minirl.grpo import GRPOStepSettings
     from minirl.lora import add_lora
     from minirl.tasks import make_task
     from minirl.weights import load_pretrained
 
-    cfg = GRPOSettings(group_size=4, prompts_per_step=2, max_new_tokens=16, beta=0.04)
+    cfg = GRPOStepSettings(group_size=4, prompts_per_step=2, max_new_tokens=16, beta=0.04)
     model, tokenizer = load_pretrained(toy)
     add_lora(model, r=cfg.lora_r, alpha=cfg.lora_alpha)
     fast = speedups(plain)

@@ -26,7 +26,7 @@ import tempfile
 import torch
 
 from minirl import load_pretrained
-from minirl.grpo import GRPOSettings, grpo_step
+from minirl.grpo import GRPOStepSettings, grpo_step
 from minirl.lora import add_lora
 from minirl.losses import group_advantages, policy_loss
 from minirl.run.grpo import GRPOConfig, train
@@ -138,7 +138,7 @@ params = [p for p in model.parameters() if p.requires_grad]
 optimizer = torch.optim.AdamW(params, lr=5e-3)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 task = DigitsTask()
-cfg = GRPOSettings(group_size=8, max_new_tokens=12, beta=0.04)
+cfg = GRPOStepSettings(group_size=8, max_new_tokens=12, beta=0.04)
 items = task.sample(4, random.Random(0))
 step = grpo_step(model, tokenizer, task, items, optimizer, scheduler, cfg, seed=0)
 rewards = [t.reward for t in step.trajectories]

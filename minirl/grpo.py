@@ -35,7 +35,7 @@ from .losses import group_advantages, policy_loss
 
 
 @dataclass
-class GRPOSettings:
+class GRPOStepSettings:
     """What GRPO is set by: the group, the objective, the optimizer. run/grpo.py's GRPOConfig adds what
     a run needs around it (the model, the task, the run folder, the memory plan, checkpoints, logs)."""
 
@@ -107,7 +107,7 @@ def grpo_step(
     items,
     optimizer,
     scheduler,
-    cfg: GRPOSettings,
+    cfg: GRPOStepSettings,
     *,
     seed: int,
     ref_model=None,

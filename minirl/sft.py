@@ -26,7 +26,7 @@ from .losses import IGNORE_INDEX, sft_loss
 
 
 @dataclass
-class SFTSettings:
+class SFTStepSettings:
     """What SFT is set by: the adapter and the optimizer. run/sft.py's SFTConfig adds what a run needs
     around it (the model, the data and its checks, the memory plan, graduation, checkpoints)."""
 
@@ -105,7 +105,7 @@ def sft_step(
     micro_batches,
     optimizer,
     scheduler,
-    cfg: SFTSettings,
+    cfg: SFTStepSettings,
     *,
     pad_id: int,
     step: int,

@@ -470,9 +470,9 @@ def test_merged_sampling_leaves_the_base_weights_bit_for_bit(
 
 
 def test_train_takes_a_runs_config_not_the_steps_settings():
-    from minirl.grpo import GRPOSettings
+    from minirl.grpo import GRPOStepSettings
 
-    with pytest.raises(TypeError, match="must be a run's GRPOConfig.*got GRPOSettings"):
-        train(GRPOSettings())
+    with pytest.raises(TypeError, match="must be a run's GRPOConfig.*got GRPOStepSettings"):
+        train(GRPOStepSettings())
     # the run's config is the step's settings plus the harness's fields
-    assert issubclass(GRPOConfig, GRPOSettings)
+    assert issubclass(GRPOConfig, GRPOStepSettings)

@@ -250,8 +250,8 @@ def test_eval_task_plays_the_tasks_held_out_items_as_eval_does(base, data_file, 
 
 def test_train_takes_a_runs_config_not_the_steps_settings():
     from minirl.run.sft import train
-    from minirl.sft import SFTSettings
+    from minirl.sft import SFTStepSettings
 
-    with pytest.raises(TypeError, match="must be a run's SFTConfig.*got SFTSettings"):
-        train(SFTSettings())
-    assert issubclass(SFTConfig, SFTSettings)
+    with pytest.raises(TypeError, match="must be a run's SFTConfig.*got SFTStepSettings"):
+        train(SFTStepSettings())
+    assert issubclass(SFTConfig, SFTStepSettings)

@@ -29,7 +29,7 @@ from .. import distributed, evaluation
 from ..budget import budget_bytes
 from ..config import Qwen2Config
 from ..fast import speedups
-from ..grpo import GRPOSettings, grpo_step
+from ..grpo import GRPOStepSettings, grpo_step
 from ..lora import load_adapter, merge_and_unload
 from ..tasks import make_task
 from ..tasks.protocol import EnvTask
@@ -45,8 +45,8 @@ from .rollout_log import RolloutLog, rollout_records
 
 
 @dataclass(kw_only=True)
-class GRPOConfig(GRPOSettings):
-    """A GRPO run: grpo.GRPOSettings (what the step reads) and what the harness needs around it."""
+class GRPOConfig(GRPOStepSettings):
+    """A GRPO run: grpo.GRPOStepSettings (what the step reads) and what the harness needs around it."""
 
     model: str
     task: str = "arithmetic"
@@ -104,7 +104,7 @@ def evaluate(model, tokenizer, task, cfg, step: int, decoder=None) -> dict:
 def train(cfg: GRPOConfig) -> dict:
     if not isinstance(cfg, GRPOConfig):
         raise TypeError(
-            f"train(cfg): cfg must be a run's GRPOConfig (run/grpo.py: GRPOSettings plus the model, "
+            f"train(cfg): cfg must be a run's GRPOConfig (run/grpo.py: GRPOStepSettings plus the model, "
             f"the task, --out, ...), got {type(cfg).__name__}"
         )
     # Stage 1: the flags, the task and the memory plan, all checked before a weight is loaded

@@ -32,7 +32,7 @@ from ..budget import budget_bytes
 from ..config import Qwen2Config
 from ..fast import speedups
 from ..losses import IGNORE_INDEX
-from ..sft import SFTSettings, cosine_with_warmup, sft_step
+from ..sft import SFTStepSettings, cosine_with_warmup, sft_step
 from ..tokenizer import Tokenizer
 from ..trainable_tokens import add_trainable_tokens, spelled_rows, untrained_tokens
 from ..weights import load_pretrained
@@ -45,8 +45,8 @@ from .sft_memory import plan_memory
 
 
 @dataclass(kw_only=True)
-class SFTConfig(SFTSettings):
-    """An SFT run: sft.SFTSettings (what the step reads) and what the harness needs around it."""
+class SFTConfig(SFTStepSettings):
+    """An SFT run: sft.SFTStepSettings (what the step reads) and what the harness needs around it."""
 
     model: str
     data: str
@@ -132,7 +132,7 @@ def read_data(cfg: SFTConfig, tokenizer, model_config):
 def train(cfg: SFTConfig) -> dict:
     if not isinstance(cfg, SFTConfig):
         raise TypeError(
-            f"train(cfg): cfg must be a run's SFTConfig (run/sft.py: SFTSettings plus the model, "
+            f"train(cfg): cfg must be a run's SFTConfig (run/sft.py: SFTStepSettings plus the model, "
             f"the data, --out, ...), got {type(cfg).__name__}"
         )
     # Stage 1: the flags, the data, the evaluation task and the memory plan, all checked before a
