@@ -7,8 +7,10 @@ import collections
 import copy
 import json
 import os
+import random
 import re
 import sys
+import time
 import types
 from types import SimpleNamespace
 
@@ -250,6 +252,78 @@ def test_json_nested_past_the_parsers_depth_is_skipped_not_a_crash():
     assert bfcl.lenient_calls(deep + " " + right) == [
         {"calculate_triangle_area": {"base": 10, "height": 5}}
     ]
+
+
+def reference_lenient(text: str) -> list[dict]:
+    """The lenient reader by its definition: every bracket tried as the start of a JSON value with
+    json.raw_decode on the whole reply; after a value that holds calls, on from its end."""
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while starts := [i for i in (text.find("{", at), text.find("[", at)) if i >= 0]:
+        start = min(starts)
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except (json.JSONDecodeError, RecursionError):
+            at = start + 1
+            continue
+        found = [v for v in (value if isinstance(value, list) else [value]) if bfcl._is_call(v)]
+        calls += [{v["name"]: v.get("arguments", v.get("parameters"))} for v in found]
+        at = end if found else start + 1
+    return calls
+
+
+def test_the_lenient_reader_finds_what_trying_every_bracket_finds():
+    """(issue 64) The linear reader against its definition, on 20,000 replies built from pieces of
+    calls, brackets, quotes and words."""
+    pieces = ['{"name": "f", "arguments": {"x": 1}}', '{"name": "g", "parameters": {}}', "[", "]"]
+    pieces += ["{", "}", '"', ",", ":", " ", "x", "1", '"a"', '{"a": ', '\\"', "\n", "```json\n"]
+    pieces += ["null", '"name"', '"arguments"']
+    rng = random.Random(0)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 25)))
+        assert bfcl.lenient_calls(text) == reference_lenient(text), text
+
+
+# replies where each bracket fails: the reader used to parse on to the reply's end from each
+PATHOLOGICAL = {
+    "braces": lambda n: "{" * n,
+    "lists cut by a word": lambda n: "[1x" * n,
+    "lists never closed": lambda n: "[1," * n,
+    "brackets, then a long list": lambda n: "[" * 900 + "1," * n,
+    "brackets in strings": lambda n: "[" + '"x[{", ' * n,
+    "calls deep in a list": lambda n: (
+        '{"a":[' * 300 + '{"name":"f","arguments":{}},' * n + "]}" * 300
+    ),
+}
+
+
+@pytest.mark.parametrize("name", PATHOLOGICAL)
+def test_the_lenient_reader_is_linear_in_the_replys_length(name, monkeypatch):
+    """(issue 64) The characters handed to json's parser, and the time, grow with the reply's
+    length, not its square: 4x the reply, at most 4.5x the characters and 8x the time (a square
+    would be 16x). Each failure of json's parser counts the lines before it, so the reader hands it
+    a window of the reply, not the rest of it."""
+    handed = []
+
+    class Counting(json.JSONDecoder):
+        def raw_decode(self, s, idx=0):
+            handed.append(len(s) - idx)
+            return super().raw_decode(s, idx)
+
+    monkeypatch.setattr(bfcl.json, "JSONDecoder", Counting)
+    chars, seconds = [], []
+    for n in (4_000, 16_000):
+        text = PATHOLOGICAL[name](n)
+        handed.clear()
+        bfcl.lenient_calls(text)
+        chars.append(sum(handed))
+        assert chars[-1] <= 300 * len(text), (name, chars[-1], len(text))
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            bfcl.lenient_calls(text)
+            times.append(time.perf_counter() - start)
+        seconds.append(min(times))
+    assert chars[1] <= 4.5 * chars[0] and seconds[1] <= 8 * max(seconds[0], 1e-3), (chars, seconds)
 
 
 # ---- decoding -----------------------------------------------------------------------------------------------

@@ -46,7 +46,11 @@ TYPES = {
 }
 NESTED = ("array", "tuple")
 TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
-OPENING = re.compile(r"[\[{\s]+")
+OPEN = re.compile(r"[\[{]")
+# what the lenient reader sees of a JSON value: its strings (escapes kept inside) and brackets
+TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
+FAILED = object()  # what _parse returns for a value that does not parse
+DEEP = 400  # levels the lenient reader reads below a bracket (json's own depth ends near 1,000)
 
 
 # ---- decoding a reply -------------------------------------------------------------------------------------
@@ -65,26 +69,93 @@ def strict_calls(text: str) -> list[dict]:
 
 def lenient_calls(text: str) -> list[dict]:
     """Every well-formed JSON call in the reply, whatever wraps it: objects with a string "name" and
-    an object "arguments" (or "parameters"), alone or in a list, in the order they appear."""
-    decoder, calls, at = json.JSONDecoder(), [], 0
-    while at < len(text):
-        start = min((i for i in (text.find("{", at), text.find("[", at)) if i >= 0), default=-1)
-        if start < 0:
-            break
+    an object "arguments" (or "parameters"), alone or in a list, in the order they appear.
+
+    Each bracket is tried as the start of a JSON value. Linear in the reply's length: a value that
+    parses is searched as a tree (_calls_within), not bracket by bracket again; a bracket already
+    known to fail is not parsed again (_open_at, _too_deep). The brackets in the strings of a value
+    that parses are text: no call hides in a JSON string, whose quotes would be escaped."""
+    decoder, calls, dead, at = json.JSONDecoder(), [], set(), 0
+    while found := OPEN.search(text, at):
+        start = at = found.start()
+        at += 1
+        if start in dead:
+            continue
         try:
-            value, end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
-            at = start + 1
-            continue
+            value, end = _parse(decoder, text, start)
         except RecursionError:
-            # nested past the parser's depth, and so is every bracket of this run that opens it:
-            # skip the run whole, or 100,000 of them cost 100,000 failed parses of depth 1,000
-            at = start + len(OPENING.match(text, start).group())
+            dead.update(_too_deep(text, start))
             continue
-        found = [v for v in (value if isinstance(value, list) else [value]) if _is_call(v)]
-        calls += [_as_call(v, ("arguments", "parameters")) for v in found]
-        at = end if found else start + 1
+        if value is FAILED:
+            dead.update(_open_at(text, start, end))
+            continue
+        calls += [_as_call(v, ("arguments", "parameters")) for v in _calls_within(value)]
+        at = end
     return calls
+
+
+def _parse(decoder, text: str, start: int) -> tuple:
+    """(value, end) of the JSON value at text[start], or (FAILED, where it fails). It reads a window
+    of the text that grows until the value fits: a JSONDecodeError counts the lines before its
+    position, so parsing the whole text at every bracket would cost the text's length each time."""
+    width = 256
+    while True:
+        window = text[start : start + width]
+        try:
+            value, end = decoder.raw_decode(window)
+            return value, start + end
+        except json.JSONDecodeError as e:
+            # the window's end, not the text, may have cut the value: a string or the last token
+            cut = e.pos >= width - 64 or e.msg.startswith("Unterminated string")
+            if start + width >= len(text) or not cut:
+                return FAILED, start + e.pos
+        width *= 4
+
+
+def _calls_within(value) -> list:
+    """The calls in a parsed value, as trying each of its brackets would find them: the value if it
+    is a call, the calls of a list holding some, else those of its parts, in document order."""
+    calls, todo = [], [value]
+    while todo:
+        value = todo.pop()
+        found = [v for v in (value if isinstance(value, list) else [value]) if _is_call(v)]
+        parts = value.values() if isinstance(value, dict) else value
+        calls += found
+        todo += [] if found else reversed([v for v in parts if isinstance(v, (dict, list))])
+    return calls
+
+
+def _brackets(text: str, start: int, stop: int) -> tuple[list, dict]:
+    """The brackets of the JSON value that opens at text[start], read as json reads it (strings
+    skipped), up to `stop` or its close: those still open, and {bracket: levels nested below it}."""
+    open_, below = [], {}
+    for token in TOKEN.finditer(text, start, stop):
+        at, c = token.start(), token.group()
+        if c in ("[", "{"):
+            open_.append(at)
+            below[at] = 0
+        elif c in ("]", "}"):
+            if text[open_[-1]] + c not in ("[]", "{}"):
+                break
+            inner = open_.pop()
+            if not open_:
+                break
+            below[open_[-1]] = max(below[open_[-1]], below[inner] + 1)
+    for inner, outer in zip(open_[::-1], open_[-2::-1]):
+        below[outer] = max(below[outer], below[inner] + 1)
+    return open_, below
+
+
+def _open_at(text: str, start: int, error: int) -> list:
+    """The value at `start` failed at `error`: every bracket of it still open there fails there too
+    (it reads the same text the same way), so none is parsed again."""
+    return _brackets(text, start, error)[0]
+
+
+def _too_deep(text: str, start: int) -> list:
+    """The value at `start` nests past json's depth: the brackets of it with DEEP levels or more
+    below them are skipped (BFCL's own json.loads fails on them), the shallower ones tried."""
+    return [b for b, levels in _brackets(text, start, len(text))[1].items() if levels >= DEEP]
 
 
 def _is_call(value) -> bool:
