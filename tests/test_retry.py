@@ -363,7 +363,13 @@ def test_the_retry_recipe_end_to_end_paused_and_resumed(tmp_path, capsys):
     assert paused["paused_at_grpo_step"] == 3 and paused["grpo_run"]["paused"]
     written = json.loads((out / "summary.json").read_text())
     assert not written["finished"] and not (out / "grpo" / "summary.json").exists()
+    # a resume reads the demonstrations back when they are whole, and plays them again when not
+    demos = out / "demonstrations.jsonl"
+    played = demos.read_bytes()
+    demos.write_bytes(b"".join(played.splitlines(keepends=True)[:5]))
+    capsys.readouterr()
     whole = run(model, resume=True, **options)
+    assert demos.read_bytes() == played and "written earlier" not in capsys.readouterr().out
     assert whole["finished"] and whole["grpo_run"]["steps"] == 4 and whole["resumes"] == 1
     # the paused sitting's GRPO time is counted: the resumed sitting ran one step of four
     assert whole["seconds"]["grpo"] >= written["seconds"]["grpo"] > 0
@@ -431,6 +437,10 @@ def test_the_retry_recipe_end_to_end_paused_and_resumed(tmp_path, capsys):
         with pytest.raises(ValueError, match=f"{re.escape(str(path))} is cut short"):
             run(model, resume=True, **options)
         path.write_bytes(whole_bytes)
+        # the refused resume changed nothing, and did not play the demonstrations again
+        assert json.loads((out / "summary.json").read_text()) == whole
+        assert f"written earlier: read from {demos}" in capsys.readouterr().out
+    assert demos.read_bytes() == played
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ from ..run.grpo import train as grpo_train
 from ..run.plots import code_recipe_figure, retry_figure
 from ..run.sft import SFTConfig
 from ..run.sft import train as sft_train
-from ..run.stages import EVALUATED, TRAINED, Progress, load_policy
+from ..run.stages import EVALUATED, TRAINED, Progress, load_policy, not_whole
 from ..weights import load_pretrained
 from .bug_pool import write_pool
 from .recipe_code_metrics import (
@@ -70,6 +70,7 @@ OUTPUTS = {
     "recipe.png",
     "retry.png",
     "demonstrations.jsonl",
+    "demonstrations.jsonl.tmp",
     "bugs",
     "eval",
     "sft",
@@ -139,7 +140,7 @@ def run(
         )
         print("   " + stage_line(summary["base"]))
 
-    data = demonstrate(s, seed, summary, out_dir)
+    data = demonstrate(s, seed, summary, out_dir, progress.earlier)
 
     print("3. stage 1: LoRA SFT on the demonstrations")
     sft_dir = os.path.join(out_dir, "sft")
@@ -295,9 +296,18 @@ def run(
     return summary
 
 
-def demonstrate(s: dict, seed: int, summary: dict, out_dir: str) -> str:
-    """Stage 2: the demonstrations, written to out_dir/demonstrations.jsonl (its path returned)."""
+def demonstrate(s: dict, seed: int, summary: dict, out_dir: str, earlier: dict) -> str:
+    """Stage 2: the demonstrations, written to out_dir/demonstrations.jsonl (its path returned).
+    A resumed run (`earlier`: the summary it continues, same settings and seed) reads back the
+    ones it wrote, when they are whole, instead of playing them again."""
     print(f"2. demonstrations: the scripted engineer fixes {s['demonstrations']} training bugs")
+    data = os.path.join(out_dir, "demonstrations.jsonl")
+    if "demonstrator" in earlier and not not_whole(data):
+        with open(data) as f:
+            if sum(1 for _ in f) == s["demonstrations"]:
+                summary["demonstrator"] = earlier["demonstrator"]
+                print(f"   written earlier: read from {data}")
+                return data
     train = load_bug_templates("train") if s["tasks"] == "bugs" else load_templates()
     if s["teacher"] == "imperfect":
         conversations, demo = retry_demonstrations(
@@ -315,9 +325,9 @@ def demonstrate(s: dict, seed: int, summary: dict, out_dir: str) -> str:
         )
         demo.update(retry_rate=s["retry_rate"], test_rate=s["test_rate"], hack_rate=s["hack_rate"])
     summary["demonstrator"] = demo
-    data = os.path.join(out_dir, "demonstrations.jsonl")
-    with open(data, "w") as f:
+    with open(data + ".tmp", "w") as f:
         f.writelines(json.dumps(c) + "\n" for c in conversations)
+    os.replace(data + ".tmp", data)
     if s["teacher"] == "imperfect":
         print(
             f"   {len(conversations)} conversations, fix rate {demo['fix_rate']:.3f}: "

@@ -155,11 +155,13 @@ class Progress:
         self.meter = StageMeter()
         self.earlier: dict = {}
         if resume:
+            # summary.json is left as it is until the first stage runs: a resume refused on the
+            # way (a stage's file cut short) changes nothing
             self.earlier = self._earlier(job)
             summary["resumes"] = self.earlier.get("resumes", 0) + 1
         else:
             fresh_folder(out_dir, owned, job)
-        self.save()
+            self.save()
 
     def _earlier(self, job: str) -> dict:
         """The summary.json of the run to continue, checked to be this run's."""
