@@ -44,9 +44,10 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import minirl.rollout as rollout_module  # noqa: E402
+from minirl.adapter_files import load_adapter  # noqa: E402
 from minirl.envs.tools import AssistantTurn, ToolCall  # noqa: E402
 from minirl.fast import FAST  # noqa: E402
-from minirl.lora import load_adapter, merge_and_unload  # noqa: E402
+from minirl.lora import merge_and_unload  # noqa: E402
 from minirl.tasks import CalculatorTask, CodeTask  # noqa: E402
 from minirl.toy import tool_policy  # noqa: E402
 from minirl.weights import load_pretrained  # noqa: E402

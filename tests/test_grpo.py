@@ -13,18 +13,12 @@ from conftest import FixedRollouts
 from safetensors.torch import load_file
 
 from minirl import load_pretrained
+from minirl.adapter_files import PEFT_PREFIX, save_adapter
 from minirl.answers import lenient_answer, strict_answer
 from minirl.apps.cli import main
 from minirl.fast.decoder import Decoder
 from minirl.grpo import grpo_step
-from minirl.lora import (
-    PEFT_PREFIX,
-    add_lora,
-    lora_layers,
-    lora_state_dict,
-    merge_and_unload,
-    save_adapter,
-)
+from minirl.lora import add_lora, lora_layers, lora_state_dict, merge_and_unload
 from minirl.losses import group_advantages
 from minirl.rollout import Trajectory, sample_completions
 from minirl.run.flags import FlagError

@@ -10,18 +10,16 @@ from conftest import hf_tiny_model
 from safetensors.torch import load_file
 
 from minirl import load_model, random_model
+from minirl.adapter_files import MAX_SCALE, load_adapter, save_adapter
 from minirl.fast import cpu_matmul
 from minirl.lora import (
-    MAX_SCALE,
     LoRALinear,
     add_lora,
     disable_adapters,
-    load_adapter,
     lora_layers,
     lora_state_dict,
     merged_adapters,
     merged_for_sampling,
-    save_adapter,
 )
 from minirl.toy import tiny_config
 

@@ -13,12 +13,12 @@ import torch
 from conftest import cli_error, snapshot
 from safetensors.torch import load_file, save_file
 
+from minirl.adapter_files import load_adapter
 from minirl.apps.cli import main
 from minirl.config import ConfigError, Qwen2Config
 from minirl.data import DataError, read_conversations
 from minirl.envs.tools import parse_assistant
 from minirl.finite import NonFiniteError, check_weights
-from minirl.lora import load_adapter
 from minirl.run.checkpoint import RunFolderError
 from minirl.run.flags import FlagError
 from minirl.run.grpo import GRPOConfig

@@ -10,9 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from minirl import load_pretrained
+from minirl.adapter_files import PEFT_PREFIX
 from minirl.apps.cli import main
 from minirl.data import DataError
-from minirl.lora import PEFT_PREFIX, add_lora, lora_state_dict
+from minirl.lora import add_lora, lora_state_dict
 from minirl.run.sft import SFTConfig, train
 from minirl.toy import build_checkpoint, calculator_conversation
 

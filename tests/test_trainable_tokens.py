@@ -9,8 +9,9 @@ import torch
 from conftest import hf_tiny_model
 
 from minirl import load_model, random_model
+from minirl.adapter_files import load_adapter, save_adapter
 from minirl.fast.chunked_logprobs import token_logprobs_chunked
-from minirl.lora import add_lora, disable_adapters, load_adapter, merge_and_unload, save_adapter
+from minirl.lora import add_lora, disable_adapters, merge_and_unload
 from minirl.toy import tiny_config
 from minirl.trainable_tokens import (
     TokenEmbedding,

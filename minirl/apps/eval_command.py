@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from ..adapter_files import load_adapter
 from ..config import Qwen2Config
 from ..envs import perturb
 from ..envs.bfcl_files import is_bfcl_file
@@ -35,7 +36,7 @@ from ..eval_folder import (
 from ..eval_summary import compare, recovery, table
 from ..evaluation import play
 from ..fast import PLAIN_HELP, speedups
-from ..lora import load_adapter, merge_and_unload
+from ..lora import merge_and_unload
 from ..run.flags import at_least, check_sampling
 from ..tasks import make_task, parse_options
 from ..tokenizer import Tokenizer

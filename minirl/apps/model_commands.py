@@ -15,10 +15,10 @@ import time
 
 import torch
 
+from ..adapter_files import load_adapter
 from ..chat import show_mask
 from ..config import Qwen2Config, preset
 from ..fast import PLAIN_HELP, speedups
-from ..lora import load_adapter
 from ..run.flags import at_least, check_sampling, check_speedups
 from ..run.memory import estimate
 from ..sampling import stream

@@ -32,9 +32,9 @@ from dataclasses import fields
 import torch
 
 from .. import distributed
+from ..adapter_files import load_adapter, save_adapter
 from ..files import remove, write_json
 from ..finite import check_trained
-from ..lora import load_adapter, save_adapter
 from ..weights import load_model, save_pretrained
 from .flags import warn
 

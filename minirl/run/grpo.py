@@ -26,11 +26,12 @@ from dataclasses import dataclass, field, fields
 from tqdm import tqdm
 
 from .. import distributed, evaluation
+from ..adapter_files import load_adapter
 from ..budget import budget_bytes
 from ..config import Qwen2Config
 from ..fast import speedups
 from ..grpo import GRPOStepSettings, grpo_step
-from ..lora import load_adapter, merge_and_unload
+from ..lora import merge_and_unload
 from ..tasks import make_task
 from ..tasks.protocol import EnvTask
 from ..tokenizer import Tokenizer

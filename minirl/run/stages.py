@@ -30,9 +30,10 @@ from contextlib import contextmanager
 
 from safetensors import safe_open
 
+from ..adapter_files import load_adapter
 from ..budget import trim_heap
 from ..files import fresh_folder
-from ..lora import load_adapter, merge_and_unload
+from ..lora import merge_and_unload
 from ..weights import load_pretrained
 from .checkpoint import latest_checkpoint
 

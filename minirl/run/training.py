@@ -17,10 +17,11 @@ import os
 import torch
 
 from .. import distributed
+from ..adapter_files import save_adapter
 from ..envs.scratch import remove_orphans
 from ..files import write_json
 from ..finite import check_trained
-from ..lora import add_lora, save_adapter
+from ..lora import add_lora
 from ..weights import run_dtype, save_pretrained
 from .checkpoint import UnreadableCheckpoint, checkpoints, restore_checkpoint
 from .flags import warn
