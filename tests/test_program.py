@@ -14,11 +14,11 @@ from minirl.envs.program import (
     ProgramEnv,
     extract_program,
     is_program_file,
+    plain_check_module,
     problem_item,
     read_problems,
     run_program,
 )
-from minirl.envs.verdicts import plain_check_module
 
 ADD = {
     "task_id": "Test/0",

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from minirl.envs.verdicts import from_plain, judge, plain_check_module, plain_tests, to_plain
+from minirl.envs.program import plain_check_module
+from minirl.envs.verdicts import from_plain, judge, plain_tests, to_plain
 
 TESTS = '''"""Tests."""
 from calc import add

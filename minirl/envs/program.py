@@ -23,7 +23,7 @@ import tempfile
 from ..data import read_jsonl
 from . import Env
 from .sandbox import run_tests
-from .verdicts import plain_check_module
+from .verdicts import plain_tests
 
 INSTRUCTION = "Please provide a self-contained Python script that solves the following problem in a markdown code block:"
 FIELDS = ("task_id", "prompt", "entry_point", "test")
@@ -106,6 +106,26 @@ def extract_program(reply: str, problem: dict) -> str:
         line for line in problem["prompt"].splitlines() if re.match(r"\s*(import|from)\s+\w", line)
     ]
     return "\n".join(imports + [code])
+
+
+def plain_check_module(test: str, entry_point: str) -> str | None:
+    """A HumanEval problem's `check(candidate)` as a test file judged here (`def test_check():` with
+    check's asserts, `candidate` imported from solution.py), or None when check() holds anything
+    but asserts of the forms verdicts.py judges (its loops, helpers and names stay with the token runner)."""
+    try:
+        tree = ast.parse(test)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    if not checks or not entry_point.isidentifier():
+        return None
+    arguments = checks[-1].args
+    if len(arguments.args) != 1 or arguments.vararg or arguments.kwonlyargs or arguments.kwarg:
+        return None
+    candidate = arguments.args[0].arg
+    body = "".join(f"    {ast.unparse(statement)}\n" for statement in checks[-1].body)
+    module = f"from solution import {entry_point} as {candidate}\n\n\ndef test_check():\n{body}"
+    return module if plain_tests(module).get("test_check") else None
 
 
 def checker_module(problem: dict) -> str:
