@@ -171,6 +171,18 @@ def test_a_test_passes_alone_of_its_siblings(tmp_path, level):
     assert (summary["passed"], summary["total"]) == (2, 2), summary
 
 
+def test_a_task_module_named_as_the_runners_jail_is_the_tasks(tmp_path, level):
+    """runner.py imports runner_jail.py from beside it, then forgets the name: a task's own
+    runner_jail.py is the one its tests import."""
+    folder = workspace(tmp_path)
+    (folder / "runner_jail.py").write_text("VALUE = 7\n")
+    (folder / "test_jail.py").write_text(
+        "import runner_jail\n\ndef test_own():\n    assert runner_jail.VALUE == 7\n"
+    )
+    summary = run_tests(str(folder), tests=["test_jail.py"])
+    assert (summary["passed"], summary["total"]) == (1, 1), summary
+
+
 # A frame walk at the top of the tested module (issue 29, B10): every frame of its process, up to
 # the runner's, searched for what proves a pass. It writes the one-time token where it finds one,
 # a record claiming a pass where a plain test's process waits, and leaves.

@@ -2,6 +2,8 @@
 
     python -S -B runner.py CONFIG_JSON        (standard library only; CONFIG_JSON: see sandbox.py)
 
+Its jail, and the privileges it gives up, are runner_jail.py's, the one file it imports from beside it.
+
 It reports to its parent on stdout, one JSON line each after the config's "mark":
 {"collected": n}, then per test either {"test": "file::name", "record": text, "ended": how} or
 {"test": "file::name", "passed": bool, "error": text or null}, then {"done": true}. The parent
@@ -21,7 +23,7 @@ Two kinds of test (the parent, sandbox.run_tests, decides which with verdicts.py
   defences below still stop cruder forgeries.
 
 Why it is built this way (each point answers a way model-written code fooled or harmed the runner):
-- In a jail (config "jail", Linux only) it first builds a file system of its own (`enter_jail`):
+- In a jail (config "jail", Linux only) it first builds a file system of its own (`runner_jail.enter_jail`):
   the system's and Python's folders read-only, the task's copy at /work, a fresh /tmp and /proc, no
   /etc and no home; the network, process and IPC namespaces were made new by `unshare` before this
   process started. Then it gives up every privilege over what it built (a user namespace of its own).
@@ -41,111 +43,24 @@ What is still possible is in sandbox.py's docstring.
 
 import ast
 import builtins
-import ctypes
 import fcntl
 import importlib
 import json
 import os
-import resource
-import shutil
-import socket
 import sys
 import traceback
 from types import CodeType, FunctionType, ModuleType
 
-# this file's folder: nothing of minirl's is imported here, and no workspace file yet
+# runner_jail.py, from this file's folder, which then leaves sys.path: nothing else of minirl's is
+# imported here, and a workspace's own module of that name stays its own
+import runner_jail as jail  # noqa: E402
+
+del sys.modules["runner_jail"]
 sys.path.pop(0)
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 1 << 14, 1 << 18
-# A read-only remount must keep the flags the mount already has: in a user namespace the kernel
-# refuses to clear them (statvfs flag -> mount flag).
-KEPT_FLAGS = {
-    os.ST_NOSUID: MS_NOSUID,
-    os.ST_NODEV: MS_NODEV,
-    os.ST_NOEXEC: MS_NOEXEC,
-    os.ST_NOATIME: 1 << 10,
-    os.ST_NODIRATIME: 1 << 11,
-    os.ST_RELATIME: 1 << 21,
-}
-CLONE_NEWUSER = 0x10000000
-PR_SET_DUMPABLE = 4
-DEVICES = ("null", "zero", "random", "urandom")
 MAX_VERDICT_BYTES = 1 << 16
 # a plain test's record: the pipe is made this large, so the honest write never blocks
 MAX_RECORD_BYTES = 1 << 20
-
-libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
-
-def _mount(source, target, fstype, flags, data=None) -> None:
-    def c_string(text):
-        return None if text is None else text.encode()
-
-    result = libc.mount(c_string(source), c_string(target), c_string(fstype), flags, c_string(data))
-    _check(result, f"mount {target}")
-
-
-def enter_jail(root: str, work: str, read_only: list[str]) -> None:
-    """Make `root` (an empty folder) this process's whole file system and drop every privilege.
-
-    Runs as root of the fresh user, mount, PID, network, IPC and UTS namespaces `unshare` made:
-      /usr, /lib*, /bin, /sbin, Python's prefix   read-only binds (`read_only`; a symlink copied)
-      /work                                       the task's copy (`work`), on a 64 MB tmpfs
-      /tmp                                        a fresh 64 MB tmpfs
-      /dev/{null,zero,random,urandom}, /proc      the devices, and this PID namespace's processes
-    then / itself is remounted read-only and the process enters a user namespace of its own, where it
-    holds no capability over the mounts, network and processes above (CLONE_NEWUSER: the uid it shows
-    is the overflow uid; the kernel still checks files against the user who started the sandbox).
-    """
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here propagates back out
-    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    for path in read_only:
-        target = root + path
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        if os.path.islink(path):  # Debian's /bin -> usr/bin
-            os.symlink(os.readlink(path), target)
-            continue
-        os.makedirs(target, exist_ok=True)
-        _mount(path, target, None, MS_BIND | MS_REC)
-        kept = sum(flag for st, flag in KEPT_FLAGS.items() if os.statvfs(path).f_flag & st)
-        _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | kept)
-    os.makedirs(root + "/dev")
-    for name in DEVICES:
-        open(f"{root}/dev/{name}", "w").close()
-        _mount(f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
-    os.makedirs(root + "/work")  # a copy on a tmpfs of its own: the tests cannot fill the disk
-    _mount("tmpfs", root + "/work", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=0755")
-    shutil.copytree(work, root + "/work", symlinks=True, dirs_exist_ok=True)
-    os.makedirs(root + "/tmp")
-    _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
-    os.makedirs(root + "/proc")
-    try:  # some container runtimes forbid a new proc mount; the tests rarely need /proc
-        _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    except OSError:
-        pass
-    os.chdir(root)
-    _mount(root, "/", None, MS_MOVE)
-    os.chroot(".")
-    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    os.chdir("/work")
-    _check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
-
-
-def limit_processes(count: int | None) -> None:
-    """RLIMIT_NPROC in the jail: counted in its own user namespace, so the user's processes
-    elsewhere do not count; root is exempt (sandbox.py's watchdog is not)."""
-    if not count:
-        return
-    hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-    count = count if hard == resource.RLIM_INFINITY else min(count, hard)
-    resource.setrlimit(resource.RLIMIT_NPROC, (count, count))
 
 
 def collect(files: list[str]) -> tuple[list[tuple], list[dict]]:
@@ -266,17 +181,6 @@ def run_calls(calls: list[dict], record_fd: int):
     exit_now(0)
 
 
-def block_network() -> None:
-    """A clear error for ordinary network calls (in the jail the network namespace is empty anyway;
-    without it this is all there is, and `_socket`, ctypes or a subprocess get past it)."""
-
-    def no_network(*args, **kwargs):
-        raise OSError("network disabled in the sandbox")
-
-    socket.socket.connect = socket.socket.connect_ex = socket.socket.sendto = no_network
-    socket.create_connection = socket.getaddrinfo = no_network
-
-
 def verdict(message: bytes, token: bytes, status: int) -> tuple[bool, str | None]:
     """(passed, error) from what a test's process wrote and how it ended."""
     if message.endswith(token):
@@ -327,7 +231,7 @@ def run(config: dict, report) -> None:
     report(collected=len(tests) + len(failures) + len(set(plain) - collected))
     for failure in failures:
         report(test=failure["test"], passed=False, error=failure["error"])
-    block_network()
+    jail.block_network()
     pristine_builtins = dict(vars(builtins))
 
     def run_plain(key):
@@ -361,15 +265,15 @@ def main():
 
     try:
         if config.get("jail"):
-            enter_jail(**config["jail"])
-            limit_processes(config.get("processes"))
+            jail.enter_jail(**config["jail"])
+            jail.limit_processes(config.get("processes"))
     except (OSError, ValueError) as e:
         report(jail_error=str(e))
         os._exit(1)
     if config.get("probe"):  # isolation.isolation() asking whether the jail can be built here
         report(jail="ready")
         os._exit(0)
-    _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+    jail.undumpable()
     silent = os.open(os.devnull, os.O_WRONLY)  # what the tests print goes nowhere
     os.dup2(silent, 1)
     os.dup2(silent, 2)

@@ -11,7 +11,7 @@ namespaces   Linux with util-linux's `unshare` and user namespaces (most machine
              - network: a new, empty network namespace (127.0.0.1 is its own, nothing listens there);
              - processes: a PID namespace of its own: the trainer and every other process are out
                of sight and reach, and whatever the tests start dies with the runner;
-             - files: a root of its own (runner.enter_jail): the system's and Python's folders
+             - files: a root of its own (runner_jail.enter_jail): the system's and Python's folders
                read-only, the task's copy on a 64 MB tmpfs at /work, a fresh /tmp; no /etc, no
                home folders, no other task's folder; then no privilege over any of it.
 limits       anywhere else (or MINIRL_SANDBOX=limits): the limits below only. The code can then
