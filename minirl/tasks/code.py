@@ -32,7 +32,9 @@ class CodeTask(EnvTask):
     of it by default), whose problems training never sees. opening="report": the lean episode
     (envs/code_tasks.make_task), the buggy file and the failing tests shown in the opening message.
     rollback=True: a failing run_test puts the files back (CodeEnv), so each attempt starts from
-    the file shown. pool=FILE (a JSON list of training bug names, or {"bugs": [...]}, as
+    the file shown. split="train": `eval_items` are training bugs instead, the first `eval_size`
+    of a seeded shuffle of them (all 640 by default): what a policy does on the problems it was
+    trained on, measured without looking at the held-out ones (the retry episode's checks). pool=FILE (a JSON list of training bug names, or {"bugs": [...]}, as
     recipe_code_metrics.bug_pool writes it): `sample` draws a share `pool_share` of each batch from
     those bugs, the rest from every training bug as before."""
 
@@ -63,6 +65,7 @@ class CodeTask(EnvTask):
         rollback: bool = False,
         pool: str | None = None,
         pool_share: float = 0.5,
+        split: str = "heldout",
     ):
         if not isinstance(rollback, bool):
             raise ValueError(f"--task-option rollback={rollback!r}: expected true or false")
@@ -73,6 +76,9 @@ class CodeTask(EnvTask):
         check_choice("opening", opening, OPENINGS)
         check_choice("outcome", outcome, ("fraction", "solved"))
         check_choice("tasks", tasks, ("templates", "bugs"))
+        check_choice("split", split, ("heldout", "train"))
+        if split == "train" and tasks != "bugs":
+            raise ValueError("--task-option split=train: only tasks=bugs has training problems")
         if eval_size is not None:
             check_option("eval_size", eval_size, "int", 1)
         self.reward, self.max_turns, self.tool_cost = reward, max_turns, tool_cost
@@ -90,9 +96,13 @@ class CodeTask(EnvTask):
         rng = random.Random(f"{self.name}-eval-{seed}")
         if tasks == "bugs":
             self.templates = load_bug_templates("train")
-            held_out = load_bug_templates("heldout")[:eval_size]
+            played = load_bug_templates("heldout")
+            if split == "train":
+                played = list(self.templates)
+                random.Random(f"{self.name}-train-split-{seed}").shuffle(played)
             self._eval = [
-                make_code_task(t, seed=rng.randrange(10**6), opening=opening) for t in held_out
+                make_code_task(t, seed=rng.randrange(10**6), opening=opening)
+                for t in played[:eval_size]
             ]
         else:
             self.templates = load_templates()
