@@ -23,8 +23,9 @@ from minirl.apps.recipe_code_metrics import (
     retry_against_fresh,
     retry_odds,
     sft_gate,
+    train_gate,
 )
-from minirl.apps.recipe_code_settings import RETRY_SMOKE
+from minirl.apps.recipe_code_settings import RETRY_SMOKE, code_task, settings
 from minirl.data import encode
 from minirl.envs import teacher
 from minirl.envs.bugs import load_bug_templates
@@ -152,6 +153,30 @@ def test_the_teachers_plans_follow_its_probabilities():
     assert all(p[0] != p[1] for p in wrong_first if len(p) > 1 and p[1] is not None)
     # no wrong edit to make: always right at once
     assert teacher.plan_attempts(rng, {"other_line": [], "same_line": []}) == [None]
+
+
+def test_the_teachers_no_op_misses_and_retry_rate_are_settings():
+    """no_op: a share of the wrong edits write the buggy line back unchanged; again: the chance of
+    another attempt after a failed test. At no_op=0 the draws are the ones made before it existed."""
+    edits = teacher.wrong_edits(TRAIN)
+    t = TRAIN[0]
+    assert edits[t["name"]]["no_op"] == [{"old": t["bug"]["new"], "new": t["bug"]["new"]}]
+    wrong = {"other_line": [{"old": "a", "new": "b"}], "same_line": [], "no_op": [{"old": "n"}]}
+    plans = [teacher.plan_attempts(random.Random(i), wrong, 1.0, 0.9, 0.5) for i in range(4000)]
+    firsts = [p[0]["old"] for p in plans]
+    assert abs(firsts.count("n") / len(firsts) - 0.5) < 0.03
+    able = [p for p in plans if p[0] is not None]
+    assert abs(sum(len(p) > 1 for p in able) / len(able) - 0.9) < 0.02
+    # a bug with no sibling still misses with a no-op when no-ops are drawn
+    lonely = {"other_line": [], "same_line": [], "no_op": [{"old": "n"}]}
+    assert teacher.plan_attempts(random.Random(0), lonely, 1.0, 0.0, 1.0) == [{"old": "n"}]
+    assert teacher.plan_attempts(random.Random(0), lonely) == [None]
+    before = [teacher.plan_attempts(random.Random(i), edits[t["name"]]) for i in range(200)]
+    after = [
+        teacher.plan_attempts(random.Random(i), edits[t["name"]], teacher.WRONG_RATE, 0.4, 0.0)
+        for i in range(200)
+    ]
+    assert before == after
 
 
 def test_retry_demonstrations_hold_the_mistakes_as_untrained_context(toy_tokenizer):
@@ -348,6 +373,45 @@ def test_the_checks_by_hand(tmp_path):
     assert not falling["passed"] and not falling["checks"]["retry_not_falling"]
 
 
+def test_the_check_on_training_bugs_by_hand():
+    greedy = {"retry_after_failed_test": 0.1, "valid_call_rate": 0.97}
+    sampled = {"retry_after_failed_test": 0.35, "valid_call_rate": 0.9}
+    rows = {"sft-train": greedy, "sft-train-sampled": sampled}
+    assert train_gate(rows)["passed"]
+    for stage, key, value, check in [
+        ("sft-train-sampled", "retry_after_failed_test", 0.29, "sampled_retry"),
+        ("sft-train", "retry_after_failed_test", 0.3, "greedy_retry"),
+        ("sft-train", "valid_call_rate", 0.949, "valid_call_rate"),
+    ]:
+        failed = train_gate({**rows, stage: {**rows[stage], key: value}})
+        assert not failed["passed"] and [k for k, ok in failed["checks"].items() if not ok] == [
+            check
+        ]
+    # no failed test after an edit when sampled: no retry shown, the check fails
+    assert not train_gate(
+        {**rows, "sft-train-sampled": {**sampled, "retry_after_failed_test": None}}
+    )["passed"]
+
+
+def test_settings_by_name_are_checked():
+    s = settings(False, "retry", None, 1.0, 0.0, None, None, {"again": 0.75, "sft_epochs": 2})
+    assert s["again"] == 0.75 and s["sft_epochs"] == 2
+    assert settings(False, "retry", None, 1.0, 0.0, None, None, {"again": 1})["again"] == 1.0
+    with pytest.raises(ValueError, match="--setting agian: not a setting"):
+        settings(False, "retry", None, 1.0, 0.0, None, None, {"agian": 0.5})
+    with pytest.raises(ValueError, match="--setting sft_epochs=1.5: expected int"):
+        settings(False, "retry", None, 1.0, 0.0, None, None, {"sft_epochs": 1.5})
+    with pytest.raises(ValueError, match="--setting escapes='yes': expected bool"):
+        settings(False, "retry", None, 1.0, 0.0, None, None, {"escapes": "yes"})
+    train = code_task(
+        settings(False, "retry", None, 1.0, 0.0, 5, None, {"train_check": 3}), 0, split="train"
+    )
+    held_out = {t["name"] for t in load_bug_templates("heldout")}
+    assert (
+        len(train.eval_items()) == 3 and not {i["template"] for i in train.eval_items()} & held_out
+    )
+
+
 # ---- the recipe -------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_the_retry_recipe_end_to_end_paused_and_resumed(tmp_path, capsys):
@@ -484,3 +548,35 @@ def test_a_failed_check_stops_the_retry_recipe(tmp_path, monkeypatch):
         run(model, out_dir=str(out), smoke=True, episode="retry", hack_rate=0.1)
     with pytest.raises(ValueError, match="--grpo-minutes must be >= 0"):
         run(model, out_dir=str(out), smoke=True, episode="retry", grpo_minutes=-1)
+
+
+@pytest.mark.slow
+def test_the_check_on_training_bugs_stops_the_recipe_before_the_held_out_list(
+    tmp_path, monkeypatch
+):
+    """--setting train_check=N: after SFT, its policy on N training bugs, greedy and sampled (the
+    escape bugs and the teacher's no-op misses among the demonstrations); a failed check stops the
+    run before SFT's held-out evaluation."""
+    model = build_checkpoint(
+        str(tmp_path / "toy"), initializer_range=0.2, max_position_embeddings=4096
+    )
+    monkeypatch.setitem(RETRY_SMOKE, "gates", True)
+    out = tmp_path / "run"
+    overrides = {"tasks": "bugs", "train_check": 2, "escapes": True, "no_op": 0.5, "again": 0.9}
+    options = dict(smoke=True, episode="retry", skip_untrained=True, overrides=overrides)
+    stopped = run(model, out_dir=str(out), **options)
+    assert stopped["stopped"] == "the check on training bugs failed"
+    assert stopped["settings"]["again"] == 0.9 and stopped["demonstrator"]["no_op"] == 0.5
+    assert set(stopped["sft_train"]) == {"sft-train", "sft-train-sampled"}
+    assert not stopped["gates"]["sft_train"]["passed"]
+    sampled = read_episodes(str(out / "eval" / "sft-train-sampled"))
+    held_out = {t["name"] for t in load_bug_templates("heldout")}
+    assert len(sampled) == 4 and not {e["template"] for e in sampled} & held_out
+    assert not (out / "eval" / "sft").exists()
+    # the demonstrations drew from the escape bugs too
+    demos = [json.loads(line) for line in (out / "demonstrations.jsonl").read_text().splitlines()]
+    assert len(demos) == 12
+    # resumed with the same settings it stops where it stopped; other settings are refused
+    assert run(model, out_dir=str(out), resume=True, **options)["stopped"] == stopped["stopped"]
+    with pytest.raises(ValueError, match="other settings"):
+        run(model, out_dir=str(out), resume=True, **{**options, "overrides": {}})

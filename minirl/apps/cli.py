@@ -20,6 +20,7 @@ import os
 import sys
 
 from ..fast import PLAIN_HELP
+from ..tasks import parse_options
 from .model_commands import (
     DTYPES,
     add_generate_parser,
@@ -113,10 +114,11 @@ def cmd_recipe(args):
             resume=args.resume,
             skip_untrained=args.skip_untrained,
             grpo_minutes=args.grpo_minutes,
+            overrides=parse_options(args.setting),
         )
         return
-    if args.skip_untrained or args.grpo_minutes:
-        raise ValueError("--skip-untrained, --grpo-minutes: code only")
+    if args.skip_untrained or args.grpo_minutes or args.setting:
+        raise ValueError("--skip-untrained, --grpo-minutes, --setting: code only")
     if args.resume:
         raise ValueError("--resume: code only (the calculator recipe runs in one sitting)")
     if args.episode != "full":
@@ -230,6 +232,14 @@ def add_recipe_parser(sub, fmt):
         action="store_true",
         help="code: continue the run in --out: finished stages are read back, a stopped training "
         "stage continues from its newest checkpoint (same settings only)",
+    )
+    c.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="code: one of the recipe's settings (apps/recipe_code_settings.py) for this run, "
+        "e.g. again=0.75 or sft_epochs=2 (a resumed run must be given the same)",
     )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument(

@@ -56,6 +56,7 @@ from .recipe_code_metrics import (
     stage_line,
     stage_row,
     table,
+    train_gate,
 )
 from .recipe_code_settings import SAVE_EVERY, code_task, settings
 
@@ -96,6 +97,7 @@ def run(
     resume: bool = False,
     skip_untrained: bool = False,
     grpo_minutes: float = 0.0,
+    overrides: dict | None = None,
 ) -> dict:
     """The recipe (module docstring) into out_dir. eval_size: the first N held-out tasks instead
     of the setting's (all of them); grpo_steps: GRPO's steps instead of the setting's; retry_rate:
@@ -103,8 +105,9 @@ def run(
     episode="lean"); episode="lean" or "retry": the LEAN or RETRY settings above. resume: continue
     the run in out_dir (Progress). skip_untrained: no evaluation of the untrained policy (its row
     and comparisons are left out). grpo_minutes: pause GRPO cleanly after the step during which
-    that many minutes of this sitting's GRPO have passed, its checkpoint kept; --resume continues."""
-    s = settings(smoke, episode, retry_rate, test_rate, hack_rate, eval_size, grpo_steps)
+    that many minutes of this sitting's GRPO have passed, its checkpoint kept; --resume continues.
+    overrides: settings by name (--setting KEY=VALUE, recipe_code_settings.settings)."""
+    s = settings(smoke, episode, retry_rate, test_rate, hack_rate, eval_size, grpo_steps, overrides)
     if grpo_minutes < 0 or grpo_minutes != grpo_minutes:
         raise ValueError(f"--grpo-minutes must be >= 0 (0: no limit), got {grpo_minutes}")
     speed = speedups(plain)
@@ -163,6 +166,22 @@ def run(
 
     summary["sft_run"] = progress.stage("sft", sft_dir, sft, memory=True, needs=TRAINED)
     adapters = [os.path.join(sft_dir, "adapter")]
+    if s["train_check"]:
+        print(f"   the check on {s['train_check']} training bugs, greedy and 2 samples at T 0.7")
+        train = code_task(s, seed, split="train")
+
+        def train_eval(folder, n, temperature):
+            policy, tokenizer = load_policy(model, adapters)
+            return stage_eval(policy, tokenizer, train, s, seed, speed, folder, n, temperature)
+
+        rows = {}
+        for name, n, temperature in (("sft-train", 1, 0.0), ("sft-train-sampled", 2, 0.7)):
+            folder = os.path.join(out_dir, "eval", name)
+            work = lambda: train_eval(folder, n, temperature)  # noqa: E731
+            rows[name] = stage_row(progress.stage(name, folder, work, needs=EVALUATED))
+        summary["sft_train"] = rows
+        if not gate(summary, "sft_train", train_gate(rows), s):
+            return stop(progress, summary, out_dir, "the check on training bugs failed")
 
     def sft_eval():
         policy, tokenizer = load_policy(model, adapters)

@@ -6,7 +6,7 @@ scripted engineer (envs/engineer.py) or, for the retry episode, the imperfect te
 import json
 import os
 
-from ..envs.bugs import load_bug_templates
+from ..envs.bugs import ESCAPES, load_bug_templates
 from ..envs.code_tasks import load_templates
 from ..envs.engineer import demonstrations
 from ..envs.teacher import retry_demonstrations
@@ -26,9 +26,12 @@ def demonstrate(s: dict, seed: int, summary: dict, out_dir: str, earlier: dict) 
                 print(f"   written earlier: read from {data}")
                 return data
     train = load_bug_templates("train") if s["tasks"] == "bugs" else load_templates()
+    if s["escapes"]:
+        # bugs on lines a JSON call must escape (data/code_escapes.json), drawn like the others
+        train = train + load_bug_templates("train", ESCAPES)
     if s["teacher"] == "imperfect":
         conversations, demo = retry_demonstrations(
-            train, s["demonstrations"], seed, s["retry_rate"]
+            train, s["demonstrations"], seed, s["retry_rate"], s["again"], s["no_op"]
         )
     else:
         conversations, demo = demonstrations(

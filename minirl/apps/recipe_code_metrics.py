@@ -19,8 +19,11 @@ from ..run.stages import load_policy
 STAGES = (("base", "untrained"), ("sft", "SFT (LoRA)"), ("grpo", "GRPO from SFT"))
 
 
-def stage_eval(model, tokenizer, task, s: dict, seed: int, speed, out: str) -> dict:
-    """One policy on the held-out list, greedy, written as an eval folder (`out`)."""
+def stage_eval(
+    model, tokenizer, task, s: dict, seed: int, speed, out: str, n: int = 1, temperature=0.0
+) -> dict:
+    """One policy on the task's evaluation list (the held-out bugs; the training check's), greedy
+    or n samples at `temperature`, written as an eval folder (`out`)."""
     speed.apply(model)
     return evaluate(
         model,
@@ -29,6 +32,8 @@ def stage_eval(model, tokenizer, task, s: dict, seed: int, speed, out: str) -> d
         s["eval_max_new_tokens"],
         seed=seed,
         out=out,
+        n=n,
+        temperature=temperature,
         batch_size=s["eval_batch"],
         decoder=speed.decoder(model),
     )
@@ -82,6 +87,32 @@ def sft_gate(row: dict) -> dict:
         "reading": f"fix rate {row['fix_rate']:.3f} (>= {SFT_GATE['fix_rate']}), valid calls "
         f"{shown(row['valid_call_rate'])} (>= {SFT_GATE['valid_call_rate']}), greedy retry rate "
         f"{shown(retry)} (< {SFT_GATE['retry_rate_below']})",
+    }
+
+
+# the check on training bugs, before SFT's held-out evaluation (issue 68): the SFT policy tries again
+# when sampled (the habit GRPO is to strengthen) but not yet greedy, and calls its tools validly
+TRAIN_GATE = {"sampled_retry": 0.3, "greedy_retry_below": 0.3, "valid_call_rate": 0.95}
+
+
+def train_gate(rows: dict) -> dict:
+    """After SFT, on its training bugs (rows: stage_row of the greedy "sft-train" and the sampled
+    "sft-train-sampled" evaluations): sampled at T 0.7 it edits again after >= 0.3 of its failed
+    tests, greedy after < 0.3, and greedy its calls are valid >= 0.95 of the time."""
+    greedy, sampled = rows["sft-train"], rows["sft-train-sampled"]
+    retry = greedy["retry_after_failed_test"] or 0.0
+    sampled_retry = sampled["retry_after_failed_test"] or 0.0
+    checks = {
+        "sampled_retry": sampled_retry >= TRAIN_GATE["sampled_retry"],
+        "greedy_retry": retry < TRAIN_GATE["greedy_retry_below"],
+        "valid_call_rate": (greedy["valid_call_rate"] or 0) >= TRAIN_GATE["valid_call_rate"],
+    }
+    return {
+        "passed": all(checks.values()),
+        "checks": checks,
+        "reading": f"sampled retry rate {shown(sampled_retry)} (>= {TRAIN_GATE['sampled_retry']}), "
+        f"greedy {shown(retry)} (< {TRAIN_GATE['greedy_retry_below']}), valid calls "
+        f"{shown(greedy['valid_call_rate'])} (>= {TRAIN_GATE['valid_call_rate']})",
     }
 
 

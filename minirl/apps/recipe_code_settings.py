@@ -12,6 +12,10 @@ from ..tasks import CodeTask
 NOT_RETRY = dict(
     rollback=False,
     teacher="engineer",
+    again=0.4,
+    no_op=0.0,
+    escapes=False,
+    train_check=0,
     aggregation="token",
     gate_step=0,
     pool_after=0,
@@ -146,9 +150,11 @@ def settings(
     hack_rate: float,
     eval_size: int | None,
     grpo_steps: int | None,
+    overrides: dict | None = None,
 ) -> dict:
     """The run's settings: FULL or SMOKE, the episode's on top, then the flags that override them,
-    each checked."""
+    each checked; `overrides` (--setting KEY=VALUE) last, each a known setting given a value of its
+    type (an int where a float is expected is taken)."""
     if episode not in EPISODES:
         raise ValueError(f"--episode must be one of {', '.join(EPISODES)}, got {episode!r}")
     s = dict(SMOKE if smoke else FULL)
@@ -171,14 +177,26 @@ def settings(
             raise ValueError(f"{name} must be >= 1, got {value}")
     s.update({k: v for k, v in (("eval_size", eval_size), ("grpo_steps", grpo_steps)) if v})
     s.update(retry_rate=retry_rate, test_rate=test_rate, hack_rate=hack_rate)
+    for key, value in (overrides or {}).items():
+        if key not in s:
+            raise ValueError(f"--setting {key}: not a setting of the code recipe ({', '.join(s)})")
+        kind = type(s[key])
+        if not (isinstance(value, kind) or kind is float and type(value) is int):
+            raise ValueError(
+                f"--setting {key}={value!r}: expected {kind.__name__} like the default {s[key]!r}"
+            )
+        s[key] = kind(value)
     return s
 
 
-def code_task(s: dict, seed: int, pool: str | None = None) -> CodeTask:
+def code_task(s: dict, seed: int, pool: str | None = None, split: str = "heldout") -> CodeTask:
+    """The code task a run's settings describe; split="train": the training check's, its
+    `train_check` training bugs in place of the held-out list."""
     return CodeTask(
         seed=seed,
         tasks=s["tasks"],
-        eval_size=s["eval_size"],
+        split=split,
+        eval_size=s["train_check"] if split == "train" else s["eval_size"],
         max_turns=s["max_turns"],
         tool_cost=s["tool_cost"],
         outcome=s["outcome"],

@@ -23,6 +23,8 @@ from pathlib import Path
 from .code_tasks import buggy_source
 
 DEFAULT_BUGS = Path(__file__).resolve().parents[2] / "data" / "code_bugs.json"
+# training bugs on lines a JSON tool call must escape (data/make_code_escapes.py)
+ESCAPES = DEFAULT_BUGS.parent / "code_escapes.json"
 SPLITS = ("train", "heldout", "all")
 FILE_KEYS = ("problems", "bugs", "heldout")
 PROBLEM_KEYS = ("problem", "entry_point", "file", "correct", "tests", "split")

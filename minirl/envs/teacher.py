@@ -9,8 +9,10 @@ The teacher misses the way the SFT policy misses (the lean recipe's first edit l
 line one time in three). Its first edit is wrong in a share of the episodes (WRONG_RATE, 0.5): two
 times in three on another line of the file (another planted bug of the same problem, applied where
 the file is right, so the real bug stays), one time in three on the bug's own line, turned into a
-sibling mutant. After a failing test it edits again with probability AGAIN (0.4), else gives up in
-one sentence; a retry is right with probability RIGHT (0.7).
+sibling mutant; with `no_op` (a share of the wrong edits) some are the buggy line written back
+unchanged, the miss the retry run's SFT policy made in a third of its failed first edits. After a
+failing test it edits again with probability `again` (AGAIN, 0.4), else gives up in one sentence;
+a retry is right with probability RIGHT (0.7).
 
 Every wrong edit is marked "weight": 0 (chat.render: context, not a target), so SFT learns when to
 try again and what a right edit looks like, but never the mistakes themselves.
@@ -24,7 +26,7 @@ from .code import CodeEnv
 from .code_tasks import buggy_source, make_task
 
 # the teacher's habits (module docstring)
-WRONG_RATE, AGAIN, RIGHT, OTHER_LINE = 0.5, 0.4, 0.7, 2 / 3
+WRONG_RATE, AGAIN, RIGHT, OTHER_LINE, NO_OP = 0.5, 0.4, 0.7, 2 / 3, 0.0
 # edit, run_test, edit, run_test, edit, run_test, answer
 MAX_ATTEMPTS, MAX_TURNS = 3, 7
 
@@ -36,10 +38,11 @@ def lines_of(source: str, snippet: str) -> tuple[int, int]:
 
 
 def wrong_edits(templates: list[dict]) -> dict[str, dict[str, list[dict]]]:
-    """{bug name: {"other_line": [...], "same_line": [...]}}: the plausible wrong first edits of each
-    bug, as edit_file's {"old", "new"} on the buggy file. other_line: another bug of the same
-    problem whose text lies on other lines, planted there (its `old` occurs once in the buggy file);
-    same_line: the bug's text turned into a sibling's (another bug with the same `bug.old`)."""
+    """{bug name: {"other_line": [...], "same_line": [...], "no_op": [...]}}: the plausible wrong
+    first edits of each bug, as edit_file's {"old", "new"} on the buggy file. other_line: another bug
+    of the same problem whose text lies on other lines, planted there (its `old` occurs once in the
+    buggy file); same_line: the bug's text turned into a sibling's (another bug with the same
+    `bug.old`); no_op: the buggy line written back unchanged."""
     by_problem = defaultdict(list)
     for t in templates:
         by_problem[t.get("problem", t["name"])].append(t)
@@ -58,19 +61,27 @@ def wrong_edits(templates: list[dict]) -> dict[str, dict[str, list[dict]]]:
         # a hand-written template's partial fix (data/code_tasks.json) is a wrong edit of its line
         if t.get("partial"):
             same.append({"old": t["partial"]["old"], "new": t["partial"]["new"]})
-        edits[t["name"]] = {"other_line": other, "same_line": same}
+        # the buggy line written back as it is
+        no_op = [{"old": t["bug"]["new"], "new": t["bug"]["new"]}]
+        edits[t["name"]] = {"other_line": other, "same_line": same, "no_op": no_op}
     return edits
 
 
 def plan_attempts(
-    rng: random.Random, wrong: dict[str, list[dict]], wrong_rate: float = WRONG_RATE
+    rng: random.Random,
+    wrong: dict[str, list[dict]],
+    wrong_rate: float = WRONG_RATE,
+    again: float = AGAIN,
+    no_op: float = NO_OP,
 ) -> list[dict | None]:
     """The teacher's attempts in one episode, drawn up front: a wrong edit, or None for the right
     one. The plan ends at the first right edit, or after a wrong one where the teacher gives up."""
 
     def a_wrong_edit(used):
-        """Of the kind drawn (other line 2 times in 3) where it has one, else of the other kind; one
-        not made yet in this episode while there is one."""
+        """A no-op with probability no_op; else of the kind drawn (other line 2 times in 3) where it
+        has one, else of the other kind; one not made yet in this episode while there is one."""
+        if no_op and rng.random() < no_op and wrong["no_op"][0] not in used:
+            return wrong["no_op"][0]
         first = "other_line" if rng.random() < OTHER_LINE else "same_line"
         kinds = [first, "same_line" if first == "other_line" else "other_line"]
         for edits in (
@@ -82,10 +93,10 @@ def plan_attempts(
                     return rng.choice(candidates)
         return None
 
-    if not (wrong["other_line"] or wrong["same_line"]) or rng.random() >= wrong_rate:
+    if not (wrong["other_line"] or wrong["same_line"] or no_op) or rng.random() >= wrong_rate:
         return [None]
     attempts = [a_wrong_edit([])]
-    while len(attempts) < MAX_ATTEMPTS and rng.random() < AGAIN:
+    while len(attempts) < MAX_ATTEMPTS and rng.random() < again:
         if rng.random() < RIGHT:
             return attempts + [None]
         attempts.append(a_wrong_edit(attempts))
@@ -126,7 +137,12 @@ def teacher(template: dict, attempts: list[dict | None]):
 
 
 def retry_demonstrations(
-    templates: list[dict], n: int, seed: int, wrong_rate: float = WRONG_RATE
+    templates: list[dict],
+    n: int,
+    seed: int,
+    wrong_rate: float = WRONG_RATE,
+    again: float = AGAIN,
+    no_op: float = NO_OP,
 ) -> tuple[list[dict], dict]:
     """n SFT conversations of the retry episode by the imperfect teacher (module docstring), on bugs
     drawn from `templates` with a seeded wording each, and what they hold: fix rate, the share with
@@ -136,7 +152,7 @@ def retry_demonstrations(
     for _ in range(n):
         template = rng.choice(templates)
         item = make_task(template, seed=rng.randrange(10**6), opening="report")
-        attempts = plan_attempts(rng, wrong[template["name"]], wrong_rate)
+        attempts = plan_attempts(rng, wrong[template["name"]], wrong_rate, again, no_op)
         with CodeEnv(rollback=True) as env:
             messages, _, info = play(env, item, teacher(template, attempts), max_turns=MAX_TURNS)
         conversations.append({"messages": messages, "tools": item["tools"]})
@@ -153,6 +169,7 @@ def retry_demonstrations(
         "recovered": counts["recovered"] / n,
         "gave_up": counts["gave_up"] / n,
         "wrong_rate": wrong_rate,
-        "again": AGAIN,
+        "again": again,
+        "no_op": no_op,
         "right": RIGHT,
     }
