@@ -187,8 +187,11 @@ def test_a_decoder_that_packs_holds_the_copies_for_its_call_only(monkeypatch):
     steps = Decoder._steps
 
     def spying(self, *args, **kwargs):
-        seen.append(any(getattr(m, "packed", None) is not None for m in model.modules()))
-        yield from steps(self, *args, **kwargs)
+        # looked at once the call's first step is drawn (its body, which packs, has begun)
+        for n, step in enumerate(steps(self, *args, **kwargs)):
+            if n == 0:
+                seen.append(any(getattr(m, "packed", None) is not None for m in model.modules()))
+            yield step
 
     monkeypatch.setattr(Decoder, "_steps", spying)
     ours = generate(
