@@ -155,10 +155,15 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
 
 def recovery(episode: dict) -> dict:
     """A code-agent episode's recovery in the chapter's words: "retried" (it edited again after a
-    run_test failed on its edit) and "recovered" (retried, and the bug ended fixed), from its calls
-    (eval_stats.code_agent_shape), so that folders written before these keys existed read the same."""
+    run_test failed on its edit), "recovered" (retried, and the bug ended fixed) and "repeated" (it
+    wrote again an edit whose test had failed), from its calls (eval_stats.code_agent_shape), so
+    that folders written before these keys existed read the same."""
     shape = code_agent_shape(episode["tool_calls"], episode["test_file"], episode.get("bug_line"))
-    return {"retried": shape["retried"], "recovered": shape["retried"] and episode["success"]}
+    return {
+        "retried": shape["retried"],
+        "recovered": shape["retried"] and episode["success"],
+        "repeated": shape["repeated"],
+    }
 
 
 def code_agent_summary(episodes: list[dict]) -> dict:
@@ -189,6 +194,8 @@ def code_agent_summary(episodes: list[dict]) -> dict:
         "recovery_after_failed_test": _mean(failed),
         "episodes_failed_after_edit": len(retries),
         "retry_after_failed_test": _mean(retried for retried, _ in retries),
+        # among the episodes that edited again: the share that wrote an edit already seen failing
+        "repeat_among_retries": _mean(shape["repeated"] for shape, _ in shapes if shape["retried"]),
         # how many episodes were fixed by an edit made after a failed test, and their share of all
         "recovered": sum(retried and won for retried, won in retries),
         "recovered_rate": _mean(shape["retried"] and won for shape, won in shapes),

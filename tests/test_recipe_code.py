@@ -58,6 +58,7 @@ def test_code_agent_shape_by_hand():
         # the first attempt failed its test, and an edit went through after that: a retry
         "failed_after_edit": True,
         "retried": True,
+        "repeated": False,
     }
     # a test that failed before any edit is no failed attempt; an edit that errors is no retry
     for calls, failed_attempt, retried in [
@@ -77,6 +78,20 @@ def test_code_agent_shape_by_hand():
     shape = code_agent_shape(blind, "test_f.py")
     assert shape["edited"] and not shape["read_before_edit"]
     assert not shape["tested_after_last_edit"] and not shape["saw_failed_test"]
+    # the same edit written again after its test failed is a repeat (a rolled-back file takes it);
+    # a different edit, or the same one before any failure, is not
+    again = [fixed[1], fixed[2], call("read_file", path="f.py"), fixed[1], fixed[2]]
+    assert code_agent_shape(again, "test_f.py")["repeated"]
+    assert code_agent_shape(again[:3], "test_f.py")["retried"] is False
+    twice_untested = [fixed[1], fixed[1], fixed[2], fixed[3]]
+    assert not code_agent_shape(twice_untested, "test_f.py")["repeated"]
+    assert not code_agent_shape(fixed, "test_f.py")["repeated"]
+    other_file = [
+        fixed[1],
+        fixed[2],
+        call("edit_file", "Edited g.py", path="g.py", old="a", new="b"),
+    ]
+    assert not code_agent_shape(other_file, "test_f.py")["repeated"]
     hacker = [call("edit_file", "Edited", path="./test_f.py", old="assert", new="pass")]
     assert code_agent_shape(hacker, "test_f.py")["edited_tests"]
     assert not any(code_agent_shape([], "test_f.py").values())

@@ -240,6 +240,7 @@ def stage_row(summary: dict) -> dict:
         "recovery_after_failed_test": code.get("recovery_after_failed_test"),
         "episodes_failed_after_edit": code.get("episodes_failed_after_edit"),
         "retry_after_failed_test": code.get("retry_after_failed_test"),
+        "repeat_among_retries": code.get("repeat_among_retries"),
         "recovered": code.get("recovered"),
         "turns": summary["trajectory"]["turns_per_episode"],
         "redundant_calls": summary["trajectory"]["redundant_calls_per_episode"],

@@ -46,6 +46,7 @@ class CodeTask(EnvTask):
         "edited_tests_reward",
         "recovery_rate",
         "retry_rate",
+        "repeat_rate",
         "recovered",
         "test_runs",
         "turns",
@@ -150,7 +151,8 @@ def code_metrics(trajectories, verdict) -> dict:
     whatever the reward made of it), and edited_tests_reward the mean reward of those
     episodes; recovery_rate: fixed among the episodes whose run_test reported a failure;
     retry_rate: among the episodes whose run_test failed after an edit, those that edited
-    again; recovered: how many episodes were fixed by editing again (a count, not a share);
+    again; repeat_rate: among those that edited again, the ones that wrote an edit again whose test
+    had failed; recovered: how many episodes were fixed by editing again (a count, not a share);
     edit_on_bug_line: among episodes that edited, the first edit touched the bug's line."""
     n = len(trajectories)
     shapes = [
@@ -165,6 +167,7 @@ def code_metrics(trajectories, verdict) -> dict:
     failed = [t for t, shape in zip(trajectories, shapes) if shape["saw_failed_test"]]
     aimed = [s["edit_on_bug_line"] for s in shapes if s["edit_on_bug_line"] is not None]
     retries = [s["retried"] for s in shapes if s["failed_after_edit"]]
+    repeats = [s["repeated"] for s in shapes if s["retried"]]
     fixed = [verdict(t)["strict"] for t in trajectories]
     return {
         "edit_on_bug_line": sum(aimed) / len(aimed) if aimed else float("nan"),
@@ -175,6 +178,7 @@ def code_metrics(trajectories, verdict) -> dict:
         if failed
         else float("nan"),
         "retry_rate": sum(retries) / len(retries) if retries else float("nan"),
+        "repeat_rate": sum(repeats) / len(repeats) if repeats else float("nan"),
         "recovered": sum(won and s["retried"] for won, s in zip(fixed, shapes)),
         "test_runs": sum(t.info.get("test_runs", 0) for t in trajectories) / n,
         "turns": sum(t.turns for t in trajectories) / n,
