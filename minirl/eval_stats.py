@@ -152,9 +152,9 @@ def code_agent_shape(calls: list[dict], test_file: str, bug_line: str | None = N
     such an edit repeated one the tests had already failed (repeated: the same path, old and new as
     an edit a later run_test of the episode reported failing)."""
     edits = [i for i, c in enumerate(calls) if c["name"] == "edit_file" and not c["error"]]
-    failed_edits, last, repeated = set(), None, False
+    went_through, failed_edits, last, repeated = set(edits), set(), None, False
     for i, c in enumerate(calls):
-        if i in edits:
+        if i in went_through:
             last = tuple(str(c["arguments"].get(k)) for k in ("path", "old", "new"))
             repeated |= last in failed_edits
         elif c["name"] == "run_test" and last and run_test_failed(str(c["result"])):

@@ -154,16 +154,12 @@ def summarize(episodes: list[dict], ks: list[int] | None = None) -> dict:
 
 
 def recovery(episode: dict) -> dict:
-    """A code-agent episode's recovery in the chapter's words: "retried" (it edited again after a
-    run_test failed on its edit), "recovered" (retried, and the bug ended fixed) and "repeated" (it
-    wrote again an edit whose test had failed), from its calls (eval_stats.code_agent_shape), so
-    that folders written before these keys existed read the same."""
+    """A code-agent episode's recovery in the chapter's words, from its calls (code_agent_shape, so
+    folders written before these keys read the same): "retried" (an edit after a run_test failed on
+    one), "recovered" (retried, and fixed), "repeated" (an edit written again after its test failed)."""
     shape = code_agent_shape(episode["tool_calls"], episode["test_file"], episode.get("bug_line"))
-    return {
-        "retried": shape["retried"],
-        "recovered": shape["retried"] and episode["success"],
-        "repeated": shape["repeated"],
-    }
+    recovered = shape["retried"] and episode["success"]
+    return {"retried": shape["retried"], "recovered": recovered, "repeated": shape["repeated"]}
 
 
 def code_agent_summary(episodes: list[dict]) -> dict:
