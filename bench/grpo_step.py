@@ -108,6 +108,7 @@ from minirl.learner import fixed_logprobs, lm_head_logprobs  # noqa: E402
 from minirl.lora import add_lora  # noqa: E402
 from minirl.losses import policy_loss  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
+from minirl.run.budget import trim_heap  # noqa: E402
 from minirl.run.grpo import GRPOConfig  # noqa: E402
 from minirl.run.grpo_metrics import Clock, learning_stats  # noqa: E402
 from minirl.tasks import Task  # noqa: E402
@@ -215,7 +216,10 @@ class EvenTokens(BenchTask):
     def score(self, trajectories):
         # grpo_step scores right after sampling and learns right after scoring: the learning
         # phase's peak is tracked from here to the end of the step (scoring allocates next to
-        # nothing)
+        # nothing); on a CPU the heap's free pages go back first, as the harness's learner does
+        # before each pass (run/memory.fitted)
+        if self.learning.device.type == "cpu":
+            trim_heap()
         self.learning.start()
         super().score(trajectories)
 

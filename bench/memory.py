@@ -1,4 +1,4 @@
-"""The memory plan checked: minirl.run.memory's estimate against the measured peak of a real GRPO step.
+"""The memory plan checked: minirl.run.memory's plan against the measured peak of a real GRPO step.
 
     python bench/memory.py --tiny                                             # CPU: the plumbing
     python bench/memory.py --device cuda --cap-gb 40 --preset 7b --group 8 --prompts 1 \
@@ -6,14 +6,14 @@
     python bench/memory.py --device cuda --cap-gb 40 --preset 1.5b --full --minibatch 2
 
 Runs one step of bench/grpo_step.py (same options: minirl's grpo.grpo_step with the speed-ups the
-CLI uses by default, or the plain pipeline with --plain, which the estimate then describes too:
+CLI uses by default, or the plain pipeline with --plain, which the plan then measures too:
 whole rows and the lm_head's logits) and prints, for the sampling and the learning phase, the
-estimate, the measured peak and their ratio. On a GPU the measurement is
-torch.cuda.max_memory_allocated (what torch's allocator handed out; the CUDA context and the
-allocator's cached blocks are not in it, nor in the estimate); --cap-gb 40 makes a larger card
-behave as a 40 GB one. On a CPU it is the resident high-water mark above the process's size before
-the model was built (interpreter and libraries excluded, allocator slack included), and the estimate
-counts that slack too (cpu=True: minirl.run.memory.CPU_SLACK, measured on SFT steps).
+plan (grpo_plan on the same prompts, measured on fake tensors), the measured peak and their ratio.
+On a GPU the measurement is torch.cuda.max_memory_allocated (what torch's allocator handed out; the
+CUDA context and the allocator's cached blocks are not in it, nor in the plan); --cap-gb 40 makes a
+larger card behave as a 40 GB one. On a CPU it is the resident high-water mark above the process's
+size before the model was built (interpreter and libraries excluded, allocator slack included), and
+the plan counts that slack too (cpu=True: minirl.run.memory.CPU_SLACK).
 """
 
 import os
@@ -27,7 +27,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from grpo_step import append_row, apply_cap, build, grpo_step, parser, prompts_for
 from sft_step import status_bytes  # noqa: E402
 
-from minirl.run.memory import estimate  # noqa: E402
+from minirl.apps.model_commands import memory_table  # noqa: E402
+from minirl.fast import ON_A_GPU, speedups  # noqa: E402
+from minirl.run.memory import grpo_plan  # noqa: E402
 
 
 def main():
@@ -45,39 +47,30 @@ def main():
     step = grpo_step(
         model, ref_model, cfg, optimizer, scheduler, device, prompts, args.seed, args.compile
     )
-    plan = estimate(
-        model.config,
-        full=args.full,
-        lora_r=args.lora_r,
-        group_size=args.group,
-        prompts_per_step=args.prompts,
-        prompt_len=args.prompt_len,
-        max_new_tokens=args.new_tokens,
-        dtype_bytes=model.dtype.itemsize,
-        minibatch_size=args.minibatch,
-        checkpointing=True,
-        beta=args.beta,
-        compile=args.compile,
-        cpu=device.type == "cpu",
-        # --plain: learner.py's whole rows and the lm_head's logits
-        prefixes=not args.plain,
-        chunked=not args.plain,
-    )
-    print(plan.table())
+    cpu = device.type == "cpu"
+    plan = grpo_plan(
+        cfg, model.config, prompts, model.dtype, 10**15, episodes=False, cpu=cpu,
+        fast=speedups(args.plain) if cpu or args.plain else ON_A_GPU, gpu=not cpu,
+    )  # fmt: skip
+    print(memory_table(plan))
+    planned = {
+        "sampling": plan.sampling_at(plan.group_size),
+        "learning": plan.learning_at(plan.rows),
+    }
     what = "allocated by torch" if device.type == "cuda" else "resident above the process's start"
     print(f"measured ({what}):")
     rows = []
-    for phase, estimated in (("sampling", plan.sampling), ("learning", plan.learning)):
+    for phase, estimated in planned.items():
         measured = getattr(step[phase], "peak") - baseline
         rows.append((phase, estimated, measured))
         print(
-            f"  {phase:9s} estimate {estimated / 1e9:7.2f} GB   measured {measured / 1e9:7.2f} GB   "
-            f"estimate / measured {estimated / measured:.2f}"
+            f"  {phase:9s} plan {estimated / 1e9:7.2f} GB   measured {measured / 1e9:7.2f} GB   "
+            f"plan / measured {estimated / measured:.2f}"
         )
     peak_estimate, peak_measured = plan.peak, max(m for _, _, m in rows)
     print(
-        f"  peak      estimate {peak_estimate / 1e9:7.2f} GB   measured {peak_measured / 1e9:7.2f} GB   "
-        f"estimate / measured {peak_estimate / peak_measured:.2f}"
+        f"  peak      plan {peak_estimate / 1e9:7.2f} GB   measured {peak_measured / 1e9:7.2f} GB   "
+        f"plan / measured {peak_estimate / peak_measured:.2f}"
     )
     if args.table:
         name = "tiny" if args.tiny else f"Qwen2.5-{args.preset} shape"

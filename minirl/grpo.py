@@ -113,13 +113,12 @@ def grpo_step(
     ref_model=None,
     decoder=None,
     learner: Learner = PLAIN_LEARNER,
-    fit_memory=None,
 ) -> StepResult:
     """One GRPO step on `items` (under torchrun, this rank's share of the step's prompts), in the
     five stages of the module docstring. learner: what the log-probs are computed with (learner.py's,
-    or the drop-ins' from fast.Speedups.learner); decoder: the sampler the run holds (None:
-    sampling.generate); fit_memory(kept rollouts) -> sequences per pass: the memory guard (default
-    cfg.minibatch_size). The caller keeps the books (run/grpo_metrics.py: the clock, the statistics)."""
+    or the drop-ins' from fast.Speedups.learner; the harness's cuts its passes to the memory plan);
+    decoder: the sampler the run holds (None: sampling.generate). The caller keeps the books
+    (run/grpo_metrics.py: the clock, the statistics)."""
     G = cfg.group_size
     params = [p for group in optimizer.param_groups for p in group["params"]]
     # Stage 1: sample, with the adapters folded into the weights where that is faster
@@ -139,8 +138,8 @@ def grpo_step(
     # every rank learns while any rank has rows (their reductions must meet)
     if not distributed.all_reduce_sum(len(kept)):  # torchrun: every rank's rows
         return StepResult(rollouts, advantages, rows)
-    # Stage 4: the learning batch (passes of `size` rows: the memory guard's), the fixed policies
-    size = fit_memory(kept) if fit_memory else cfg.minibatch_size
+    # Stage 4: the learning batch (passes of up to cfg.minibatch_size rows), the fixed policies
+    size = cfg.minibatch_size
     # "constant" divides by B·Lc, Lc the step's longest completion: every rank pads to it
     longest = max((len(t.completion_ids) for t in kept), default=1)
     longest = distributed.all_reduce_max(longest)  # torchrun: every rank's longest

@@ -3,8 +3,9 @@
 Each case runs `python -m minirl grpo` on the toy checkpoint in a child process for one step, with
 groups large enough that the step's rows, not the model, fill the memory. The child records its RSS
 when the guard plans (torch and minirl imported, nothing allocated: what the budget is measured
-against) and its high-water mark (VmHWM) at the end; the guard's estimate must cover what the run
-added in between to within 15 %, and not be absurdly above it (at most 2x).
+against) and its high-water mark (VmHWM) at the end; the guard's plan must cover what the run
+added in between to within 15 %, and not be far above it (at most 1.5x; docs/memory.md holds the
+larger runs the plan meets within 10 % both ways).
 """
 
 import json
@@ -17,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from minirl.budget import GB, MemoryBudgetError
 from minirl.config import Qwen2Config
 from minirl.fast import FAST
+from minirl.run.budget import GB, MemoryBudgetError
 from minirl.run.grpo import GRPOConfig
-from minirl.run.grpo_memory import plan_memory
+from minirl.run.memory import distinct_prompts, grpo_plan
 from minirl.tasks import make_task
 from minirl.tokenizer import Tokenizer
 from minirl.toy import build_checkpoint
@@ -37,13 +38,13 @@ def kib(field):
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
 
 record = {}
-plan_memory = harness.plan_memory
+grpo_plan = harness.grpo_plan
 
 def planned(*args, **kwargs):
     record["baseline"] = kib("VmRSS:")
-    return plan_memory(*args, **kwargs)
+    return grpo_plan(*args, **kwargs)
 
-harness.plan_memory = planned
+harness.grpo_plan = planned
 main(["grpo", *sys.argv[2:]])
 record["peak"] = kib("VmHWM:")
 with open(sys.argv[1] + "/summary.json") as f:
@@ -103,22 +104,24 @@ def test_the_guard_covers_the_peak_rss_of_a_cpu_grpo_step(toy, tmp_path):
             f"{measured / 1e6:.0f} MB measured"
         )
         print(case)
-        assert 0.85 * measured <= estimate <= 2 * measured, case
+        assert 0.85 * measured <= estimate <= 1.5 * measured, case
 
 
 def test_a_group_whose_sampling_does_not_fit_is_refused_naming_the_group_size(toy):
     """B14: 20,000 samples of one prompt (73 + 16 tokens) on the toy model hold a 3.6 GB KV cache,
-    and with the copy into the group's rows, the runtime and the rollouts, more than 4 GB while
-    sampling; the guard used to plan 3.7 GB and let the run start within 4 GB."""
+    and with the runtime and the rollouts 4.0 GB while sampling (measured 3.96 GB above the start,
+    docs/memory.md); the guard once planned 3.7 GB and let a run start within 4 GB. Within 3.5 GB
+    it is refused before anything is allocated, naming the largest group that fits."""
     cfg = GRPOConfig(model=toy, group_size=20_000, prompts_per_step=1, max_new_tokens=16)
     config, tokenizer = Qwen2Config.from_json(toy), Tokenizer.from_dir(toy)
-    task = make_task("arithmetic")
+    prompts = distinct_prompts(tokenizer, make_task("arithmetic"), 1)
+    options = dict(episodes=False, cpu=True, fast=FAST)
     with pytest.raises(MemoryBudgetError) as refused:
-        plan_memory(cfg, config, tokenizer, task, torch.float32, 4 * GB, 1, cpu=True, fast=FAST)
+        grpo_plan(cfg, config, prompts, torch.float32, 3.5 * GB, **options)
     message = str(refused.value)
-    assert "(sampling needs the most)" in message and "KV cache (20000 sequences" in message
+    assert "(sampling needs the most)" in message
     largest = int(re.search(r"--group-size (\d+) \(the largest that fits\)", message)[1])
     assert 2 <= largest < 20_000
     # and that group size does fit
     cfg.group_size = largest
-    plan_memory(cfg, config, tokenizer, task, torch.float32, 4 * GB, 1, cpu=True, fast=FAST)
+    grpo_plan(cfg, config, prompts, torch.float32, 3.5 * GB, **options)

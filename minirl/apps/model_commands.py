@@ -18,9 +18,10 @@ import torch
 from ..adapter_files import load_adapter
 from ..chat import show_mask
 from ..config import Qwen2Config, preset
-from ..fast import PLAIN_HELP, speedups
+from ..fast import FAST, ON_A_GPU, PLAIN_HELP, speedups
 from ..run.flags import at_least, check_sampling, check_speedups
-from ..run.memory import estimate
+from ..run.grpo import GRPOConfig
+from ..run.memory import grpo_plan
 from ..sampling import stream
 from ..tasks import make_task
 from ..weights import load_pretrained
@@ -173,23 +174,67 @@ def cmd_memory(args):
     else:
         config = preset(args.model)
     dtype = args.dtype if args.dtype != "auto" else "float32" if args.full else "bfloat16"
-    plan = estimate(
-        config,
+    cfg = GRPOConfig(
+        model=args.model,
         full=args.full,
         lora_r=args.lora_r,
         group_size=args.group_size,
         prompts_per_step=args.prompts_per_step,
-        prompt_len=args.prompt_len,
         max_new_tokens=args.max_new_tokens,
-        dtype_bytes=DTYPES[dtype].itemsize,
         minibatch_size=args.minibatch_size,
         checkpointing=not args.no_checkpointing,
         beta=args.beta,
         compile=args.compile,
-        cpu=args.cpu,
     )
-    print(f"{args.model}: {dtype}{' on a CPU' if args.cpu else ''}")
-    print(plan.table())
+    # distinct prompts of --prompt-len tokens (nothing shared: the layout that holds the most)
+    n, length = args.prompts_per_step, args.prompt_len
+    prompts = [[i] + list(range(n, n + length - 1)) for i in range(n)]
+    fast = FAST if args.cpu else ON_A_GPU
+    plan = grpo_plan(
+        cfg,
+        config,
+        prompts,
+        DTYPES[dtype],
+        10**15,
+        episodes=False,
+        cpu=args.cpu,
+        fast=fast,
+        gpu=not args.cpu,
+    )
+    where = "a CPU" if args.cpu else "a GPU (its shapes and attention kernel on fake CPU tensors)"
+    print(f"{args.model}: {dtype} on {where}")
+    print(memory_table(plan))
+
+
+def memory_table(plan) -> str:
+    """A step's plan (run/memory.py) item by item: what is counted, what was measured on fake
+    tensors in each phase and by kind, what a CPU adds, the two peaks."""
+
+    def line(name, value):
+        return f"{name:<56}{value / 1e9:>8.2f}"
+
+    out = [plan.description, f"{'item':<56}{'GB':>8}", "counted (parameters x bytes):"]
+    out += [line("  " + k, v) for k, v in plan.counted.items()]
+    for phase, what, n in (
+        (plan.sampling, "sampling", f"{plan.group_size} samples a prompt"),
+        (plan.learning, "learning", f"{plan.rows} rows a pass"),
+    ):
+        out.append(f"measured on {plan.on[what]}, {what} ({n}, {phase.per_row / 1e9:.3f} GB each):")
+        out += [line("  " + k, v) for k, v in phase.kinds.items()]
+        if phase is plan.sampling and plan.cache:
+            out.append(line("    of which the KV cache (its tensors' bytes)", plan.cache))
+    if plan.host:
+        out.append(f"on a CPU (measured constants; the heap's slack: {plan.slack:.0%} of a pass):")
+        out += [line("  " + k, v) for k, v in plan.host.items() if v]
+        out.append(line("  episodes as Python objects", plan.group_size * plan.per_sample))
+        out.append(line("  the heap's slack while learning", plan.heap_slack(plan.rows)))
+    out += [
+        line("peak while sampling", plan.sampling_at(plan.group_size)),
+        line("peak while learning", plan.learning_at(plan.rows)),
+        line("total (peak)", plan.peak),
+    ]
+    out += [f"fits a {c} GB GPU: {'yes' if plan.peak <= c * 1e9 else 'no'}" for c in (40, 80)]
+    return "\n".join(out)
 
 
 def add_memory_parser(sub, fmt):

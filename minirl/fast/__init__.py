@@ -96,6 +96,8 @@ class Speedups:
 
 FAST = Speedups()
 PLAIN = Speedups(**{f.name: False for f in fields(Speedups)})
+# what a GPU run computes with: the CPU's products, decode attention and packed weights are CPU-only
+ON_A_GPU = Speedups(cpu_matmul=False, decode_attention=False, packed_weights=False)
 
 
 PLAIN_HELP = "run the plain versions only, none of the drop-ins in minirl/fast/ (docs/speedups.md)"

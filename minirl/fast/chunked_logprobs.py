@@ -119,6 +119,13 @@ def _chunks(hidden, weight, targets, temperature, rows, chunk_size, fast) -> tor
     return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
 
 
+def positions(hidden, where):
+    """hidden[where], `where` a boolean mask over its leading dimensions, taken by the mask's indices:
+    the same rows, read off the mask once (a mask of real integers selects from the fake hidden
+    states run/memory.py measures, where a boolean index would need their values)."""
+    return hidden[where.nonzero(as_tuple=True)]
+
+
 def sft_loss_chunked(hidden, lm_head_weight, labels, chunk_size=512, rows=None, fast=False):
     """losses.sft_loss from the final hidden states (B, T, C) and the lm_head weight (V, C): only
     trained positions are projected, so prompts cost nothing here. -> scalar."""
@@ -126,7 +133,7 @@ def sft_loss_chunked(hidden, lm_head_weight, labels, chunk_size=512, rows=None, 
     trained = targets != IGNORE_INDEX  # (B, T-1)
     check_trained(trained)
     logprobs = _chunks(
-        hidden[trained], lm_head_weight, targets[trained], 1.0, rows, chunk_size, fast
+        positions(hidden, trained), lm_head_weight, targets[trained], 1.0, rows, chunk_size, fast
     )
     return -logprobs.sum() / len(logprobs)
 
@@ -145,7 +152,7 @@ def token_logprobs_chunked(
     (B, T). Positions where mask (B, T) is 0 are skipped and get 0. -> (B, T)."""
     keep = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask.bool()
     logprobs = _chunks(
-        hidden[keep], lm_head_weight, targets[keep], temperature, rows, chunk_size, fast
+        positions(hidden, keep), lm_head_weight, targets[keep], temperature, rows, chunk_size, fast
     )
     out = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
     return out.masked_scatter(keep, logprobs)

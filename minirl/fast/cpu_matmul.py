@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..budget import available_bytes
+from ..device_memory import available_bytes
 from ..lora import LoRALinear
 from ..trainable_tokens import TokenHead
 
@@ -267,23 +267,30 @@ def use_plain_products(model: nn.Module) -> nn.Module:
     return swap_classes(model, PLAIN_TWIN)
 
 
+def packable(model: nn.Module) -> list[nn.Module]:
+    """The fast layers whose weights packed_weights packs: on a CPU where native_bfloat16(), those of
+    at least MIN_PACKED_ENTRIES entries in float32 or bfloat16 (none elsewhere)."""
+    if not native_bfloat16():
+        return []
+    return [
+        layer
+        for layer in model.modules()
+        if type(layer) in PLAIN_TWIN
+        and layer.weight.numel() >= MIN_PACKED_ENTRIES
+        and layer.weight.device.type == "cpu"
+        and layer.weight.dtype in (torch.float32, torch.bfloat16)
+    ]
+
+
 @contextmanager
 def packed_weights(model: nn.Module, on: bool = True):
     """While the block runs, every fast layer's weight (use_fast_products ran) also held packed for
     oneDNN (3. in the module docstring), on a CPU where native_bfloat16(); elsewhere, or with
     on=False, nothing. The copies are dropped when the block ends. A layer already packed (a call
     made while another one, a stream, is still sampling) is left to the block that packed it."""
-    layers = []
-    if on and native_bfloat16():
-        layers = [
-            layer
-            for layer in model.modules()
-            if type(layer) in PLAIN_TWIN
-            and layer.__dict__.get("packed") is None
-            and layer.weight.numel() >= MIN_PACKED_ENTRIES
-            and layer.weight.device.type == "cpu"
-            and layer.weight.dtype in (torch.float32, torch.bfloat16)
-        ]
+    layers = (
+        [layer for layer in packable(model) if layer.__dict__.get("packed") is None] if on else []
+    )
     size = sum(layer.weight.nbytes for layer in layers)
     if layers and size > PACK_SHARE * available_bytes("cpu"):
         warnings.warn(

@@ -45,14 +45,24 @@ def select_rows(cache: KVCache, rows: torch.Tensor):
         )
     S, n = cache.length, len(rows)
     dropping = n <= cache.batch_size and bool((rows[1:] > rows[:-1]).all())
+    # repeating each row in a run of its own (a prompt into its group): copied without a gather
+    runs = None
+    if not dropping and bool((rows[1:] >= rows[:-1]).all()):
+        sources, counts = torch.unique_consecutive(rows, return_counts=True)
+        runs = list(zip(sources.tolist(), counts.cumsum(0).tolist(), counts.tolist()))
     if dropping:
         keys, values = cache.keys, cache.values
     else:
         shape = (cache.keys.shape[0], n, *cache.keys.shape[2:])
         keys = torch.empty(shape, dtype=cache.keys.dtype, device=cache.keys.device)
         values = torch.empty_like(keys)
-    # row i <- row rows[i]: the right side is gathered (one layer's copy) before it is written
     for layer in range(keys.shape[0]):
+        if runs is not None:
+            for source, end, count in runs:
+                keys[layer, end - count : end, :, :S] = cache.keys[layer, source, :, :S]
+                values[layer, end - count : end, :, :S] = cache.values[layer, source, :, :S]
+            continue
+        # row i <- row rows[i]: the right side is gathered (one layer's copy) before it is written
         keys[layer, :n, :, :S] = cache.keys[layer, rows, :, :S]
         values[layer, :n, :, :S] = cache.values[layer, rows, :, :S]
     cache.keys, cache.values = keys[:, :n], values[:, :n]

@@ -3,9 +3,9 @@
     python -m minirl grpo --model DIR [--adapter runs/sft/adapter] --task arithmetic --out runs/grpo
 
 train(cfg) checks the flags, builds the task, plans the step's memory before a weight is loaded
-(grpo_memory.py), claims the run folder, loads the policy (an SFT adapter merged in: it becomes
-π_ref), adds the adapter and the optimizer, and runs grpo_step `cfg.steps` times. Around each step:
-the memory guard fits the learning passes to the batch actually sampled; metrics go to
+(memory.py: the step's code measured on fake tensors), claims the run folder, loads the policy (an
+SFT adapter merged in: it becomes π_ref), adds the adapter and the optimizer, and runs grpo_step
+`cfg.steps` times, handing it a learner whose passes are cut to the memory plan; metrics go to
 runs/NAME/metrics.csv, a sample of rollouts to runs/NAME/rollouts.jsonl (for `python -m minirl view
 runs/NAME`), the held-out evaluations (every --eval-every steps and at the end, evaluation.py's
 episodes and summary) to runs/NAME/eval/step-NNNNNN/; checkpoints and exact resume work as in SFT.
@@ -27,7 +27,6 @@ from tqdm import tqdm
 
 from .. import distributed, evaluation
 from ..adapter_files import load_adapter
-from ..budget import budget_bytes
 from ..config import Qwen2Config
 from ..fast import speedups
 from ..grpo import GRPOStepSettings, grpo_step
@@ -37,10 +36,11 @@ from ..tasks.protocol import EnvTask
 from ..tokenizer import Tokenizer
 from ..weights import load_pretrained
 from . import training
+from .budget import budget_bytes
 from .checkpoint import claim_run_folder, save_checkpoint
 from .flags import FlagError, check_grpo
-from .grpo_memory import LearningGuard, plan_memory
 from .grpo_metrics import FIELDS, PERTURBED, Clock, learning_stats, step_metrics
+from .memory import distinct_prompts, fitted, grpo_plan
 from .metrics_log import MetricsLog
 from .rollout_log import RolloutLog, rollout_records
 
@@ -126,7 +126,15 @@ def train(cfg: GRPOConfig) -> dict:
     config, budget = Qwen2Config.from_json(cfg.model), budget_bytes(device, cfg.memory_limit)
     cpu = device.type == "cpu"
     tokenizer = Tokenizer.from_dir(cfg.model)
-    plan = plan_memory(cfg, config, tokenizer, task, dtype, budget, share, cpu=cpu, fast=fast)
+    prompts, episodes = distinct_prompts(tokenizer, task, share), isinstance(task, EnvTask)
+    plan = grpo_plan(cfg, config, prompts, dtype, budget, episodes=episodes, cpu=cpu, fast=fast)
+    if plan.rows < cfg.minibatch_size or plan.checkpointing != cfg.checkpointing:
+        distributed.print_main(
+            f"memory: {plan.rows} sequences per learning pass (of {cfg.max_new_tokens} new tokens), "
+            f"checkpointing {'on' if plan.checkpointing else 'off'}, so the planned peak "
+            f"({plan.peak / 1e9:.1f} GB) stays within {budget / 1e9:.1f} GB (python -m minirl memory "
+            "itemizes it; --memory-limit GB sets the budget)"
+        )
 
     # Stage 2: the run folder, the policy (an SFT adapter merged in: it becomes π_ref), what it
     # trains, the optimizer, --resume
@@ -137,8 +145,7 @@ def train(cfg: GRPOConfig) -> dict:
     claim_run_folder(cfg, "grpo")
     params = training.trainable(model, cfg)
     fast.apply(model)
-    # the memory guard: each step's learning passes fitted to the batch it sampled
-    guard = LearningGuard(model, cfg, config, dtype.itemsize, budget, plan, cpu=cpu, fast=fast)
+    model.set_gradient_checkpointing(plan.checkpointing)
     ref_model = None
     if cfg.full and cfg.beta:
         ref_model = copy.deepcopy(model).requires_grad_(False).eval()
@@ -156,8 +163,9 @@ def train(cfg: GRPOConfig) -> dict:
     # the sampler: with --compile it keeps its compiled step and fixed-shape cache for the whole run;
     # the held-out evaluation (batches of other sizes, greedy) samples uncompiled
     decoder, eval_decoder = fast.decoder(model, compile=cfg.compile), fast.decoder(model)
-    # what grpo_step computes its log-probs with: the drop-ins' functions, or with --plain its own
-    learner = fast.learner()
+    # what grpo_step computes its log-probs with: the drop-ins' functions, or with --plain its own,
+    # in passes that fit the memory plan
+    learner = fitted(fast.learner(), plan, budget, cpu)
     G, start, last_eval, paused = cfg.group_size, time.perf_counter(), None, False
     main = distributed.is_main()
     bar = tqdm(total=cfg.steps, initial=step, desc="grpo", dynamic_ncols=True, disable=not main)
@@ -167,7 +175,6 @@ def train(cfg: GRPOConfig) -> dict:
         items = task.sample(cfg.prompts_per_step, random.Random(cfg.seed * 1_000_003 + step))
         items = items[rank * share : (rank + 1) * share]
         seed = distributed.rank_seed(cfg.seed * 1_000_003 + step)
-        guard.step = step + 1
         lr = scheduler.get_last_lr()[0]
         clock = Clock(task)
         done = grpo_step(
@@ -182,7 +189,6 @@ def train(cfg: GRPOConfig) -> dict:
             ref_model=ref_model,
             decoder=decoder,
             learner=learner,
-            fit_memory=guard.fit,
         )
         t1 = clock.stop()
         step += 1
@@ -239,7 +245,7 @@ def train(cfg: GRPOConfig) -> dict:
             "steps": step,
             "paused": True,
             "seconds": seconds,
-            "memory_estimate_gb": guard.peak / 1e9,
+            "memory_estimate_gb": plan.peak / 1e9,
         }
 
     # Stage 5: the last evaluation (unless the last step just ran one), the adapter and summary.json
@@ -247,7 +253,7 @@ def train(cfg: GRPOConfig) -> dict:
         "steps": step,
         **(last_eval or evaluate(model, tokenizer, task, cfg, step, eval_decoder)),
         "seconds": time.perf_counter() - start,
-        "memory_estimate_gb": guard.peak / 1e9,
+        "memory_estimate_gb": plan.peak / 1e9,
         "memory_budget_gb": budget / 1e9,
     }
     final_dir = training.finish(cfg, model, tokenizer, summary)

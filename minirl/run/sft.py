@@ -3,7 +3,7 @@
     python -m minirl sft --model DIR --data train.jsonl --out runs/sft --epochs 3 --lr 2e-4
 
 train(cfg) reads and checks the data, plans the memory of a pass before the model is allocated
-(sft_memory.py), claims the run folder, loads the model and adds the adapter, then runs one
+(memory.py: the step's code measured on fake tensors), claims the run folder, loads the model and adds the adapter, then runs one
 sft_step per --grad-accum micro-batches, shuffled per epoch with a fixed seed, on a warmup + cosine
 learning rate. Every --save-every steps a checkpoint (adapter or weights, optimizer, scheduler, RNG,
 loss history) is written to a temporary folder and renamed into place; --resume continues from the
@@ -28,7 +28,6 @@ from dataclasses import dataclass, field, fields
 from tqdm import tqdm
 
 from .. import data, distributed
-from ..budget import budget_bytes
 from ..config import Qwen2Config
 from ..fast import speedups
 from ..losses import IGNORE_INDEX
@@ -37,11 +36,12 @@ from ..tokenizer import Tokenizer
 from ..trainable_tokens import add_trainable_tokens, spelled_rows, untrained_tokens
 from ..weights import load_pretrained
 from . import graduation, training
+from .budget import budget_bytes
 from .checkpoint import claim_run_folder, save_checkpoint
 from .flags import check_sft
+from .memory import sft_plan
 from .metrics_log import MetricsLog
 from .sft_eval import GraduationCheck, eval_row, eval_task, split_heldout
-from .sft_memory import plan_memory
 
 
 @dataclass(kw_only=True)
@@ -146,7 +146,7 @@ def train(cfg: SFTConfig) -> dict:
     model_config = Qwen2Config.from_json(cfg.model)
     examples, stats, eval_convs, eval_on, skipped = read_data(cfg, tokenizer, model_config)
     budget = budget_bytes(device, cfg.memory_limit)
-    rows_per_pass, checkpointing, estimated_peak = plan_memory(
+    plan = sft_plan(
         cfg,
         model_config,
         tokenizer,
@@ -158,6 +158,14 @@ def train(cfg: SFTConfig) -> dict:
         task=task,
         fast=fast,
     )
+    rows_per_pass, checkpointing = plan.rows, plan.checkpointing
+    if rows_per_pass < cfg.batch_size // world or checkpointing != cfg.checkpointing:
+        distributed.print_main(
+            f"memory: {rows_per_pass} sequences per training pass instead of "
+            f"{cfg.batch_size // world}, checkpointing {'on' if checkpointing else 'off'}, so the "
+            f"planned peak ({plan.peak / 1e9:.1f} GB) stays within {budget / 1e9:.1f} GB (python -m "
+            "minirl memory itemizes it; --memory-limit GB sets the budget)"
+        )
 
     # Stage 2: the model, the run folder, what it trains, the optimizer and schedule, and --resume
     model = load_pretrained(cfg.model, dtype=dtype, device=device)[0]
@@ -248,7 +256,7 @@ def train(cfg: SFTConfig) -> dict:
         "dropped": stats.dropped,
         "skipped_bad_lines": skipped,
         "seconds": time.perf_counter() - start,
-        "memory_estimate_gb": estimated_peak / 1e9,
+        "memory_estimate_gb": plan.peak / 1e9,
         "memory_budget_gb": budget / 1e9,
     }
     final_dir = training.finish(cfg, model, tokenizer, summary)

@@ -31,10 +31,10 @@ from contextlib import contextmanager
 from safetensors import safe_open
 
 from ..adapter_files import load_adapter
-from ..budget import trim_heap
 from ..files import fresh_folder
 from ..lora import merge_and_unload
 from ..weights import load_pretrained
+from .budget import trim_heap
 from .checkpoint import latest_checkpoint
 
 # what a resumed run must share with the run it continues (keys of the recipe's summary);
