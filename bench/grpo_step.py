@@ -108,7 +108,7 @@ from minirl.learner import fixed_logprobs, lm_head_logprobs  # noqa: E402
 from minirl.lora import add_lora  # noqa: E402
 from minirl.losses import policy_loss  # noqa: E402
 from minirl.rollout import Trajectory  # noqa: E402
-from minirl.run.budget import trim_heap  # noqa: E402
+from minirl.run.budget import heap_in_mmaps, trim_heap  # noqa: E402
 from minirl.run.grpo import GRPOConfig  # noqa: E402
 from minirl.run.grpo_metrics import Clock, learning_stats  # noqa: E402
 from minirl.tasks import Task  # noqa: E402
@@ -241,6 +241,8 @@ def build(args):
     """The model (LoRA or full) with the run's speed-ups applied, the frozen π_ref copy (--full with
     β > 0), its optimizer and scheduler, the run's GRPOConfig (grpo_step reads its GRPOStepSettings part), and the device."""
     device = torch.device(args.device)
+    # as the commands do on a CPU (run/training.start): large tensors in their own mmaps
+    _ = device.type == "cpu" and heap_in_mmaps()
     dtype = DTYPES.get(args.dtype) or (
         torch.float32 if args.full or device.type == "cpu" else torch.bfloat16
     )

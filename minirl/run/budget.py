@@ -26,3 +26,20 @@ def trim_heap() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+# glibc's mallopt parameter: a block of at least this many bytes gets its own mmap
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 1 << 20
+
+
+def heap_in_mmaps(threshold: int = MMAP_THRESHOLD) -> bool:
+    """glibc: serve every block of at least `threshold` bytes with its own mmap, handed back to the
+    kernel when freed. Otherwise glibc raises the threshold to each large block freed (up to 32 MB),
+    a pass's activations come from its heap, and the heap's holes stay resident: the 0.5B's CPU
+    learning pass grew its resident set 2.58 GB where its live tensors were 0.60 (docs/memory.md).
+    False where there is no glibc (nothing changed)."""
+    try:
+        return bool(ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):
+        return False

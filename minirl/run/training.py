@@ -23,6 +23,7 @@ from ..files import write_json
 from ..finite import check_trained
 from ..lora import add_lora
 from ..weights import run_dtype, save_pretrained
+from .budget import heap_in_mmaps
 from .checkpoint import UnreadableCheckpoint, checkpoints, restore_checkpoint
 from .flags import warn
 
@@ -32,6 +33,9 @@ def start(cfg) -> tuple[torch.device, torch.dtype]:
     each rank its own stream (LoRA dropout, sampling), the initial weights broadcast from rank 0."""
     device = distributed.init(cfg.device)
     dtype = run_dtype(cfg.dtype, device, cfg.full)
+    # on a CPU, large tensors in their own mmaps, so that the resident set is what the memory plan
+    # measured (run/budget.heap_in_mmaps)
+    _ = device.type == "cpu" and heap_in_mmaps()
     # what a run killed before this one left in the temporary folder (envs/scratch.py)
     remove_orphans()
     torch.manual_seed(cfg.seed + distributed.rank())
