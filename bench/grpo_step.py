@@ -242,7 +242,8 @@ def build(args):
     β > 0), its optimizer and scheduler, the run's GRPOConfig (grpo_step reads its GRPOStepSettings part), and the device."""
     device = torch.device(args.device)
     # as the commands do on a CPU (run/training.start): large tensors in their own mmaps
-    _ = device.type == "cpu" and heap_in_mmaps()
+    if device.type == "cpu":
+        heap_in_mmaps()
     dtype = DTYPES.get(args.dtype) or (
         torch.float32 if args.full or device.type == "cpu" else torch.bfloat16
     )

@@ -18,18 +18,9 @@ from minirl.kv_cache import KVCache
 from minirl.lora import add_lora
 from minirl.model import random_model
 from minirl.run import memory
-from minirl.run.memory import (
-    FakeFloats,
-    Phase,
-    StepTracker,
-    counted,
-    fake_mode,
-    learning_pass,
-    measure,
-    probe_policy,
-    sampling_pass,
-    sft_pass,
-)
+from minirl.run.fake_step import KINDS, FakeFloats, Phase, StepTracker, fake_mode, measure
+from minirl.run.memory import counted
+from minirl.run.probes import learning_pass, probe_policy, sampling_pass, sft_pass
 from minirl.toy import build_checkpoint
 
 GiB = 2**30
@@ -136,7 +127,7 @@ def real_bytes(model, run) -> dict:
     finally:
         gc.enable()
     peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    return {name: peak.get(kind, 0) for kind, name in memory.KINDS.items() if peak.get(kind, 0)}
+    return {name: peak.get(kind, 0) for kind, name in KINDS.items() if peak.get(kind, 0)}
 
 
 PROMPTS = [list(range(20, 60)), list(range(20, 50)) + [7] * 12]

@@ -6,50 +6,26 @@ Counted (`counted`): the weights, the adapters, their gradients and AdamW's two 
 reference of full fine-tuning with a KL term, and the weights' copy packed for oneDNN while sampling:
 parameter counts times bytes, read off the model.
 
-Measured (`measure`): what the step's own code allocates beside those, run at the step's shapes on
-fake tensors. PyTorch's FakeTensorMode gives a tensor its shape, dtype and storage but no memory and
-no arithmetic; PyTorch's MemTracker (the machinery behind FSDP2's estimates) adds up the live
-storages after every operation and keeps the peak. Only floating-point tensors are fake: integers
-(token ids, masks, lengths) stay real, because the code reads them to cut its passes and place its
-cache rows (`FakeFloats`). So what runs is the run's own code, drop-ins included:
-
-  sampling   the prompts prefilled into the KV cache, copied into their groups' rows, a token drawn
-             and decoded; with the turn cache a turn's rows then kept while the next turn's cache,
-             a turn longer, fills from them (sampling_pass);
-  learning   the batch, π_ref's log-probs, one pass of the policy's with the loss and backward
-             (learning_pass; SFT: sft_pass).
-
-Each is measured at the run's size and at half of it, on the policy cut to 3 and 4 layers: a phase
-is fixed + rows x per_row, each term a line in the depth (every layer is alike; tested exact), and
-the guard divides the budget by it. A CPU process also holds what no tensor shows (the runtime, the
-episodes as Python objects) and glibc's heap keeps freed blocks during a pass (CPU_SLACK): measured
-constants. A GPU's fused attention keeps no T x T scores where the CPU's kernel with a mask does:
-gpu=True runs the kernel a GPU runs (gpu_attention).
+Measured: what the step's own code allocates beside those (run/probes.py: a sampling pass and a
+learning pass, the run's drop-ins included), run at the step's shapes on fake tensors
+(run/fake_step.py). Each is measured at the run's size and at half of it, on the policy cut to 3 and
+4 layers: a phase is fixed + rows x per_row, each term a line in the depth (every layer is alike;
+tested exact), and the guard divides the budget by it (`Plan.rows_within`). A CPU process also holds
+what no tensor shows (the runtime, the episodes as Python objects) and its heap keeps freed blocks
+during a pass (CPU_SLACK): measured constants.
 """
 
-import gc
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import distributed
 from ..fast.cpu_matmul import packable
-from ..fast.prefill import prefill, run_prompts, select_rows
 from ..fast.prefix_sft import shared_prefix_length
-from ..fast.turn_cache import KeptRows
-from ..learner import fixed_logprobs
-from ..lora import add_lora, disable_adapters
-from ..losses import policy_loss
-from ..model import Attention, Qwen2
-from ..next_token import sample_next
-from ..rollout import Trajectory, prompt_ids
-from ..sampling import Completion
+from ..rollout import prompt_ids
 from .budget import GB, MemoryBudgetError, trim_heap
+from .fake_step import Phase
+from .probes import learning_pass, probe_policy, sampling_pass, sft_pass
 
 # A CPU process beyond its tensors: the runtime (libraries, oneDNN's kernels, OpenMP's threads:
 # 95-107 MB over the RSS at planning); an episode as Python objects (tracemalloc, toy task: ~900
@@ -67,95 +43,6 @@ ON = {False: "fake tensors", True: "real tensors (a tiny policy)"}
 # a deep policy is measured this deep, and the line through the two taken to its depth: from 3
 # layers on every added layer adds what the last did (at 2, a 7B's prefill still outweighs its cache)
 DEPTHS = (3, 4)
-KINDS = {"Activation": "activations", "Temp": "temporaries", "Other": "other"}
-
-
-class StepTracker(MemTracker):
-    """MemTracker (torch.distributed._tools: private; pyproject.toml pins torch, tests/test_memory.py
-    fails by name if it moves) without its per-module statistics, which hook every parameter for a
-    gradient (a frozen LoRA weight takes none) and refuse a second call of the model."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # a tensor's .device allocates nothing, and the drop-ins ask it on every call
-        if func is torch.ops.prim.device.default:
-            return getattr(args[0], "fake_device", None) or func(*args, **(kwargs or {}))
-        return super().__torch_dispatch__(func, types, args, kwargs)
-
-    def _pre_fw_hook(self, module, inputs): ...
-    def _post_fw_hook(self, module, inputs, outputs): ...
-    def _pre_bw_hook(self, module, args): ...
-    def _post_bw_hook(self, module, args): ...
-
-
-# the operators that make a tensor from nothing (a shape, a value)
-MAKERS = {
-    torch.ops.aten.empty,
-    torch.ops.aten.empty_strided,
-    torch.ops.aten.zeros,
-    torch.ops.aten.ones,
-    torch.ops.aten.full,
-    torch.ops.aten.arange,
-    torch.ops.aten.rand,
-    torch.ops.aten.randn,
-    torch.ops.aten.scalar_tensor,
-}
-
-
-class FakeFloats(TorchDispatchMode):
-    """Floating-point tensors made from nothing (MAKERS) are fake; integer and boolean ones stay
-    real, and so does whatever is computed from real tensors alone."""
-
-    def __init__(self, fake: FakeTensorMode):
-        super().__init__()
-        self.fake = fake
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket not in MAKERS:
-            return func(*args, **(kwargs or {}))
-        with self.fake:  # its dtype is known once made (arange(n) makes an integer's)
-            out = func(*args, **(kwargs or {}))
-        return out if out.dtype.is_floating_point else func(*args, **(kwargs or {}))
-
-
-def fake_mode() -> FakeTensorMode:
-    # a shape environment lets .item() return a symbol (a loss's statistics) instead of failing
-    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
-
-
-def probe_policy(
-    config, dtype, *, lora_r: int, full: bool, fast, gpu=False, layers=None, real=False
-):
-    """The policy as the run holds it (dtype, LoRA unless full, the drop-ins' layers) on fake
-    tensors, `layers` deep (default: all); gpu: with the attention a GPU runs. real: on real
-    tensors (random weights) instead, for a policy so small that its probes run faster so
-    (tests/test_memory.py: the same bytes either way)."""
-    config, default = replace(config), torch.get_default_dtype()
-    mode = None if real else fake_mode()
-    config.num_hidden_layers = layers or config.num_hidden_layers
-    torch.set_default_dtype(dtype)
-    try:
-        with mode or nullcontext():
-            model = Qwen2(config)
-    finally:
-        torch.set_default_dtype(default)
-    with mode or nullcontext():
-        _ = full or add_lora(model, r=lora_r)
-    fast.apply(model)
-    for layer in model.modules() if gpu else ():
-        if isinstance(layer, Attention):
-            layer.attend = gpu_attention
-    model.fake, model.key = mode, (repr(config), str(dtype), lora_r, full, fast, gpu)
-    return model
-
-
-def gpu_attention(q, k, v, mask):
-    """Attention.attend as a GPU's memory-efficient kernel allocates it (it takes a mask): the
-    output and its log-sum-exp, no T x T scores; the mask an additive bias, each kv head repeated."""
-    H, K = q.shape[1], k.shape[1]
-    k, v = k.repeat_interleave(H // K, dim=1), v.repeat_interleave(H // K, dim=1)  # (B, H, S, D)
-    bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).expand(-1, H, -1, -1)
-    efficient = torch.ops.aten._scaled_dot_product_efficient_attention
-    return efficient(q, k, v, bias, True, is_causal=mask is None)[0]
 
 
 def counted(model, *, full: bool, beta: float, packed: bool) -> dict[str, int]:
@@ -170,168 +57,6 @@ def counted(model, *, full: bool, beta: float, packed: bool) -> dict[str, int]:
     if packed:
         items[PACKED] = sum(layer.weight.nbytes for layer in packable(model))
     return items
-
-
-# measurements already made in this process, by what was measured: the same every time (the
-# garbage collector off), and the suite's toy runs ask for many of the same
-MEASURED: dict[tuple, dict[str, int]] = {}
-
-
-def measure(model, run, key: tuple | None = None) -> dict[str, int]:
-    """The peak bytes `run()` allocates beside the model's parameters and gradients, by kind:
-    activations (made in forward), temporaries (in backward), other (the cache, the batch).
-    key: what `run` is (a probe and its size), to reuse a measurement of the same on this model."""
-    key = key and (model.key, model.model.gradient_checkpointing, key)
-    if key in MEASURED:
-        return MEASURED[key]
-    for p in model.parameters():
-        if p.requires_grad and p.grad is None:
-            with model.fake or nullcontext():
-                p.grad = torch.zeros_like(p)
-    tracker = StepTracker()
-    tracker.track_external(model)
-    # the garbage collector frees tensors held in reference cycles when it happens to run: the
-    # peak is measured as if it did not (the most they hold), the same every time
-    gc.disable()
-    try:
-        with FakeFloats(model.fake) if model.fake else nullcontext(), tracker:
-            run()
-    finally:
-        gc.enable()
-    peak = tracker.get_tracker_snapshot("peak").get(torch.device("cpu"), {})
-    measured = {name: peak[kind] for kind, name in KINDS.items() if peak.get(kind)}
-    if key:
-        MEASURED[key] = measured
-    return measured
-
-
-@dataclass
-class Phase:
-    """A phase's measured bytes: fixed + rows x per_row, and by kind at the run's size; `tokens`
-    per row (a pass of wider rows: per_row scaled by their width)."""
-
-    fixed: int
-    per_row: int
-    tokens: int
-    kinds: dict[str, int] = field(default_factory=dict)
-
-    def at(self, rows: int) -> int:
-        return self.fixed + rows * self.per_row
-
-    @classmethod
-    def of(cls, models, probe, tokens: int, at: int, layers: int, line=False) -> "Phase":
-        """probe(model)(n) measured at n = at on each of `models` (the policy as deep as the run's,
-        or DEPTHS deep and taken through a line to `layers`). One size is exact there
-        only (the line through 0); line=True measures at half as many too (at 1: at 2) and
-        draws the line through both, what the guard fits rows and widths with."""
-        sizes = ((at // 2, at) if at > 1 else (1, 2)) if line else (at,)
-        points = []
-        for model in models:
-            run = probe(model)
-            bytes_at = [measure(model, lambda: run(n), (probe.key, n)) for n in sizes]
-            high, low = (sum(b.values()) for b in (bytes_at[-1], bytes_at[0]))
-            per_row = max(0, (high - low) // (sizes[-1] - sizes[0]) if line else high // at)
-            points.append((high - sizes[-1] * per_row, per_row, bytes_at[-1]))
-        if len(points) == 1:
-            return cls(*points[0][:2], tokens, points[0][2])
-        (f1, r1, k1), (f2, r2, k2) = points
-        d1, d2 = (m.config.num_hidden_layers for m in models)
-
-        def deep(a, b):
-            return a + (b - a) * (layers - d1) // (d2 - d1)
-
-        kinds = {k: deep(k1.get(k, 0), k2[k]) for k in k2}
-        return cls(deep(f1, f2), deep(r1, r2), tokens, kinds)
-
-
-# ---- the probes: the step's own code at its shapes; probe(model) -> run(n) -------------------------
-def learning_pass(learner, prompts: list[list[int]], completion: int, beta: float):
-    """grpo_step's learning (stages 4 and 5 up to the update) for n full-length rollouts of
-    `prompts`, in turn, in one pass: the batch, π_ref's log-probs, the policy's, the loss, backward."""
-
-    def probe(model):
-        def run(n):
-            rows = [
-                Trajectory({}, prompts[i % len(prompts)], [0] * completion, [1] * completion,
-                           [0.0] * completion, "length")
-                for i in range(n)
-            ]  # fmt: skip
-            batch = learner.learning_batch(rows, 0, "cpu", completion)
-            passes, ref = (batch, n, 1.0, learner.head), None
-            if beta:
-                with disable_adapters(model):
-                    ref = fixed_logprobs(learner.logprobs, model, *passes)
-            model.train()
-            advantages, mask = torch.zeros(n), batch["action_mask"]
-            for r, logp in learner.logprobs(model, *passes):
-                ref_r = None if ref is None else ref[r]
-                policy_loss(logp, logp.detach(), ref_r, advantages[r], mask[r], beta=beta)[
-                    0
-                ].backward()
-
-        return run
-
-    probe.key = ("learning", learner, tuple(map(tuple, prompts)), completion, beta)
-    return probe
-
-
-def sampling_pass(fast, prompts: list[list[int]], max_new_tokens: int, episodes: bool):
-    """Sampling as the run's sampler does it (fast/decoder.py's _steps) with n samples a prompt:
-    the prompts prefilled into a cache with room for max_new_tokens, copied into their groups' rows,
-    a token drawn and decoded. With the turn cache (episodes) the turn then ends full: every row is
-    copied out (KeptRows) and the next turn, each conversation a turn longer, starts from them."""
-
-    def probe(model):
-        @torch.no_grad()
-        def run(n):
-            model.eval()
-            longest = max(map(len, prompts))
-            room = longest + max_new_tokens
-            cache, logits, rows = prefill(model, prompts, room, n, fast.shared_prefill)
-            if len(rows) > cache.batch_size:
-                select_rows(cache, rows)
-            # the cache's bytes a layer, read off it (the table shows the cache of the activations)
-            probe.layer_cache[n] = cache.keys[0].nbytes + cache.values[0].nbytes
-            sample_next(logits[rows])
-            tokens = torch.zeros(len(rows), 1, dtype=torch.long)
-            model(tokens, torch.ones_like(tokens), kv_cache=cache, logits_to_keep=1)
-            if episodes and fast.turn_cache:
-                kept, every = KeptRows(), torch.arange(len(rows))
-                cache.key_mask[:] = True  # the turn over: every slot filled
-                kept.keep(cache, every, every)
-                kept.label(prompts, n, [Completion([0] * max_new_tokens, [], "stop")] * len(rows))
-                del cache
-                later = [p + [0] * (max_new_tokens + 2) for p in prompts]
-                cache, rest = kept.start(model, later, n, max_new_tokens, max_new_tokens)
-                run_prompts(model, rest, cache)
-
-        return run
-
-    probe.key = ("sampling", fast, tuple(map(tuple, prompts)), max_new_tokens, episodes)
-    probe.layer_cache = {}
-    return probe
-
-
-def sft_pass(passes, examples: list[dict], shared: int):
-    """sft_step's passes (its stage 2) over n conversations as long as the longest, in one pass,
-    each its own after the `shared` tokens every conversation of the data begins with."""
-    longest = max(examples, key=lambda e: len(e["input_ids"]))
-    ids = longest["input_ids"]
-
-    def probe(model):
-        def run(n):
-            rows = [
-                {**longest, "input_ids": ids[:shared] + [i] + ids[shared + 1 :]} for i in range(n)
-            ]
-            for loss, _, _ in passes.batch_losses(
-                model, rows, [list(range(n))], 0, n, passes.head, nullcontext()
-            ):
-                loss.backward()
-
-        return run
-
-    probe.key = ("sft", passes, tuple(ids), tuple(longest["labels"]), shared)
-    return probe
 
 
 # ---- the plan: counted + measured, fitted to a budget -----------------------------------------------
@@ -502,7 +227,8 @@ def fitted(learner, p: Plan, budget: int, cpu: bool):
     minibatch size asked for). On a CPU the heap's free pages go back first (trim_heap)."""
 
     def logprobs(model, batch, minibatch_size, temperature, head):
-        _ = cpu and trim_heap()
+        if cpu:
+            trim_heap()
         width = batch["ids"].shape[1]
         rows = p.rows_within(budget, width, most=minibatch_size)
         if not rows:

@@ -35,7 +35,8 @@ def start(cfg) -> tuple[torch.device, torch.dtype]:
     dtype = run_dtype(cfg.dtype, device, cfg.full)
     # on a CPU, large tensors in their own mmaps, so that the resident set is what the memory plan
     # measured (run/budget.heap_in_mmaps)
-    _ = device.type == "cpu" and heap_in_mmaps()
+    if device.type == "cpu":
+        heap_in_mmaps()
     # what a run killed before this one left in the temporary folder (envs/scratch.py)
     remove_orphans()
     torch.manual_seed(cfg.seed + distributed.rank())
