@@ -12,8 +12,8 @@ plan (grpo_plan on the same prompts, measured on fake tensors), the measured pea
 On a GPU the measurement is torch.cuda.max_memory_allocated (what torch's allocator handed out; the
 CUDA context and the allocator's cached blocks are not in it, nor in the plan); --cap-gb 40 makes a
 larger card behave as a 40 GB one. On a CPU it is the resident high-water mark above the process's
-size before the model was built (interpreter and libraries excluded, allocator slack included), and
-the plan counts that slack too (cpu=True: minirl.run.memory.CPU_SLACK).
+size before the model was built (interpreter and libraries excluded, allocator slack included); as
+a CPU run does, the step serves large tensors from their own mmaps (run/budget.heap_in_mmaps).
 """
 
 import os

@@ -235,7 +235,7 @@ def test_the_7b_plan_fits_40_gb(capsys, tmp_path):
         ]
     )
     out = capsys.readouterr().out
-    assert "on a CPU" in out and "the heap's slack: 30% of a pass" in out
+    assert "on a CPU (measured constants):" in out and "episodes as Python objects" in out
     assert "measured on real tensors (a tiny policy), learning" in out
     with pytest.raises(SystemExit):
         main(["memory", "--model", "9b"])

@@ -224,10 +224,9 @@ def memory_table(plan) -> str:
         if phase is plan.sampling and plan.cache:
             out.append(line("    of which the KV cache (its tensors' bytes)", plan.cache))
     if plan.host:
-        out.append(f"on a CPU (measured constants; the heap's slack: {plan.slack:.0%} of a pass):")
+        out.append("on a CPU (measured constants):")
         out += [line("  " + k, v) for k, v in plan.host.items() if v]
         out.append(line("  episodes as Python objects", plan.group_size * plan.per_sample))
-        out.append(line("  the heap's slack while learning", plan.heap_slack(plan.rows)))
     out += [
         line("peak while sampling", plan.sampling_at(plan.group_size)),
         line("peak while learning", plan.learning_at(plan.rows)),
@@ -267,6 +266,6 @@ def add_memory_parser(sub, fmt):
     m.add_argument(
         "--cpu",
         action="store_true",
-        help="a CPU run: count the allocator's slack over live tensors",
+        help="a CPU run: count what no tensor shows (the runtime, the episodes as Python objects)",
     )
     m.set_defaults(func=cmd_memory)

@@ -11,8 +11,9 @@ learning pass, the run's drop-ins included), run at the step's shapes on fake te
 (run/fake_step.py). Each is measured at the run's size and at half of it, on the policy cut to 3 and
 4 layers: a phase is fixed + rows x per_row, each term a line in the depth (every layer is alike;
 tested exact), and the guard divides the budget by it (`Plan.rows_within`). A CPU process also holds
-what no tensor shows (the runtime, the episodes as Python objects) and its heap keeps freed blocks
-during a pass (CPU_SLACK): measured constants.
+what no tensor shows (the runtime, the episodes as Python objects): measured constants. Its heap
+holds no freed blocks beyond these: a CPU run serves every large tensor from its own mmap
+(run/budget.heap_in_mmaps), so the resident set is the live tensors the tracker counts.
 """
 
 from dataclasses import dataclass, field, replace
@@ -31,10 +32,6 @@ from .probes import learning_pass, probe_policy, sampling_pass, sft_pass
 # 95-107 MB over the RSS at planning); an episode as Python objects (tracemalloc, toy task: ~900
 # bytes and ~60 a token, 32 more per id above 256); a rollout log record (135-175 bytes a token).
 CPU_RUNTIME, EPISODE, EPISODE_TOKEN, RECORD_TOKEN = 150_000_000, 1500, 100, 250
-# glibc serves a tensor under its mmap threshold (which rises to each large block freed) from a
-# heap whose holes stay resident: a learning pass's RSS runs this share of its bytes ahead of its
-# live tensors (docs/memory.md)
-CPU_SLACK = 0.3
 PACKED = "weights packed for oneDNN (sampling)"
 # a policy whose counted bytes are under TINY has its probes run on real tensors (its sampling
 # only up to TINY_ROWS rows: a giant group of even a tiny model holds gigabytes)
@@ -64,7 +61,7 @@ def counted(model, *, full: bool, beta: float, packed: bool) -> dict[str, int]:
 class Plan:
     """A step: what is counted, the two measured phases (sampling per sample of each prompt, learning
     per row of a pass), on a CPU what no tensor shows (`host`: both phases; `records`: the rollout
-    log's, learning) and the heap's slack over a pass; the rows a pass and checkpointing chosen."""
+    log's, learning); the rows a pass and checkpointing chosen."""
 
     description: str
     counted: dict[str, int]
@@ -75,7 +72,6 @@ class Plan:
     checkpointing: bool = False
     host: dict[str, int] = field(default_factory=dict)
     per_sample: int = 0  # a CPU's episodes as Python objects, for one sample of each prompt
-    slack: float = 0.0
     # compiled decoding keeps its cache (sampling's "other") while learning
     kept_cache: bool = False
 
@@ -91,13 +87,7 @@ class Plan:
         held = sum(v for k, v in {**self.counted, **self.host}.items() if k != PACKED)
         held += cache + self.group_size * self.per_sample
         passes = self.learning.fixed + rows * self.learning.per_row * width
-        return int(held + passes + self.heap_slack(rows, tokens))
-
-    def heap_slack(self, rows: int, tokens: int | None = None) -> int:
-        """On a CPU, the heap's resident excess over the live tensors of a learning pass: a share
-        (slack) of the pass's bytes."""
-        width = (tokens or self.learning.tokens) / self.learning.tokens
-        return int(self.slack * (self.learning.fixed + rows * self.learning.per_row * width))
+        return int(held + passes)
 
     @property
     def peak(self) -> int:
@@ -154,7 +144,7 @@ def _plan(cfg, config, dtype, budget, *, cpu: bool, fast, gpu=False, **step) -> 
     p.cache = L * step["sampling"].layer_cache.get(step["samples"], 0)
     p.on = {"sampling": ON[real], "learning": ON[tiny]}
     if cpu:
-        p.slack, p.per_sample = CPU_SLACK, step.get("per_sample", 0)
+        p.per_sample = step.get("per_sample", 0)
         p.host = {"runtime": CPU_RUNTIME, "rollout log": step.get("records", 0)}
     (samples, length, fixed), over = (
         step["flags"],
