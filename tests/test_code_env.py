@@ -6,6 +6,7 @@ import math
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 from conftest import processes_with
@@ -246,6 +247,30 @@ def test_edit_needs_exactly_one_occurrence(env):
         ToolCall("edit_file", {"path": "mathutils.py", "old": "", "new": "x"})
     )
     assert open(os.path.join(env.root, "mathutils.py")).read() == before
+
+
+def test_a_failed_edit_leaves_the_file_byte_for_byte(env, monkeypatch):
+    """Issue 70: the file was opened for writing before the text was encoded, so a lone surrogate in
+    `new` left an empty module behind an error that said nothing changed. A write that fails part
+    way (a full disk) leaves the file as it was too."""
+    path = os.path.join(env.root, "mathutils.py")
+    before = open(path, "rb").read()
+    edit = {"path": "mathutils.py", "old": "total = 0", "new": "total = '\ud83d'"}
+    observation = env.step(ToolCall("edit_file", edit))
+    assert open(path, "rb").read() == before
+    assert observation.startswith("Error:") and "not changed" in observation, observation
+    assert "\ud83d" not in observation and "'\\ud83d'" in observation
+
+    def full_disk(self, data):
+        with open(self, "wb") as f:
+            f.write(data[:10])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    edit["new"] = "total = 1"
+    assert "No space left" in env.step(ToolCall("edit_file", edit))
+    assert open(path, "rb").read() == before
+    assert sorted(os.listdir(env.root)) == ["mathutils.py", "test_mathutils.py"]
 
 
 @pytest.mark.parametrize(

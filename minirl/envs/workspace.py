@@ -13,6 +13,7 @@ import tempfile
 import weakref
 from pathlib import Path
 
+from ..files import atomic_write
 from .scratch import scratch_prefix
 
 # read_file shows at most this much; edit_file refuses to grow a file past it
@@ -105,8 +106,16 @@ class Workspace:
         text = text.replace(old, new, 1)
         if len(text) > MAX_FILE_CHARS:
             raise ToolError(f"the edit would make {path} longer than {MAX_FILE_CHARS} characters")
-        with open(full, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ToolError(
+                f"`new` holds {e.object[e.start]!r}, half of a surrogate pair, which UTF-8 cannot "
+                f"write; {path} was not changed"
+            ) from None
+        # the new text goes to a file beside the old one, renamed over it whole: a write that
+        # fails part way leaves the module as it was, never empty (files.atomic_write)
+        atomic_write(full, lambda tmp: Path(tmp).write_bytes(data))
         return f"Edited {path}: replaced {len(old)} characters with {len(new)}."
 
     def restore(self) -> None:
