@@ -14,7 +14,7 @@ import weakref
 from pathlib import Path
 
 from ..files import atomic_write
-from .scratch import scratch_prefix
+from .scratch import mark_owned, scratch_prefix
 
 # read_file shows at most this much; edit_file refuses to grow a file past it
 MAX_FILE_CHARS = 20_000
@@ -25,12 +25,18 @@ class ToolError(Exception):
 
 
 class Workspace:
-    """A task's files in a temporary folder (`root`), removed by close() or when the object is
-    collected. A file name that leads outside the folder is refused (ValueError) and nothing is left."""
+    """A task's files in a temporary folder (`root`: `repo` inside the folder named by
+    scratch_prefix), removed by close() or when the object is collected. A file name that leads
+    outside the folder is refused (ValueError) and nothing is left."""
 
     def __init__(self, files: dict[str, str], parent: str | None = None):
-        self.root = os.path.realpath(tempfile.mkdtemp(prefix=scratch_prefix("code"), dir=parent))
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
+        # the folder holds the marker that proves it is minirl's (envs/scratch.py) beside `repo`,
+        # the agent's files, so that no tool and no test sees the marker
+        folder = os.path.realpath(tempfile.mkdtemp(prefix=scratch_prefix("code"), dir=parent))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
+        mark_owned(folder)
+        self.root = os.path.join(folder, "repo")
+        os.mkdir(self.root)
         self.shipped = dict(files)
         try:
             self.restore()
