@@ -9,10 +9,11 @@ import json
 import math
 import os
 
+import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .finite import check_weights
+from .finite import NonFiniteError, check_weights
 from .lora import add_lora, lora_layers, lora_state_dict
 from .trainable_tokens import add_trainable_tokens, token_adapter
 
@@ -172,5 +173,28 @@ def load_adapter(model: nn.Module, folder: str) -> nn.Module:
             f"{weights_path} does not fit the model's LoRA layers: missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]}, mis-shaped {sorted(wrong)[:3]}"
         )
+    check_products(model, tensors, weights_path)
     model.load_state_dict(tensors, strict=False)
     return model
+
+
+def check_products(model: nn.Module, tensors: dict, where: str) -> None:
+    """Refuse an adapter whose update (α/r)·B A does not fit the dtype of the weights it is added
+    to: finite tensors can still overflow it (scaled by 1e30, which one flipped exponent bit does,
+    they passed check_scale and the NaN check and the logits came out NaN). The bound
+    r·max|B|·max|A|·(α/r) clears a layer at the cost of two maxima; only one past it is multiplied."""
+    for name, layer in lora_layers(model).items():
+        A, B = tensors[f"{name}.lora_A.weight"], tensors[f"{name}.lora_B.weight"]
+        limit = torch.finfo(layer.weight.dtype).max
+        largest = layer.r * B.abs().max().item() * A.abs().max().item() * layer.scaling
+        if largest < limit:
+            continue
+        # (C_out, C_in), float32 as the adapter computes it
+        update = (B.float() @ A.float()).mul_(layer.scaling)
+        if not update.abs().max() < limit:
+            raise NonFiniteError(
+                f"{where}: the update (lora_alpha / r)·B A of {name} overflows "
+                f"{str(layer.weight.dtype).removeprefix('torch.')} (its largest value is "
+                f"{update.abs().max().item():.3g}, beyond {limit:.3g}): the adapter's weights are "
+                "corrupt or diverged; use an earlier checkpoint"
+            )

@@ -252,7 +252,7 @@ def compare(
     of its samples that succeeded), its mean with a paired bootstrap 95 % interval, the exact
     McNemar test on items whose majority verdict flipped (n = 1: the episode's verdict), and which
     items flipped each way. B is significantly worse (or better) when the interval lies below (above)
-    0 with room inside it, and McNemar's p is below 0.05: the gate uses the test it prints.
+    0 with room in it, McNemar's p is below 0.05 and more items flipped that way: both tests agree.
     The clean episodes are paired, or with `perturbation` those played under it (eval --perturb);
     verdict="lenient" pairs the lenient verdicts instead of the strict ones (eval --compare A B
     --lenient). When every episode names its problem (the code agent's planted bugs: several per
@@ -297,13 +297,13 @@ def compare(
     better = [i for i in items if rate["b"][i] > 0.5 >= rate["a"][i]]
     worse = [i for i in items if rate["a"][i] > 0.5 >= rate["b"][i]]
     p = mcnemar_exact(len(better), len(worse))
-    # a claim needs both tests printed: an interval from identical differences is [d, d] however
-    # few the items (one bug flipped gave [-1, -1]), and under 6 flips McNemar cannot reach 0.05
-    claim = p < SIGNIFICANCE
+    # a claim needs both tests, one way: one flipped bug gave the interval [-1, -1] (no room), under
+    # 6 flips McNemar cannot reach 0.05, and 10 flips to success (p 0.002) sat beside a mean below 0
+    claim, flips = p < SIGNIFICANCE, 1 if len(better) > len(worse) else -1
 
     def beyond_zero(interval, side):
-        """Room inside the interval (not [d, d]), and all of it above 0 (side 1) or below."""
-        if not interval or interval[1] <= interval[0]:
+        """The flips that way, room in the interval (not [d, d]), all of it above 0 (side 1) or below."""
+        if side != flips or not interval or interval[1] <= interval[0]:
             return False
         return interval[0] > 0 if side > 0 else interval[1] < 0
 

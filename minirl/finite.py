@@ -10,6 +10,9 @@ value can enter a run and where it could leave it:
                                          applies them (so the last checkpoint stays good)
     check_trained(model, what)           the trained weights, before a checkpoint or the final
                                          adapter is written
+    check_drawn(logprobs, step, rows)    the log-probs of the tokens a decoding step drew, as the
+                                         sampler reads them back (logits that are not finite
+                                         gave token 0 with a NaN log-prob)
 """
 
 import math
@@ -66,3 +69,19 @@ def check_trained(model: torch.nn.Module, what: str) -> None:
     for name, p in model.named_parameters():
         if p.requires_grad:
             check_weights(p.detach(), f"{what}: {name}")
+
+
+def check_drawn(logprobs: list[float], step: int, rows) -> None:
+    """Raise NonFiniteError if a token drawn at decoding step `step` has a NaN log-prob (logprobs[i]
+    is that of sequence rows[i]). Its row of next-token logits then held a NaN or +inf, or only
+    -inf: argmax, torch.multinomial and the inverse CDF all draw some token from it, with a NaN
+    log-prob. The values are the ones the sampler copies to the host anyway, so the check adds no
+    work on the device and no wait for it."""
+    bad = [i for i, value in enumerate(logprobs) if value != value]
+    if bad:
+        raise NonFiniteError(
+            f"the next-token logits are not finite (NaN or inf) at decoding step {step}, in "
+            f"{len(bad)} sequence(s), the first sequence {rows[bad[0]]}: the model's weights or "
+            "its adapter overflowed, and nothing can be drawn from them; check the adapter, or "
+            "use an earlier checkpoint"
+        )

@@ -11,7 +11,11 @@ def multinomial_draw(logits: torch.Tensor, generator: torch.Generator | None = N
     """One token per row with probability softmax(logits), and its log-prob: (B, V) -> (B,), (B,).
     The drop-in fast/inverse_cdf.py draws the same distribution with one uniform number per row."""
     logprobs = torch.log_softmax(logits, dim=-1)  # (B, V)
-    tokens = torch.multinomial(logprobs.exp(), 1, generator=generator)[:, 0]  # (B,)
+    # a row of logits that are not finite has NaN weights, which torch.multinomial refuses without
+    # naming the step: the row draws some token instead, and the sampler refuses its NaN log-prob
+    # as it refuses every draw's (finite.check_drawn)
+    weights = logprobs.exp().nan_to_num(nan=1.0)  # (B, V)
+    tokens = torch.multinomial(weights, 1, generator=generator)[:, 0]  # (B,)
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .finite import check_drawn
 from .kv_cache import KVCache
 from .next_token import multinomial_draw, sample_next
 
@@ -112,10 +113,13 @@ def decode(model, prompts, max_new_tokens, num_samples, stop_ids, generator, **o
 
 def completions(steps, N: int, stop_ids) -> list[Completion]:
     """Each row's tokens and log-probs from decode()-style steps (rows (B,) of N, tokens, logprobs),
-    cut after its first stop token."""
+    cut after its first stop token. A NaN log-prob (logits that were not finite) is refused by
+    its step (finite.check_drawn)."""
     tokens, logprobs = [[] for _ in range(N)], [[] for _ in range(N)]
-    for rows, step_tokens, step_logprobs in steps:
-        for row, token, logprob in zip(rows, step_tokens.tolist(), step_logprobs.tolist()):
+    for step, (rows, step_tokens, step_logprobs) in enumerate(steps):
+        step_logprobs = step_logprobs.tolist()
+        check_drawn(step_logprobs, step, rows)
+        for row, token, logprob in zip(rows, step_tokens.tolist(), step_logprobs):
             tokens[row].append(token)
             logprobs[row].append(logprob)
     outs = []
@@ -196,7 +200,8 @@ def stream(
     with eval_mode(model):
         random = generator(model, seed)
         steps = decode(model, [prompt], max_new_tokens, 1, stop_ids, random, draw=draw, **options)
-        for tokens, _, stopped in steps:
+        for step, (tokens, logprobs, stopped) in enumerate(steps):
+            check_drawn([float(logprobs[0])], step, [0])
             yield int(tokens[0])
             if bool(stopped[0]):
                 return

@@ -5,7 +5,12 @@ import json
 import math
 import os
 import re
+import signal
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from conftest import processes_with
@@ -18,6 +23,7 @@ from minirl.envs.rewards import (
     tests_passed_fraction as passed_fraction,
 )  # under its own name pytest would collect it
 from minirl.envs.sandbox import run_tests
+from minirl.envs.scratch import MARKER, mark_owned, remove_orphans, scratch_prefix
 from minirl.envs.tools import ToolCall
 from minirl.envs.verdicts import plain_tests
 from minirl.tokenizer import render_chat_template
@@ -246,6 +252,30 @@ def test_edit_needs_exactly_one_occurrence(env):
         ToolCall("edit_file", {"path": "mathutils.py", "old": "", "new": "x"})
     )
     assert open(os.path.join(env.root, "mathutils.py")).read() == before
+
+
+def test_a_failed_edit_leaves_the_file_byte_for_byte(env, monkeypatch):
+    """Issue 70: the file was opened for writing before the text was encoded, so a lone surrogate in
+    `new` left an empty module behind an error that said nothing changed. A write that fails part
+    way (a full disk) leaves the file as it was too."""
+    path = os.path.join(env.root, "mathutils.py")
+    before = open(path, "rb").read()
+    edit = {"path": "mathutils.py", "old": "total = 0", "new": "total = '\ud83d'"}
+    observation = env.step(ToolCall("edit_file", edit))
+    assert open(path, "rb").read() == before
+    assert observation.startswith("Error:") and "not changed" in observation, observation
+    assert "\ud83d" not in observation and "'\\ud83d'" in observation
+
+    def full_disk(self, data):
+        with open(self, "wb") as f:
+            f.write(data[:10])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    edit["new"] = "total = 1"
+    assert "No space left" in env.step(ToolCall("edit_file", edit))
+    assert open(path, "rb").read() == before
+    assert sorted(os.listdir(env.root)) == ["mathutils.py", "test_mathutils.py"]
 
 
 @pytest.mark.parametrize(
@@ -501,12 +531,6 @@ def test_a_killed_runs_temporary_folders_are_removed_at_the_next_start(tmp_path)
     """(issue 64) a run killed with -9 cannot remove its task and sandbox folders; their names carry
     the owner's process id, and remove_orphans (called as a run starts) removes those whose owner
     is gone, and nothing else."""
-    import signal
-    import subprocess
-    import sys
-
-    from minirl.envs.scratch import remove_orphans
-
     child = (
         "import os, signal, sys\n"
         "from minirl.envs.code import CodeEnv\n"
@@ -521,11 +545,41 @@ def test_a_killed_runs_temporary_folders_are_removed_at_the_next_start(tmp_path)
     assert left.startswith("minirl-code-") and left.split("-")[2].isdigit()
     mine = tmp_path / f"minirl-sandbox-{os.getpid()}-abcd"
     mine.mkdir()
+    mark_owned(str(mine))
     unowned = tmp_path / "minirl-code-abcd1234"
     unowned.mkdir()
     assert remove_orphans(str(tmp_path)) == [str(tmp_path / left)]
     assert sorted(os.listdir(tmp_path)) == sorted([mine.name, unowned.name])
     with CodeEnv(workdir_root=str(tmp_path)) as env:
         env.reset(make_task(TEMPLATES[0]))
-        assert os.path.basename(env.root).startswith(f"minirl-code-{os.getpid()}-")
+        folder = os.path.dirname(env.root)
+        assert os.path.basename(folder).startswith(f"minirl-code-{os.getpid()}-")
         assert remove_orphans(str(tmp_path)) == [] and os.path.isdir(env.root)
+
+
+def test_only_a_folder_minirl_can_prove_it_made_is_removed(tmp_path, monkeypatch):
+    """Issue 70: any user could stop every run on the machine with a folder named
+    minirl-code-99999999999-x (remove_orphans raised OverflowError as sft, grpo and eval started),
+    and a user's minirl-code-<dead pid>-notes was removed on its name alone. A folder goes only
+    when its marker, written as minirl made it, names the same dead process."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    dead = child.pid
+    unreadable = tmp_path / "minirl-code-99999999999-x"
+    notes = tmp_path / f"minirl-code-{dead}-notes"
+    forged = tmp_path / f"minirl-sandbox-{dead}-forged"
+    for folder in (unreadable, notes, forged):
+        folder.mkdir()
+    (notes / "plan.txt").write_text("the user's own")
+    (forged / MARKER).write_text("not what minirl writes\n")
+    with monkeypatch.context() as patch:
+        # a folder a run of process `dead` made and left, as a kill -9 leaves it
+        patch.setattr(os, "getpid", lambda: dead)
+        orphan = tempfile.mkdtemp(prefix=scratch_prefix("code"), dir=tmp_path)
+        mark_owned(orphan)
+    link = tmp_path / f"minirl-code-{dead}-link"
+    link.symlink_to(orphan)
+    assert remove_orphans(str(tmp_path)) == [orphan]
+    left = {unreadable.name, notes.name, forged.name, link.name}
+    assert set(os.listdir(tmp_path)) == left
+    assert (notes / "plan.txt").read_text() == "the user's own"

@@ -555,6 +555,30 @@ def test_compare_claims_nothing_from_too_few_items(tmp_path, capsys):
     assert compare(a, b, resamples=2000)["b_significantly_worse"]
 
 
+def test_compare_claims_nothing_when_mcnemar_and_the_mean_disagree(tmp_path, capsys):
+    """Issue 70's reproduction, three samples an item: 10 items go from 1 of 3 right to 2 of 3 (their
+    majority flips to success, McNemar p 0.002), 30 from 3 of 3 to 2 of 3 (no flip), so the mean
+    difference is below 0. It said "B is significantly worse" and exited 1; swapped, "better"."""
+    from minirl.apps.cli import main
+
+    def run(rights):
+        return [episode(i, s, s < right) for i, right in enumerate(rights) for s in range(3)]
+
+    a, b = run([1] * 10 + [3] * 30), run([2] * 10 + [2] * 30)
+    result = compare(a, b, resamples=2000)
+    assert len(result["flipped_to_success"]) == 10 and result["flipped_to_failure"] == []
+    assert result["mcnemar_p"] == pytest.approx(2 / 2**10) and result["interval_95"][1] < 0
+    assert not result["b_significantly_worse"] and not result["b_significantly_better"]
+    assert not compare(b, a, resamples=2000)["b_significantly_better"]
+    for name, episodes in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "episodes.jsonl").write_text(
+            "".join(json.dumps(e) + "\n" for e in episodes)
+        )
+    main(["eval", "--compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert "significantly" not in capsys.readouterr().err
+
+
 def test_compare_exits_1_when_b_is_significantly_worse(tmp_path, capsys):
     from minirl.apps.cli import main
 

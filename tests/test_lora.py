@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 from conftest import hf_tiny_model
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from minirl import load_model, random_model
 from minirl.adapter_files import MAX_SCALE, load_adapter, save_adapter
 from minirl.fast import cpu_matmul
+from minirl.finite import NonFiniteError
 from minirl.lora import (
     LoRALinear,
     add_lora,
@@ -396,6 +397,39 @@ def test_an_adapter_scale_that_cannot_be_meant_is_refused_at_load(tmp_path):
     config_path.write_text(json.dumps({**config, "lora_alpha": 4 * MAX_SCALE}))
     with torch.no_grad():
         assert torch.isfinite(load_adapter(base_model(), str(tmp_path))(ids_batch())).all()
+
+
+def test_finite_adapter_weights_whose_product_overflows_are_refused_at_load(tmp_path):
+    """Issue 70's reproduction: every tensor of an adapter scaled by 1e30 (one flipped exponent bit)
+    passed check_scale and the NaN check, loaded, and the logits came out NaN."""
+    torch.manual_seed(0)
+    save_adapter(randomize_lora_B(add_lora(base_model(), r=4, alpha=8)), str(tmp_path))
+    weights_path = tmp_path / "adapter_model.safetensors"
+    tensors = load_file(weights_path)
+    save_file({k: v * 1e30 for k, v in tensors.items()}, weights_path, metadata={"format": "pt"})
+    with pytest.raises(
+        NonFiniteError,
+        match=rf"{weights_path}: the update \(lora_alpha / r\)·B A of model.layers.0.self_attn.q_proj "
+        r"overflows float32",
+    ):
+        load_adapter(base_model(), str(tmp_path))
+    # a float16 model's weights end at 65504: an update past it overflows there, not in float32
+    save_file({k: v * 1e4 for k, v in tensors.items()}, weights_path, metadata={"format": "pt"})
+    assert torch.isfinite(load_adapter(base_model(), str(tmp_path))(ids_batch())).all()
+    with pytest.raises(NonFiniteError, match="overflows float16"):
+        load_adapter(base_model(dtype=torch.float16), str(tmp_path))
+    # past the bound r·max|B|·max|A|·scale, the product itself decides: here B A is 0
+    huge = {k: torch.zeros_like(v) for k, v in tensors.items()}
+    for key in huge:
+        huge[key][:, 0] = 1e30 if "lora_B" in key else 0.0
+        if "lora_A" in key:
+            huge[key][1] = 1e30
+    save_file(huge, weights_path, metadata={"format": "pt"})
+    with torch.no_grad():
+        model = base_model()
+        assert torch.equal(
+            load_adapter(base_model(), str(tmp_path))(ids_batch()), model(ids_batch())
+        )
 
 
 def test_bf16_base_keeps_fp32_adapters():

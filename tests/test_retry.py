@@ -506,6 +506,19 @@ def test_the_retry_recipe_end_to_end_paused_and_resumed(tmp_path, capsys):
         assert f"written earlier: read from {demos}" in capsys.readouterr().out
     assert demos.read_bytes() == played
 
+    # (issue 70) a resume of the finished run erased GRPO's check and pool from summary.json and
+    # "Check during GRPO" from results.md, and so did one killed after grpo/summary.json was
+    # written (summary.json then as saved when the GRPO stage began): both keep them now
+    assert whole["gates"]["grpo"]["step"] == 1 and whole["pool"]["of"] > 0
+    began = {key: whole[key] for key in written if key not in ("pool", "paused_at_grpo_step")}
+    began["gates"] = {"sft": whole["gates"]["sft"]}
+    for summary in (whole, {**began, "finished": False}):
+        (out / "summary.json").write_text(json.dumps(summary))
+        again = run(model, resume=True, **options)
+        assert again["gates"] == whole["gates"] and again["pool"] == whole["pool"]
+        assert json.loads((out / "summary.json").read_text())["gates"] == whole["gates"]
+        assert "Check during GRPO: " in (out / "results.md").read_text()
+
 
 @pytest.mark.slow
 def test_a_failed_check_stops_the_retry_recipe(tmp_path, monkeypatch):

@@ -1,6 +1,8 @@
 """Multi-turn rollouts: the action mask covers exactly the generated tokens, observation tokens are what
 training renders (no drift), episodes stop for the stated reasons, and returns follow the MDP."""
 
+import json
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from minirl.envs.calculator import CalculatorEnv, agent_metrics, make_question
 from minirl.grpo import filter_groups
 from minirl.losses import token_logprobs
 from minirl.rollout import Trajectory, run_episodes
+from minirl.run.rollout_log import RolloutLog, rollout_records
 from minirl.sampling import Completion
 from minirl.tasks import ArithmeticTask, CalculatorTask
 from minirl.toy import build_checkpoint
@@ -120,6 +123,31 @@ def test_a_malformed_call_is_an_observation_the_policy_can_recover_from(toy, mon
     assert traj.messages[2]["role"] == "tool" and traj.messages[2]["content"].startswith("Error:")
     assert traj.finish_reason == "answer" and traj.info["correct"] == 1.0 and traj.tool_errors == 1
     assert agent_metrics([traj])["recovery_rate"] == 1.0
+
+
+def test_a_lone_surrogate_in_a_call_is_an_observation_and_a_record(toy, monkeypatch, tmp_path):
+    """Issue 70: a policy wrote "\\ud83d", half of an emoji's escape, in a call's name and in its
+    arguments. The parser echoed the name into the next observation, which the tokenizer refused
+    (TypeError), and the arguments could not be written to rollouts.jsonl (UnicodeEncodeError)."""
+    model, tokenizer = toy
+    halves = (
+        '<tool_call>\n{"name": "\\ud83d", "arguments": 5}\n</tool_call>\n'
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "\\ud83d"}}\n</tool_call>'
+    )
+    scripted(tokenizer, model, [halves, CALL, "3108"], monkeypatch)
+    (traj,) = run_episodes(
+        model, tokenizer, CalculatorEnv, [task_37_84()], max_turns=4, max_new_tokens=8
+    )
+    # the episode went on past the reply and ended as a clean one would
+    assert traj.finish_reason == "answer" and traj.info["correct"] == 1.0 and traj.tool_errors == 2
+    assert traj.messages[2]["content"] == 'Error: "arguments" of \ufffd must be a JSON object'
+    assert traj.tool_calls[0]["arguments"] == {"expression": "\ufffd"}
+    CALCULATOR_TASK.score([traj])
+    log = RolloutLog(str(tmp_path / "rollouts.jsonl"), None)
+    log.write(rollout_records(0, [traj], torch.zeros(1), [], None, tokenizer, 1, 1))
+    log.close()
+    (record,) = map(json.loads, (tmp_path / "rollouts.jsonl").read_text("utf-8").splitlines())
+    assert record["tool_calls"][0]["arguments"] == {"expression": "\ufffd"}
 
 
 @pytest.mark.parametrize("max_turns", [1, 3])

@@ -11,13 +11,16 @@ import pytest
 import torch
 from conftest import SUM_ORDER, cpu_compiler_missing
 
+import minirl
 from minirl import load_model
 from minirl.fast import decoder as fast_decoder
 from minirl.fast import static_cache
 from minirl.fast.decoder import SYNC_EVERY, Decoder
 from minirl.fast.inverse_cdf import inverse_cdf_draw
 from minirl.fast.static_cache import StaticKVCache
+from minirl.finite import NonFiniteError, check_drawn
 from minirl.kv_cache import KVCache
+from minirl.lora import add_lora
 from minirl.next_token import multinomial_draw, sample_next
 from minirl.sampling import generate, stream
 
@@ -320,6 +323,46 @@ def test_options_of_the_wrong_kind_are_refused(tiny, sampler):
         minirl.generate(model, [[1, 2]], temperature=float("nan"))
     with pytest.raises(ValueError, match="temperature must be a finite number"):
         list(minirl.stream(model, [1, 2], temperature=float("nan")))
+
+
+def test_logits_that_are_not_finite_are_refused_by_name(tiny, sampler):
+    """Issue 70's reproduction: an adapter's tensors scaled by 1e30 made the logits NaN, and every
+    sampler returned token 0 with NaN log-probs, greedy or sampled (eval then read pass@1 0, rc 0)."""
+    _, model = tiny
+    generate, stream = sampler
+    add_lora(model, r=4, alpha=8)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.fill_(1e30)
+    message = r"logits are not finite \(NaN or inf\) at decoding step 0, in 4 sequence"
+    for options in (dict(temperature=0.0), dict(temperature=1.0), dict(top_k=5, top_p=0.9)):
+        with pytest.raises(NonFiniteError, match=message):
+            generate(model, PROMPTS[:2], max_new_tokens=3, seed=0, num_samples=2, **options)
+    with pytest.raises(NonFiniteError, match="at decoding step 0, in 1 sequence"):
+        list(stream(model, PROMPTS[0], max_new_tokens=3))
+    # the library's entry point (every drop-in on), and the plain draw (torch.multinomial)
+    with pytest.raises(NonFiniteError, match="at decoding step 0"):
+        minirl.generate(model, PROMPTS[:1], max_new_tokens=3)
+    with pytest.raises(NonFiniteError, match="at decoding step 0"):
+        generate(model, PROMPTS[:1], max_new_tokens=3, draw=multinomial_draw)
+
+
+@pytest.mark.parametrize("draw", [multinomial_draw, inverse_cdf_draw])
+def test_every_draw_gives_a_row_that_is_not_finite_a_nan_log_prob(draw):
+    """What the sampler's check reads (finite.check_drawn): a row with a NaN, a +inf, or only -inf
+    draws a NaN log-prob, greedy or sampled, under top-k and top-p too; a -inf beside finite
+    logits is a token that cannot be drawn, not an error."""
+    logits = torch.zeros(5, 11)
+    logits[0, 3], logits[1, 4], logits[2], logits[3, 5] = math.nan, math.inf, -math.inf, -math.inf
+    for options in (dict(temperature=0.0), {}, dict(top_k=3), dict(top_p=0.5)):
+        tokens, logprobs = sample_next(logits, draw=draw, **options)
+        assert [math.isnan(v) for v in logprobs.tolist()] == [True, True, True, False, False]
+        assert tokens[3] != 5
+    with pytest.raises(
+        NonFiniteError, match="at decoding step 7, in 3 sequence.*first sequence 10"
+    ):
+        check_drawn(logprobs.tolist(), 7, [10, 11, 12, 13, 14])
 
 
 def test_cache_refuses_to_overflow(tiny):

@@ -71,6 +71,24 @@ def test_unicode_arguments_survive():
     assert turn.content == "好的。" and turn.errors == []
 
 
+def test_a_lone_surrogate_escape_becomes_the_replacement_character():
+    """Issue 70: "\\ud83d" decodes to half a surrogate pair, which neither the tokenizer nor a UTF-8
+    file takes; a whole pair ("\\ud83d\\ude00") stays the emoji it names."""
+    deep = "[" * 900 + '"\\udc00"' + "]" * 900
+    turn = parse_assistant(
+        '<tool_call>{"name": "f\\ud83d", "arguments": {"\\ud83d": ["\\ude00", {"a": "\\ud83d'
+        '\\ude00"}], "deep": ' + deep + "}}</tool_call>"
+    )
+    (call,) = turn.calls
+    assert call.name == "f\ufffd"
+    assert call.arguments["\ufffd"] == ["\ufffd", {"a": "\U0001f600"}]
+    inner = call.arguments["deep"]
+    while isinstance(inner, list):
+        (inner,) = inner
+    assert inner == "\ufffd"
+    json.dumps([call.name, call.arguments], ensure_ascii=False).encode("utf-8")
+
+
 def test_very_long_arguments_parse_and_the_tool_refuses_them():
     turn = parse_assistant(call_text(expression="1+" * 50_000 + "1"))
     assert len(turn.calls) == 1 and turn.errors == []

@@ -235,6 +235,21 @@ def run(
             raise Paused(result)
         return result
 
+    pool_file = os.path.join(grpo_dir, "pool.json")
+    pooled = bool(s["gate_step"]) and 0 < s["pool_after"] < s["grpo_steps"]
+
+    def grpo_check() -> bool:
+        """The check at GRPO step gate_step, recorded in summary["gates"]; whether the run goes on."""
+        return gate(summary, "grpo", grpo_gate(grpo_dir, s["gate_step"]), s)
+
+    def record_pool() -> dict:
+        """grpo/pool.json (apps/bug_pool.py), its size recorded in summary["pool"]."""
+        with open(pool_file) as f:
+            pool = json.load(f)
+        summary["pool"] = {"bugs": len(pool["bugs"]), "of": len(pool["fixes"])}
+        print(f"   the pool: {len(pool['bugs'])} of the {len(pool['fixes'])} bugs drawn so far")
+        return pool
+
     def grpo():
         if not s["gate_step"]:
             return grpo_until(s["grpo_steps"])
@@ -242,21 +257,20 @@ def run(
             part = grpo_until(s["gate_step"])
         else:
             part = {"steps": done_steps(grpo_dir), "memory_estimate_gb": 0.0}
-        if not gate(summary, "grpo", grpo_gate(grpo_dir, s["gate_step"]), s):
+        if not grpo_check():
             return {**part, "stopped_at_check": True}
-        if not s["pool_after"] or s["pool_after"] >= s["grpo_steps"]:
+        if not pooled:
             return grpo_until(s["grpo_steps"])
         if done_steps(grpo_dir) < s["pool_after"]:
             grpo_until(s["pool_after"])
-        pool_file = os.path.join(grpo_dir, "pool.json")
-        rollouts = os.path.join(grpo_dir, "rollouts.jsonl")
-        pool = write_pool(rollouts, s["pool_after"], pool_file)
-        summary["pool"] = {"bugs": len(pool["bugs"]), "of": len(pool["fixes"])}
-        print(f"   the pool: {len(pool['bugs'])} of the {len(pool['fixes'])} bugs drawn so far")
+        write_pool(os.path.join(grpo_dir, "rollouts.jsonl"), s["pool_after"], pool_file)
+        pool = record_pool()
         return grpo_until(s["grpo_steps"], pool_file if pool["bugs"] else None)
 
+    # a pooled GRPO stage is whole with its pool (read back below)
+    needs = TRAINED + (("pool.json",) if pooled else ())
     try:
-        summary["grpo_run"] = progress.stage("grpo", grpo_dir, grpo, memory=True, needs=TRAINED)
+        summary["grpo_run"] = progress.stage("grpo", grpo_dir, grpo, memory=True, needs=needs)
     except Paused as paused:
         summary["grpo_run"] = paused.args[0]
         summary["paused_at_grpo_step"] = paused.args[0]["steps"]
@@ -268,6 +282,12 @@ def run(
         return summary
     if summary["grpo_run"].get("stopped_at_check"):
         return stop(progress, summary, out_dir, f"the check at GRPO step {s['gate_step']} failed")
+    if s["gate_step"] and "grpo" not in summary.get("gates", {}):
+        # GRPO finished in an earlier sitting and was read back, not run: its check and pool are
+        # recorded again from what it left (metrics.csv, pool.json), or a resume would erase them
+        grpo_check()
+        if pooled:
+            record_pool()
 
     def last_eval():
         return grpo_eval(

@@ -53,7 +53,7 @@ import tempfile
 import time
 
 from .isolation import RUNNER, RUNNER_MARK, UNSHARE, isolation, read_only_folders
-from .scratch import scratch_prefix
+from .scratch import mark_owned, scratch_prefix
 from .verdicts import judge, read_plain_tests
 from .watchdog import WATCH_INTERVAL, over_limits, stop_tree
 
@@ -227,6 +227,7 @@ def run_tests(
     with tempfile.TemporaryDirectory(
         prefix=scratch_prefix("sandbox"), ignore_cleanup_errors=True
     ) as scratch:
+        mark_owned(scratch)
         work = os.path.join(scratch, "work")
         shutil.copytree(workspace, work, symlinks=True)
         for relpath, text in (files or {}).items():

@@ -9,7 +9,9 @@ An assistant turn may hold some text and any number of calls:
 Model output is untrusted: a malformed call becomes an error message (to be shown to the model as
 an observation it can recover from), never an exception. The same holds for running a call: a
 missing tool, bad arguments or a failing tool come back from `execute` as a string starting with
-"Error:".
+"Error:". A JSON escape can name half of a surrogate pair ("\\ud83d"), which no UTF-8 text can
+hold: the parser writes U+FFFD in its place, so every name, argument and error it returns can be
+tokenized as an observation and written to a record.
 """
 
 import ast
@@ -35,11 +37,36 @@ class AssistantTurn:
     errors: list[str] = field(default_factory=list)  # one per malformed call
 
 
+# a UTF-16 surrogate left alone: JSON's "\\ud83d" decodes to one, and neither the tokenizer nor a
+# UTF-8 file can take it (json.loads joins a high and a low escape into one character)
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(value):
+    """`value` (parsed JSON) with U+FFFD for each lone surrogate in its strings, keys included.
+    Walked with a stack of its own, as json.loads may nest deeper than Python's recursion limit."""
+    holder = [value]
+    pending = [(holder, 0)]
+    while pending:
+        container, key = pending.pop()
+        item = container[key]
+        if isinstance(item, str):
+            container[key] = LONE_SURROGATE.sub("\ufffd", item)
+        elif isinstance(item, list):
+            pending += [(item, i) for i in range(len(item))]
+        elif isinstance(item, dict):
+            entries = [(LONE_SURROGATE.sub("\ufffd", k), v) for k, v in item.items()]
+            item.clear()
+            item.update(entries)
+            pending += [(item, k) for k in item]
+    return holder[0]
+
+
 def _loads(text: str):
     # json.loads raises RecursionError on deeply nested brackets ("[[[[…") and a plain ValueError on
     # integers longer than Python's int-to-str limit (4300 digits); both are just malformed calls here.
     try:
-        return json.loads(text), None
+        return well_formed(json.loads(text)), None
     except json.JSONDecodeError as e:
         return None, f"{e.msg} at position {e.pos}"
     except (ValueError, RecursionError) as e:
@@ -89,7 +116,7 @@ def parse_assistant(text: str) -> AssistantTurn:
     if OPEN_TAG in content or CLOSE_TAG in content:
         errors.append("Error: unbalanced <tool_call> tags")
         content = content.replace(OPEN_TAG, "").replace(CLOSE_TAG, "")
-    return AssistantTurn(content.strip(), calls, errors)
+    return AssistantTurn(LONE_SURROGATE.sub("\ufffd", content.strip()), calls, errors)
 
 
 FOREIGN_CALL = re.compile(r'\{\s*"name"\s*:\s*"[^"]*"\s*,\s*"(arguments|parameters)"\s*:')

@@ -13,7 +13,8 @@ import tempfile
 import weakref
 from pathlib import Path
 
-from .scratch import scratch_prefix
+from ..files import atomic_write
+from .scratch import mark_owned, scratch_prefix
 
 # read_file shows at most this much; edit_file refuses to grow a file past it
 MAX_FILE_CHARS = 20_000
@@ -24,12 +25,18 @@ class ToolError(Exception):
 
 
 class Workspace:
-    """A task's files in a temporary folder (`root`), removed by close() or when the object is
-    collected. A file name that leads outside the folder is refused (ValueError) and nothing is left."""
+    """A task's files in a temporary folder (`root`: `repo` inside the folder named by
+    scratch_prefix), removed by close() or when the object is collected. A file name that leads
+    outside the folder is refused (ValueError) and nothing is left."""
 
     def __init__(self, files: dict[str, str], parent: str | None = None):
-        self.root = os.path.realpath(tempfile.mkdtemp(prefix=scratch_prefix("code"), dir=parent))
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
+        # the folder holds the marker that proves it is minirl's (envs/scratch.py) beside `repo`,
+        # the agent's files, so that no tool and no test sees the marker
+        folder = os.path.realpath(tempfile.mkdtemp(prefix=scratch_prefix("code"), dir=parent))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
+        mark_owned(folder)
+        self.root = os.path.join(folder, "repo")
+        os.mkdir(self.root)
         self.shipped = dict(files)
         try:
             self.restore()
@@ -105,8 +112,16 @@ class Workspace:
         text = text.replace(old, new, 1)
         if len(text) > MAX_FILE_CHARS:
             raise ToolError(f"the edit would make {path} longer than {MAX_FILE_CHARS} characters")
-        with open(full, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ToolError(
+                f"`new` holds {e.object[e.start]!r}, half of a surrogate pair, which UTF-8 cannot "
+                f"write; {path} was not changed"
+            ) from None
+        # the new text goes to a file beside the old one, renamed over it whole: a write that
+        # fails part way leaves the module as it was, never empty (files.atomic_write)
+        atomic_write(full, lambda tmp: Path(tmp).write_bytes(data))
         return f"Edited {path}: replaced {len(old)} characters with {len(new)}."
 
     def restore(self) -> None:

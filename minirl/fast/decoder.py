@@ -38,6 +38,7 @@ import functools
 
 import torch
 
+from ..finite import check_drawn
 from ..next_token import sample_next
 from ..sampling import Completion, check_prompts, completions, eval_mode, generator, stop_tokens
 from .cpu_matmul import packed_weights
@@ -157,7 +158,8 @@ class Decoder:
     def stream(self, prompt: list[int], **options):
         """sampling.stream's drop-in: yield one prompt's token ids as they are sampled."""
         steps, _ = self._sampling([prompt], 1, options)
-        for _, tokens, _, stopped in steps:
+        for step, (_, tokens, logprobs, stopped) in enumerate(steps):
+            check_drawn([float(logprobs[0])], step, [0])
             yield int(tokens[0])
             if bool(stopped[0]):
                 return
