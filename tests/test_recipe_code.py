@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from minirl.apps import recipe_code
+from minirl.apps.cli import CHECK_FAILED, main
 from minirl.apps.recipe_code import OUTPUTS, run
 from minirl.apps.recipe_code_metrics import group_fixes, stage_eval, table
 from minirl.apps.recipe_code_settings import SMOKE
@@ -271,6 +273,35 @@ def test_recipe_code_refuses_bad_rates(tmp_path):
         with pytest.raises(ValueError, match=f"{flag} must be within 0..1"):
             run("unused", out_dir=str(tmp_path / "x"), **kwargs)
     assert not (tmp_path / "x").exists()
+
+
+def test_recipe_code_refuses_a_memory_limit_before_any_stage(tmp_path, capsys):
+    """(issue 70) --memory-limit was read when SFT began, after the untrained policy's evaluation,
+    and inf raised OverflowError there; every bad value is now a sentence before anything runs."""
+    for limit in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError, match="--memory-limit must be a"):
+            run("unused", out_dir=str(tmp_path / "x"), memory_limit=limit)
+    with pytest.raises(SystemExit) as exit:
+        main(
+            ["recipe", "code", "--model", "unused", "--out", str(tmp_path / "x")]
+            + ["--memory-limit", "inf"]
+        )
+    assert (
+        exit.value.code == 2 and "--memory-limit must be a finite number" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_recipe_code_exits_3_when_a_check_stopped_it(monkeypatch):
+    """(issue 70) a run stopped by a check decided before it exited 0, as a finished one does; a
+    script can now tell them apart: 3, beside eval --compare's 1 and a refused input's 2."""
+    stopped = {"stopped": "the check after SFT's evaluation failed", "finished": True}
+    monkeypatch.setattr(recipe_code, "run", lambda *args, **kwargs: stopped)
+    with pytest.raises(SystemExit) as exit:
+        main(["recipe", "code", "--model", "unused"])
+    assert exit.value.code == CHECK_FAILED == 3
+    monkeypatch.setattr(recipe_code, "run", lambda *args, **kwargs: {"finished": True})
+    main(["recipe", "code", "--model", "unused"])
 
 
 @pytest.mark.slow
