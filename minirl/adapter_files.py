@@ -2,7 +2,8 @@
 trained token rows of trainable_tokens.py) as adapter_config.json + adapter_model.safetensors, which
 peft.PeftModel.from_pretrained loads; `load_adapter` reads such a folder, written here or by peft's
 save_pretrained, and refuses what it cannot load faithfully (a scale that cannot be meant, settings
-minirl's LoRA lacks, tensors that do not fit or are not finite) before a weight is changed.
+minirl's LoRA lacks, tensors that do not fit or are not finite) before a weight is changed, and
+leaves the model as it was (the layers it added taken out again).
 """
 
 import json
@@ -91,7 +92,9 @@ def check_scale(cfg: dict, where: str) -> None:
 
 
 def load_adapter(model: nn.Module, folder: str) -> nn.Module:
-    """Load an adapter written by save_adapter or by peft's save_pretrained; adds LoRA layers if needed."""
+    """Load an adapter written by save_adapter or by peft's save_pretrained; adds LoRA layers if
+    needed. A refusal leaves the model as it was: the layers added for the adapter are taken out
+    again, and which parameters train is put back."""
     config_path, weights_path = (
         os.path.join(folder, ADAPTER_CONFIG),
         os.path.join(folder, ADAPTER_WEIGHTS),
@@ -102,9 +105,51 @@ def load_adapter(model: nn.Module, folder: str) -> nn.Module:
                 f"{path}: no such file; an adapter folder holds {ADAPTER_CONFIG} and "
                 f"{ADAPTER_WEIGHTS}"
             )
-    with open(config_path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    check_scale(cfg, config_path)
+    cfg = read_config(config_path)
+    modules = dict(model.named_modules())
+    trains = {name: p.requires_grad for name, p in model.named_parameters()}
+    had_config = hasattr(model, "lora_config")
+    try:
+        return _load(model, cfg, config_path, weights_path)
+    except BaseException:
+        _put_back(model, modules, trains, had_config)
+        raise
+
+
+def read_config(path: str) -> dict:
+    """adapter_config.json as a dict, with the fields load_adapter reads, or an error naming the
+    file and the field (a list or a cut file raised AttributeError or a bare JSONDecodeError)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{path}: not JSON ({type(e).__name__}: {e}); is it cut short?") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: an adapter config is a JSON object, got {type(cfg).__name__}")
+    check_scale(cfg, path)
+    targets = cfg.get("target_modules")
+    if not (isinstance(targets, str) or isinstance(targets, list) and targets):
+        raise ValueError(
+            f"{path}: target_modules must name the adapted layers (a list of names, or a "
+            f"pattern), got {targets!r:.60}"
+        )
+    return cfg
+
+
+def _put_back(model: nn.Module, modules: dict, trains: dict, had_config: bool) -> None:
+    """The model as it was before load_adapter: its modules (the LoRA and token layers added taken
+    out), which parameters train, and no lora_config if it had none."""
+    for name, module in modules.items():
+        if name and model.get_submodule(name) is not module:
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, module)
+    for name, p in model.named_parameters():
+        p.requires_grad_(trains[name])
+    if not had_config and hasattr(model, "lora_config"):
+        del model.lora_config
+
+
+def _load(model: nn.Module, cfg: dict, config_path: str, weights_path: str) -> nn.Module:
     unsupported = {
         k: cfg.get(k)
         for k in (

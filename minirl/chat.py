@@ -9,6 +9,8 @@ taught to predict them. The ids are exactly `tokenizer.encode(apply_chat_templat
 the mask comes from the character span of each token.
 """
 
+import json
+
 from .tokenizer import Tokenizer, chat_pieces
 
 
@@ -22,8 +24,9 @@ def render(
 
     A token is trained when its first character lies in an assistant span. The only token that can
     straddle a span edge is a run of newlines joining the header's "\\n" with newlines that open
-    the assistant's content; it counts as header.
+    the assistant's content; it counts as header. What is trained on is checked (check_targets).
     """
+    check_targets(messages)
     pieces = chat_pieces(messages, tools, add_generation_prompt)
     spans, offset = [], 0
     for text, trained in pieces:
@@ -37,6 +40,37 @@ def render(
             span += 1
         mask.append(int(span < len(spans) and spans[span][0] <= start))
     return ids, mask
+
+
+def check_targets(messages: list[dict]) -> None:
+    """The assistant messages render trains on, refused where they cannot be meant, naming the
+    message: "weight" 0 or 1 (a string "0" is not 0, and it trained), "tool_calls" a list of calls
+    each naming its function, and their arguments finite (json writes NaN and Infinity into the
+    text, which are not JSON: a strict reader refuses the call, and the policy learns to write them)."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") != "assistant":
+            continue
+        weight = m.get("weight", 1)
+        if isinstance(weight, bool) or weight not in (0, 1):
+            raise ValueError(
+                f'message {i}: "weight" must be 0 (context, not trained on) or 1, got {weight!r}'
+            )
+        calls = m.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise ValueError(f"message {i}: tool_calls must be a list of calls, got {calls!r:.60}")
+        for call in calls:
+            # OpenAI nests name/arguments under "function"
+            function = call.get("function", call) if isinstance(call, dict) else None
+            name = function.get("name") if isinstance(function, dict) else None
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"message {i}: a tool call names no function: {call!r:.60}")
+            try:
+                json.dumps(function.get("arguments"), allow_nan=False)
+            except (ValueError, TypeError, RecursionError) as e:
+                raise ValueError(
+                    f"message {i}: the arguments of the call to {name} are not plain, finite "
+                    f"JSON ({e}): {function.get('arguments')!r:.60}"
+                ) from None
 
 
 def show_mask(tokenizer: Tokenizer, ids: list[int], mask: list[int], color: bool = True) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .chat import render
+from .chat import check_targets, render
 from .losses import IGNORE_INDEX
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -111,6 +111,8 @@ def check_conversation(record) -> dict:
                 f'message {i} ({m["role"]}): "weight" must be 0 or 1 and only on an assistant '
                 f"message (0: context, not trained on), got {m['weight']!r}"
             )
+    # what render trains on (weights, calls, finite arguments), checked here to be named by file:line
+    check_targets(messages)
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError("no assistant turn: nothing to train on")
     if not any(m["role"] == "assistant" and m.get("weight", 1) for m in messages):

@@ -9,6 +9,7 @@ Perturbed episodes (envs/perturb.py) count only toward their own robustness rows
 import math
 from collections import defaultdict
 
+from .eval_records import paired_verdicts
 from .eval_stats import (
     cluster_bootstrap,
     clustered_stderr,
@@ -259,15 +260,9 @@ def compare(
     HumanEval problem), a second interval resamples problems, not items (eval_stats.cluster_bootstrap):
     bugs of one problem are not independent draws, and the held-out split is by problem."""
 
-    def per_item(episodes):
-        out = defaultdict(list)
-        for e in (e for e in episodes if (e.get("perturbation") or None) == perturbation):
-            out[e["item"]].append((e["sample"], e["seed"], e[verdict]))
-        return {item: sorted(v) for item, v in out.items()}
-
+    # each record checked: its fields, a verdict true or false, once, the same bug as its pair's
+    a, b = paired_verdicts(episodes_a, episodes_b, verdict, perturbation)
     problem = {e["item"]: e.get("problem") for e in episodes_a}
-
-    a, b = per_item(episodes_a), per_item(episodes_b)
     if perturbation and not (a and b):
         raise ValueError(f"run {'B' if a else 'A'} played no episode under {perturbation!r}")
     if set(a) != set(b):

@@ -242,6 +242,52 @@ def test_every_field_the_checks_read_is_checked_at_load(tmp_path):
         bfcl_files.read_items(str(tmp_path / "noid.json"))
 
 
+def test_what_minirl_cannot_score_is_refused_at_load(tmp_path):
+    """(issue 70) BFCL's Java and JavaScript files loaded and failed at scoring (their types are
+    not Python's: "String", "HashMap"), a parameter of an unknown type loaded and raised KeyError
+    when scored, and a possible answer without its id raised KeyError naming no file."""
+    for name in ("simple_java", "simple_javascript"):
+        folder = tmp_path / name
+        folder.mkdir()
+        path = write(
+            folder, name, [{**SIMPLE, "id": f"{name}_0"}], [{**SIMPLE_ANSWER, "id": f"{name}_0"}]
+        )
+        with pytest.raises(ValueError, match=f"{re.escape(path)}: {name} asks for calls to Java"):
+            bfcl_files.read_items(path)
+    area = AREA["parameters"]
+    for i, (spec, message) in enumerate(
+        [
+            ({"type": "String"}, "type 'String' is not one of BFCL's Python types"),
+            ({"type": "HashMap"}, "type 'HashMap' is not one of"),
+            ({"type": "array"}, 'type \'array\' needs "items" with a "type"'),
+            ({"type": "array", "items": {"type": "long"}}, "type 'long' is not one of"),
+        ]
+    ):
+        folder = tmp_path / f"t{i}"
+        folder.mkdir()
+        function = {
+            **AREA,
+            "parameters": {**area, "properties": {**area["properties"], "unit": spec}},
+        }
+        path = write(folder, "simple_python", [{**SIMPLE, "function": [function]}], [SIMPLE_ANSWER])
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                f"{path}:1: function calculate_triangle_area: parameter 'unit': {message}"
+            ),
+        ):
+            bfcl_files.read_items(path)
+    path = write(
+        tmp_path, "simple_python", [SIMPLE], [{"ground_truth": SIMPLE_ANSWER["ground_truth"]}]
+    )
+    answers = os.path.join(tmp_path, "possible_answer", os.path.basename(path))
+    with pytest.raises(
+        ValueError,
+        match=re.escape(f'{answers}:1: a possible answer is an object with a string "id"'),
+    ):
+        bfcl_files.read_items(path)
+
+
 def test_json_nested_past_the_parsers_depth_is_skipped_not_a_crash():
     """(issue 64) BFCL's own json.loads fails on JSON nested past Python's depth; a reply holding
     it scores as no call, as it does there, instead of raising RecursionError."""

@@ -188,6 +188,34 @@ def test_a_turn_with_weight_0_is_context_and_the_rest_is_unchanged(toy_tokenizer
     assert render(toy_tokenizer, weight_1) == (plain_ids, plain_mask)
 
 
+def test_render_refuses_what_it_cannot_mean_to_train_on(toy_tokenizer):
+    """(issue 70) a string "0" for "weight" trained the turn, a dict for tool_calls rendered its
+    keys as calls, a call without a name rendered "None", and NaN or infinite arguments were written
+    into the text as NaN and Infinity, which are not JSON."""
+    user = {"role": "user", "content": "What is 37 * 84?"}
+    nan_call = {"function": {"name": "calculator", "arguments": {"expression": float("nan")}}}
+    bad = [
+        ({"content": "It is 3018.", "weight": "0"}, 'message 1: "weight" must be 0'),
+        ({"content": "It is 3018.", "weight": True}, 'message 1: "weight" must be 0'),
+        ({"content": "", "tool_calls": call("37 * 84")}, "message 1: tool_calls must be a list"),
+        ({"content": "", "tool_calls": [{"arguments": {}}]}, "message 1: a tool call names no"),
+        ({"content": "", "tool_calls": ["calculator"]}, "message 1: a tool call names no"),
+        ({"content": "", "tool_calls": [nan_call]}, "calculator are not plain, finite JSON"),
+        (
+            {"content": "", "tool_calls": [{"name": "calculator", "arguments": [float("inf")]}]},
+            "calculator are not plain, finite JSON",
+        ),
+    ]
+    for message, why in bad:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            render(toy_tokenizer, [user, {"role": "assistant", **message}], [CALC])
+    # what it takes: 0 and 1, a list of named calls (OpenAI's nesting or flat), finite arguments
+    for weight in (0, 1, 0.0, 1.0):
+        render(toy_tokenizer, [user, {"role": "assistant", "content": "x", "weight": weight}])
+    flat = {"name": "calculator", "arguments": {"expression": "37 * 84", "digits": 1e300}}
+    render(toy_tokenizer, [user, {"role": "assistant", "tool_calls": [call("1"), flat]}], [CALC])
+
+
 def test_generation_prompt_is_context(toy_tokenizer):
     ids, mask = render(toy_tokenizer, TOOL, [CALC], add_generation_prompt=True)
     header = toy_tokenizer.encode("<|im_start|>assistant\n")

@@ -67,6 +67,22 @@ BAD_LINES = [
     ),
     ({"messages": [{"role": "user", "content": "q"}]}, "no assistant turn"),
     (
+        {
+            "messages": [
+                GOOD["messages"][0],
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"function": {"name": "calculator", "arguments": {"x": float("nan")}}}
+                    ],
+                },
+            ],
+            "tools": TOOLS,
+        },
+        "message 1: the arguments of the call to calculator are not plain, finite JSON",
+    ),
+    (
         {"messages": [GOOD["messages"][0], {"role": "assistant", "content": "a", "weight": 0.5}]},
         'message 1 (assistant): "weight" must be 0 or 1',
     ),

@@ -408,6 +408,40 @@ def test_compare_pairs_items_and_refuses_runs_that_differ():
         compare(a, [{**e, "seed": 9} for e in b])
 
 
+def test_compare_refuses_records_that_cannot_be_paired():
+    """(issue 70) records read by hand (docs/records/, bugs/STAGE.jsonl) were paired on their item
+    alone: two files of other bugs were compared, a missing field raised KeyError, a verdict "false"
+    counted as a success and a sample recorded twice with two verdicts was averaged."""
+    a = [{**episode(i, 0, i < 3), "bug": f"b{i}", "problem": f"P{i // 2}"} for i in range(6)]
+    b = [{**e, "success": not e["success"]} for e in a]
+    assert compare(a, b, resamples=200)["items"] == 6
+    with pytest.raises(
+        ValueError, match=r"item 2: the paired records name different bugs \('b2', 'x'\)"
+    ):
+        compare(a, [{**e, "bug": "x"} if e["item"] == 2 else e for e in b])
+    with pytest.raises(ValueError, match="item 5: the paired records name different problems"):
+        compare(a, [{**e, "problem": "P9"} if e["item"] == 5 else e for e in b])
+    del b[4]["seed"]
+    with pytest.raises(ValueError, match="run B, record 4: no 'seed' field"):
+        compare(a, b)
+    b[4]["seed"] = 0
+    with pytest.raises(
+        ValueError,
+        match="run A, record 1 \\(item 1\\): 'success' must be true or false, got 'false'",
+    ):
+        compare([{**e, "success": "false"} if e["item"] == 1 else e for e in a], b)
+    with pytest.raises(ValueError, match="'fixed' must be true or false, got 1"):
+        compare([{**e, "fixed": 1} for e in a], [{**e, "fixed": True} for e in b], verdict="fixed")
+    for twice, how in (
+        ({**a[3], "success": not a[3]["success"]}, "with another verdict"),
+        (a[3], "again"),
+    ):
+        with pytest.raises(
+            ValueError, match=f"run A, record 6: item 3, sample 0, seed 0 is recorded {how}"
+        ):
+            compare(a + [twice], b)
+
+
 def test_compare_pairs_the_episodes_of_one_perturbation_apart_from_the_clean_ones():
     # clean: both runs solve items 0-9; under tool_error A solves 0-1 and B 0-8
     def run(recovered):

@@ -432,6 +432,70 @@ def test_finite_adapter_weights_whose_product_overflows_are_refused_at_load(tmp_
         )
 
 
+def test_a_refused_adapter_leaves_the_model_as_it_was(tmp_path):
+    """(issue 70) a refused load_adapter left LoRA layers in the model (and its base weights
+    frozen), though a refusal comes before a weight is changed: every refusal now leaves its
+    modules, state_dict and trained parameters exactly as they were."""
+    torch.manual_seed(0)
+    save_adapter(randomize_lora_B(add_lora(base_model(), r=4, alpha=8)), str(tmp_path))
+    config_path, weights_path = (
+        tmp_path / "adapter_config.json",
+        tmp_path / "adapter_model.safetensors",
+    )
+    config, tensors = json.loads(config_path.read_text()), load_file(weights_path)
+
+    def state(model):
+        modules = {name: type(m) for name, m in model.named_modules()}
+        trains = {name: p.requires_grad for name, p in model.named_parameters()}
+        return modules, trains, model.state_dict(), hasattr(model, "lora_config")
+
+    refusals = {
+        # the config's rank is not the tensors' (same scale): mis-shaped
+        "mis-shaped": ({**config, "r": 8, "lora_alpha": 16}, tensors),
+        "lora_alpha must be": ({**config, "lora_alpha": 1e30}, tensors),
+        "overflows float32": (config, {k: v * 1e30 for k, v in tensors.items()}),
+        "not finite|NaN": (config, {k: v * float("nan") for k, v in tensors.items()}),
+        "trainable token ids": ({**config, "trainable_token_indices": [10**9]}, tensors),
+    }
+    for why, (cfg, weights) in refusals.items():
+        config_path.write_text(json.dumps(cfg))
+        save_file(weights, weights_path, metadata={"format": "pt"})
+        model = base_model()
+        modules, trains, before, had = state(model)
+        with pytest.raises(ValueError, match=why):
+            load_adapter(model, str(tmp_path))
+        after = state(model)
+        assert after[0] == modules and after[1] == trains and after[3] == had, why
+        assert after[2].keys() == before.keys(), why
+        assert all(torch.equal(after[2][k], before[k]) for k in before), why
+    # the model a refusal left takes the adapter as a fresh one does
+    config_path.write_text(json.dumps(config))
+    save_file(tensors, weights_path, metadata={"format": "pt"})
+    with torch.no_grad():
+        fresh = load_adapter(base_model(), str(tmp_path))(ids_batch())
+        assert torch.equal(load_adapter(model, str(tmp_path))(ids_batch()), fresh)
+
+
+def test_an_adapter_config_that_is_not_an_object_is_named(tmp_path):
+    """(issue 70) a config holding a list raised AttributeError, and one cut short a bare
+    JSONDecodeError; both now name the file."""
+    save_adapter(randomize_lora_B(add_lora(base_model(), r=4, alpha=8)), str(tmp_path))
+    config_path = tmp_path / "adapter_config.json"
+    text = config_path.read_text()
+    for bad, why in (
+        ("[1, 2]", "an adapter config is a JSON object, got list"),
+        (text[:40], "not JSON"),
+    ):
+        config_path.write_text(bad)
+        with pytest.raises(ValueError, match=f"{config_path}: {why}"):
+            load_adapter(base_model(), str(tmp_path))
+    config_path.write_text(
+        json.dumps({k: v for k, v in json.loads(text).items() if k != "target_modules"})
+    )
+    with pytest.raises(ValueError, match=f"{config_path}: target_modules must name"):
+        load_adapter(base_model(), str(tmp_path))
+
+
 def test_bf16_base_keeps_fp32_adapters():
     model = randomize_lora_B(add_lora(base_model(dtype=torch.bfloat16), r=4, alpha=8))
     assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}

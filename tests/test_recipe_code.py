@@ -11,9 +11,11 @@ import sys
 
 import pytest
 
+from minirl.apps import recipe_code
+from minirl.apps.cli import CHECK_FAILED, main
 from minirl.apps.recipe_code import OUTPUTS, run
-from minirl.apps.recipe_code_metrics import group_fixes, stage_eval, table
-from minirl.apps.recipe_code_settings import SMOKE
+from minirl.apps.recipe_code_metrics import group_fixes, retry_odds, stage_eval, table
+from minirl.apps.recipe_code_settings import SMOKE, settings
 from minirl.envs import play
 from minirl.envs.bugs import load_bug_templates
 from minirl.envs.code import CodeEnv
@@ -24,7 +26,7 @@ from minirl.eval_stats import code_agent_shape, run_test_failed
 from minirl.eval_summary import code_agent_summary
 from minirl.fast import speedups
 from minirl.run.plots import hack_figure
-from minirl.run.stages import load_policy
+from minirl.run.stages import Progress, load_policy
 from minirl.tasks import CodeTask
 from minirl.toy import build_checkpoint
 
@@ -273,6 +275,55 @@ def test_recipe_code_refuses_bad_rates(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_recipe_code_refuses_a_memory_limit_before_any_stage(tmp_path, capsys):
+    """(issue 70) --memory-limit was read when SFT began, after the untrained policy's evaluation,
+    and inf raised OverflowError there; every bad value is now a sentence before anything runs."""
+    for limit in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError, match="--memory-limit must be a"):
+            run("unused", out_dir=str(tmp_path / "x"), memory_limit=limit)
+    with pytest.raises(SystemExit) as exit:
+        main(
+            ["recipe", "code", "--model", "unused", "--out", str(tmp_path / "x")]
+            + ["--memory-limit", "inf"]
+        )
+    assert (
+        exit.value.code == 2 and "--memory-limit must be a finite number" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_refused_resume_names_the_setting_that_differs_and_a_cut_summary(tmp_path):
+    """(issue 70) a resume refused for changed settings printed both settings dicts whole (1 KB
+    each), and a summary.json cut short raised a bare JSONDecodeError; now the key and the file."""
+    s = settings(False, "retry", None, 1.0, 0.0, None, None)
+    summary = {"model": "m", "seed": 0, "settings": s, "held_out_tasks": 261}
+    Progress(str(tmp_path), dict(summary), False, OUTPUTS, "recipe code")
+    changed = {**summary, "settings": {**s, "again": 0.9, "no_op": 0.5}}
+    with pytest.raises(ValueError) as refused:
+        Progress(str(tmp_path), changed, True, OUTPUTS, "recipe code")
+    message = str(refused.value)
+    assert "(settings.again 0.4 -> 0.9; settings.no_op 0.0 -> 0.5)" in message, message
+    assert len(message) < 200 + len(str(tmp_path)) and "'tasks'" not in message
+    path = tmp_path / "summary.json"
+    for cut in (path.read_bytes()[:-7], b"[]"):
+        path.write_bytes(cut)
+        with pytest.raises(ValueError, match=f"--resume: {path} (is cut short|holds no run)"):
+            Progress(str(tmp_path), dict(summary), True, OUTPUTS, "recipe code")
+        assert path.read_bytes() == cut
+
+
+def test_recipe_code_exits_3_when_a_check_stopped_it(monkeypatch):
+    """(issue 70) a run stopped by a check decided before it exited 0, as a finished one does; a
+    script can now tell them apart: 3, beside eval --compare's 1 and a refused input's 2."""
+    stopped = {"stopped": "the check after SFT's evaluation failed", "finished": True}
+    monkeypatch.setattr(recipe_code, "run", lambda *args, **kwargs: stopped)
+    with pytest.raises(SystemExit) as exit:
+        main(["recipe", "code", "--model", "unused"])
+    assert exit.value.code == CHECK_FAILED == 3
+    monkeypatch.setattr(recipe_code, "run", lambda *args, **kwargs: {"finished": True})
+    main(["recipe", "code", "--model", "unused"])
+
+
 @pytest.mark.slow
 def test_fast_code_recipe_runs_every_stage_on_the_toy_model(tmp_path):
     # code tasks need a longer context than the toy's 1024 positions
@@ -398,6 +449,20 @@ def test_group_fixes_counts_each_groups_fixed_episodes(tmp_path):
     )
     # 0 fixed: one group; 1: one; 2: one; 3: one
     assert group_fixes(str(path)) == [1, 1, 1, 1]
+    # (issue 70) a file cut short, or a record without a field, named neither file nor field
+    # (a bare JSONDecodeError, KeyError)
+    whole = path.read_text()
+    path.write_text(whole[:-9])
+    with pytest.raises(ValueError, match=f"{path}:12: invalid JSON"):
+        group_fixes(str(path))
+    path.write_text(whole.replace('"group": 1, ', "", 1))
+    with pytest.raises(ValueError, match=f"{path}:4: a logged episode needs group;"):
+        group_fixes(str(path))
+    with pytest.raises(ValueError, match=f"{path}:1: a logged episode needs tool_calls;"):
+        retry_odds(str(path))
+    path.write_text('{"tool_calls": [], "reward_parts": {"solved": 1}}\n{"tool_calls": [')
+    with pytest.raises(ValueError, match=f"{path}:2: invalid JSON"):
+        retry_odds(str(path))
 
 
 @pytest.mark.real

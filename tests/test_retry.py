@@ -415,8 +415,9 @@ def test_settings_by_name_are_checked():
 # ---- the recipe -------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_the_retry_recipe_end_to_end_paused_and_resumed(tmp_path, capsys):
-    """--grpo-minutes pauses GRPO after its 3rd step (the last part, steps 3-4, out of time at
-    once; the parts before end where they were to pause anyway), the summary says so, and --resume
+    """--grpo-minutes pauses GRPO at the first step boundary past the budget: after its 1st step,
+    where its first part (up to the check at step 1) ends. Before (issue 70), each later part ran a
+    step before reading the clock, and it paused after step 3. The summary says so, and --resume
     finishes the run. (That a resumed GRPO ends where an uninterrupted one does: test_grpo.py.)"""
     model = build_checkpoint(
         str(tmp_path / "toy"), initializer_range=0.2, max_position_embeddings=4096
@@ -424,7 +425,7 @@ def test_the_retry_recipe_end_to_end_paused_and_resumed(tmp_path, capsys):
     out = tmp_path / "run"
     options = dict(out_dir=str(out), smoke=True, episode="retry", skip_untrained=True, grpo_steps=4)
     paused = run(model, grpo_minutes=1e-9, **options)
-    assert paused["paused_at_grpo_step"] == 3 and paused["grpo_run"]["paused"]
+    assert paused["paused_at_grpo_step"] == 1 and paused["grpo_run"]["paused"]
     written = json.loads((out / "summary.json").read_text())
     assert not written["finished"] and not (out / "grpo" / "summary.json").exists()
     # a resume reads the demonstrations back when they are whole, and plays them again when not

@@ -309,6 +309,36 @@ def test_a_fork_bomb_is_bounded(tmp_path, level):
     assert processes_with("test_bomb_271828") == []
 
 
+def test_the_tests_die_with_the_trainer(tmp_path, level):
+    """(issue 70) kill -9 of the trainer during run_test left the test running (in the jail, unshare,
+    the runner and the test; outside it, the runner and the test). Each is now tied to the life of
+    the one that started it (PR_SET_PDEATHSIG): gone within a few seconds."""
+    marker = "test_sleeps_161803"
+    folder = workspace(tmp_path, tests="")
+    (folder / f"{marker}.py").write_text("import time\n\ndef test_sleep():\n    time.sleep(60)\n")
+    trainer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom minirl.envs.sandbox import run_tests\n"
+            "run_tests(sys.argv[1], timeout=60.0)",
+            str(folder),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    # the test runs: the runner, its fork for the test (and unshare, in the jail) name its file
+    started, deadline = 3 if level == "namespaces" else 2, time.monotonic() + 30.0
+    while len(processes_with(marker)) < started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(processes_with(marker)) == started
+    trainer.kill()
+    trainer.wait()
+    deadline = time.monotonic() + 5.0
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_with(marker) == []
+
+
 # --- containment (the jail) ----------------------------------------------------------------------
 
 

@@ -44,6 +44,25 @@ def bug_pool(rollouts: str, until: int) -> dict:
     return {"bugs": pool, "fixes": dict(fixes), "until": until}
 
 
+def logged(rollouts: str, fields: tuple):
+    """Every record of a GRPO run's rollouts.jsonl, each an object holding `fields`: a line cut
+    short, or a record without one of them, stops with file:line and what is wrong (the recipe's
+    readers raised a bare JSONDecodeError or KeyError, naming neither)."""
+    with open(rollouts, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError) as e:
+                raise ValueError(f"{rollouts}:{number}: invalid JSON ({e}); cut short?") from None
+            missing = [k for k in fields if not isinstance(record, dict) or k not in record]
+            if missing:
+                raise ValueError(
+                    f"{rollouts}:{number}: a logged episode needs {', '.join(missing)}; was the "
+                    "file written by a code-task GRPO run?"
+                )
+            yield record
+
+
 def write_pool(rollouts: str, until: int, out: str) -> dict:
     """bug_pool(...) written to `out` (whole, or not at all)."""
     pool = bug_pool(rollouts, until)

@@ -29,6 +29,10 @@ from .model_commands import (
 )
 from .train_commands import add_grpo_parser, add_perturb_flag, add_sft_parser
 
+# recipe code's exit status when a check decided before the run stopped it (docs/usage.md): not 0
+# (finished, or paused by --grpo-minutes), 1 (eval --compare: B significantly worse) or 2 (refused)
+CHECK_FAILED = 3
+
 
 def cmd_quickstart(args):
     from ..envs import perturb
@@ -98,7 +102,7 @@ def cmd_recipe(args):
     if args.task == "code":
         from .recipe_code import run as run_code
 
-        run_code(
+        summary = run_code(
             args.model,
             out_dir=args.out or os.path.join("runs", "recipe-code"),
             seed=args.seed,
@@ -116,6 +120,8 @@ def cmd_recipe(args):
             grpo_minutes=args.grpo_minutes,
             overrides=parse_options(args.setting),
         )
+        if summary.get("stopped"):
+            sys.exit(CHECK_FAILED)
         return
     if args.skip_untrained or args.grpo_minutes or args.setting:
         raise ValueError("--skip-untrained, --grpo-minutes, --setting: code only")
@@ -146,6 +152,8 @@ def add_recipe_parser(sub, fmt):
         "recipe",
         help="SFT then GRPO on a real checkpoint, measured before and after each stage",
         formatter_class=fmt,
+        epilog=f"exit status: 0 finished (or paused by --grpo-minutes), 2 an input refused, "
+        f"{CHECK_FAILED} a check decided before the run (code) failed and stopped it",
     )
     c.add_argument("task", choices=["calculator", "code"], help="the recipe's task")
     c.add_argument("--model", required=True, help="a Qwen2.5-Instruct checkpoint folder")

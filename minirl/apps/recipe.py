@@ -44,6 +44,7 @@ from ..eval_folder import read_episodes
 from ..eval_summary import compare
 from ..fast import speedups
 from ..files import fresh_folder
+from ..run.flags import check_memory_limit
 from ..run.grpo import GRPOConfig
 from ..run.grpo import train as grpo_train
 from ..run.plots import recipe_figure
@@ -131,6 +132,7 @@ def run(
         raise ValueError(f"--retry-rate must be within 0..1, got {retry_rate}")
     if sft_steps < 0:
         raise ValueError(f"--sft-steps must be 0 (until graduated) or more, got {sft_steps}")
+    check_memory_limit(memory_limit)
     perturb = perturb or {}
     mixed, mix_counts = mix_conversations(mix or [], seed)
     s = SMOKE if smoke else FULL

@@ -58,7 +58,7 @@ from .recipe_code_metrics import (
     table,
     train_gate,
 )
-from .recipe_code_settings import SAVE_EVERY, code_task, settings
+from .recipe_code_settings import SAVE_EVERY, check_budgets, code_task, settings
 
 # what a run writes in its folder: the only names a new run there may remove (files.fresh_folder)
 OUTPUTS = {
@@ -104,12 +104,11 @@ def run(
     the share of demonstrations whose first edit is wrong, instead of the setting's (0.5; 0 with
     episode="lean"); episode="lean" or "retry": the LEAN or RETRY settings above. resume: continue
     the run in out_dir (Progress). skip_untrained: no evaluation of the untrained policy (its row
-    and comparisons are left out). grpo_minutes: pause GRPO cleanly after the step during which
-    that many minutes of this sitting's GRPO have passed, its checkpoint kept; --resume continues.
+    and comparisons are left out). grpo_minutes: pause GRPO cleanly at the first step boundary
+    past that many minutes of this sitting's GRPO, its checkpoint kept; --resume continues.
     overrides: settings by name (--setting KEY=VALUE, recipe_code_settings.settings)."""
     s = settings(smoke, episode, retry_rate, test_rate, hack_rate, eval_size, grpo_steps, overrides)
-    if grpo_minutes < 0 or grpo_minutes != grpo_minutes:
-        raise ValueError(f"--grpo-minutes must be >= 0 (0: no limit), got {grpo_minutes}")
+    check_budgets(grpo_minutes, memory_limit)
     speed = speedups(plain)
     task = code_task(s, seed)
     summary = {
@@ -195,13 +194,16 @@ def run(
 
     print("4. stage 2: GRPO from the SFT adapter")
     grpo_dir = os.path.join(out_dir, "grpo")
-    grpo_start = time.perf_counter()
+    grpo_start, parts = time.perf_counter(), []
 
     def grpo_until(step: int, pool: str | None = None) -> dict:
-        """GRPO up to `step` (a pause there unless it is the last), continuing from its checkpoint."""
-        minutes = 0.0
-        if grpo_minutes:
-            minutes = max(grpo_minutes - (time.perf_counter() - grpo_start) / 60, 1e-9)
+        """GRPO up to `step` (a pause there unless it is the last), continuing from its checkpoint.
+        Past --grpo-minutes, the part before is where GRPO pauses, once one ran in this sitting:
+        each part runs a step before it reads the clock, and the two after overshot by two steps."""
+        spent = (time.perf_counter() - grpo_start) / 60
+        if grpo_minutes and parts and spent >= grpo_minutes:
+            raise Paused(parts[-1])
+        minutes = max(grpo_minutes - spent, 1e-9) if grpo_minutes else 0.0
         config = GRPOConfig(
             model=model,
             adapter=adapters[0],
@@ -231,6 +233,7 @@ def run(
         # a checkpoint in the folder is this run's: an earlier sitting's, or an earlier part's
         where = {"resume": True} if latest_checkpoint(grpo_dir) else progress.continued(grpo_dir)
         result = grpo_train(dataclasses.replace(config, **where))
+        parts.append(result)
         if result.get("paused") and result["steps"] < step:
             raise Paused(result)
         return result

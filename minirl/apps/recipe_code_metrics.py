@@ -14,6 +14,7 @@ from ..eval_summary import recovery
 from ..evaluation import evaluate
 from ..run.plots import read_csv
 from ..run.stages import load_policy
+from .bug_pool import logged
 
 # the recipe's stages: each one's eval folder (eval/STAGE) and its row's label in the table
 STAGES = (("base", "untrained"), ("sft", "SFT (LoRA)"), ("grpo", "GRPO from SFT"))
@@ -55,9 +56,8 @@ def group_fixes(rollouts: str) -> list[int]:
     """How many of GRPO's logged groups had k of their G episodes fix the bug, k = 0..G (every group
     of every step: the recipe logs them all). Groups at 0 or G taught nothing (no spread)."""
     groups: dict[tuple, list] = {}
-    with open(rollouts) as f:
-        for line in map(json.loads, f):
-            groups.setdefault((line["step"], line["group"]), []).append(line["reward_parts"])
+    for line in logged(rollouts, ("step", "group", "reward_parts")):
+        groups.setdefault((line["step"], line["group"]), []).append(line["reward_parts"])
     counts = [0] * (max(map(len, groups.values()), default=0) + 1)
     for parts in groups.values():
         # "solved": the all-or-nothing outcome; else every test passing
@@ -179,19 +179,16 @@ def retry_odds(rollouts: str) -> dict:
     among the episodes that retried after a failed attempt, the share that ended fixed. Both are
     the sampling policy's (temperature > 0), over every step logged."""
     first, retried, recovered, episodes = 0, 0, 0, 0
-    with open(rollouts) as f:
-        for line in map(json.loads, f):
-            calls = [
-                {**c, "error": str(c["result"]).startswith("Error:")} for c in line["tool_calls"]
-            ]
-            shape = code_agent_shape(calls, "", None)
-            parts = line["reward_parts"]
-            fixed = parts.get("solved", parts.get("fraction")) == 1
-            episodes += 1
-            # fixed with no failed attempt before: the first attempt did it
-            first += fixed and not shape["failed_after_edit"]
-            retried += shape["retried"]
-            recovered += shape["retried"] and fixed
+    for line in logged(rollouts, ("tool_calls", "reward_parts")):
+        calls = [{**c, "error": str(c["result"]).startswith("Error:")} for c in line["tool_calls"]]
+        shape = code_agent_shape(calls, "", None)
+        parts = line["reward_parts"]
+        fixed = parts.get("solved", parts.get("fraction")) == 1
+        episodes += 1
+        # fixed with no failed attempt before: the first attempt did it
+        first += fixed and not shape["failed_after_edit"]
+        retried += shape["retried"]
+        recovered += shape["retried"] and fixed
     return {
         "episodes": episodes,
         "first_attempt_fix_rate": first / episodes if episodes else None,

@@ -6,6 +6,7 @@ model (--smoke), LEAN and RETRY the two episodes since (--episode lean, --episod
 the sizes of a real run; `settings()` puts them together with the flags that override them.
 """
 
+from ..run.flags import check_memory_limit
 from ..tasks import CodeTask
 
 # what only the retry episode (below) sets: every other episode keeps the step's defaults
@@ -187,6 +188,15 @@ def settings(
             )
         s[key] = kind(value)
     return s
+
+
+def check_budgets(grpo_minutes: float, memory_limit: float) -> None:
+    """--grpo-minutes and --memory-limit, refused before the first stage runs: a bad limit was found
+    only when SFT began, after the untrained policy's evaluation (50 minutes of the real recipe), and
+    --memory-limit inf raised OverflowError there."""
+    if not grpo_minutes >= 0:
+        raise ValueError(f"--grpo-minutes must be >= 0 (0: no limit), got {grpo_minutes}")
+    check_memory_limit(memory_limit)
 
 
 def code_task(s: dict, seed: int, pool: str | None = None, split: str = "heldout") -> CodeTask:

@@ -12,8 +12,11 @@ import os
 import re
 
 from ..data import read_jsonl
+from .bfcl import NESTED, TYPES
 
 HINT = " Note that the provided function is in Python 3 syntax."
+# BFCL's categories of functions in other languages, which its checker scores with their own types
+OTHER_LANGUAGES = {"java": "Java", "javascript": "JavaScript"}
 CATEGORY = re.compile(r"^(.+?)_\d+(?:-\d+)*$")
 
 
@@ -50,6 +53,12 @@ def read_items(path: str, answers: str | None = None) -> list[dict]:
         if not isinstance(record, dict) or not isinstance(record.get("id"), str):
             raise ValueError(f'{where}: a BFCL question is an object with a string "id"')
     name = category(records[0][1]["id"])
+    language = OTHER_LANGUAGES.get(name.rsplit("_", 1)[-1])
+    if language:
+        raise ValueError(
+            f"{path}: {name} asks for calls to {language} functions; minirl scores Python ones only "
+            "(BFCL's checker for them, with Python's types), so leave this category out"
+        )
     seen = {}
     for where, record in records:
         if record["id"] in seen:
@@ -70,7 +79,14 @@ def read_items(path: str, answers: str | None = None) -> list[dict]:
                 f"{path}: {name} is scored against possible answers, and {answers} does not exist; "
                 "give the file with --task-option answers=PATH"
             )
-        truth = {r["id"]: (where, r.get("ground_truth")) for where, r in _read(answers)}
+        truth = {}
+        for where, answer in _read(answers):
+            if not isinstance(answer, dict) or not isinstance(answer.get("id"), str):
+                raise ValueError(
+                    f'{where}: a possible answer is an object with a string "id" (the question\'s) '
+                    "and its ground_truth"
+                )
+            truth[answer["id"]] = (where, answer.get("ground_truth"))
     items = []
     for where, record in records:
         try:
@@ -138,11 +154,27 @@ def check_functions(functions) -> None:
                 raise ValueError(
                     f'function {f["name"]}: parameter {argument!r} needs a string "type"'
                 )
+            check_type(spec, f"function {f['name']}: parameter {argument!r}")
         required = parameters.get("required", [])
         if not isinstance(required, list) or not all(r in properties for r in required):
             raise ValueError(
                 f'function {f["name"]}: "required" must be a list of names of its parameters, '
                 f"got {required!r:.80}"
+            )
+
+
+def check_type(spec: dict, where: str) -> None:
+    """A parameter's type as the checks read it: one of BFCL's Python types, and for an array or
+    tuple its elements' too (another type loaded and then failed at scoring with a KeyError)."""
+    kinds = [spec["type"]]
+    if spec["type"] in NESTED:
+        if not isinstance(spec.get("items"), dict):
+            raise ValueError(f'{where}: type {spec["type"]!r} needs "items" with a "type"')
+        kinds.append(spec["items"].get("type"))
+    for kind in kinds:
+        if kind not in TYPES:
+            raise ValueError(
+                f"{where}: type {kind!r} is not one of BFCL's Python types ({', '.join(TYPES)})"
             )
 
 

@@ -207,8 +207,10 @@ def fork_and_read(run_child, limit: int) -> tuple[bytes, int]:
             fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, limit)
         except (OSError, AttributeError):  # not Linux, or above /proc/sys/fs/pipe-max-size
             pass
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
+        jail.die_with(parent)
         os.close(read_fd)
         run_child(write_fd)
     os.close(write_fd)

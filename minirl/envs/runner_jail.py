@@ -4,13 +4,14 @@ before its own folder leaves sys.path; like runner.py it uses the standard libra
 `enter_jail` builds the file system the tests see and drops every privilege over it;
 `limit_processes` caps how many processes the tests may start; `block_network` makes ordinary
 network calls fail clearly; `undumpable` keeps the runner out of reach of the tests' processes
-(no ptrace, no /proc/PID/mem).
+(no ptrace, no /proc/PID/mem); `die_with` ends a test's process with the runner.
 """
 
 import ctypes
 import os
 import resource
 import shutil
+import signal
 import socket
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -27,6 +28,7 @@ KEPT_FLAGS = {
 }
 CLONE_NEWUSER = 0x10000000
 PR_SET_DUMPABLE = 4
+PR_SET_PDEATHSIG = 1
 DEVICES = ("null", "zero", "random", "urandom")
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -117,3 +119,14 @@ def undumpable() -> None:
     """PR_SET_DUMPABLE 0: the tests' processes, forked from this one, cannot ptrace it or read its
     memory through /proc."""
     check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+
+
+def die_with(parent: int) -> None:
+    """In a test's forked process: SIGKILL when the runner (`parent`, its PID) ends, so a test does
+    not outlive a killed trainer (PR_SET_PDEATHSIG, Linux; the signal follows the thread that
+    forked, the runner's only one), and at once when the runner ended before the call took hold."""
+    prctl = getattr(libc, "prctl", None)
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)

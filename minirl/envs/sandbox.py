@@ -21,8 +21,9 @@ MINIRL_SANDBOX=namespaces refuses to run without the jail; the default, auto, fa
 warning.
 
 Both levels: a wall-clock timeout (every process of the run is killed), rlimits on address space, CPU
-seconds and file size, a clean environment, no site-packages (-S), no .pyc files (-B), and each
-test in a forked process of its own (runner.py).
+seconds and file size, a clean environment, no site-packages (-S), no .pyc files (-B), each test in
+a forked process of its own (runner.py), and each process (unshare, the runner, a test's) killed
+when the one that started it ends, so a trainer killed with kill -9 takes its tests with it.
 
 Verdicts. A test made only of asserts like `assert f(1, 2) == 3` (verdicts.py lists the forms: every
 code task's test, 155 of HumanEval's 164 problems) is judged here: its process hands back only the
@@ -55,13 +56,17 @@ import time
 from .isolation import RUNNER, RUNNER_MARK, UNSHARE, isolation, read_only_folders
 from .scratch import mark_owned, scratch_prefix
 from .verdicts import judge, read_plain_tests
-from .watchdog import WATCH_INTERVAL, over_limits, stop_tree
+from .watchdog import WATCH_INTERVAL, dies_with_this_thread, over_limits, stop_tree
 
 MAX_OUTPUT_BYTES = 16 << 20  # RLIMIT_FSIZE for the child: bounds what a runaway test can write
 
 
 def _child_limits(memory_mb: int, cpu_seconds: int):
+    tie = dies_with_this_thread()
+
     def apply():  # runs in the child between fork and exec
+        # unshare and the runner die with the trainer, and with the runner its tests
+        tie()
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
         # CPU seconds back up the wall-clock timeout for processes that leave the group (setsid).
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))

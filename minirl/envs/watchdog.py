@@ -14,11 +14,32 @@ A fork shares its parent's pages until written, yet each process counts them in 
 errs high, never low. Between two looks a run can grow by what it allocates in WATCH_INTERVAL.
 """
 
+import ctypes
 import os
 import signal
 
 WATCH_INTERVAL = 0.05
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+PR_SET_PDEATHSIG = 1
+# prctl, where there is one (Linux); loaded here, before a fork, never in the child
+PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+
+
+def dies_with_this_thread():
+    """A step for Popen's preexec_fn: the child gets SIGKILL when the thread that started it ends,
+    so a trainer killed (kill -9) during run_test takes the test's processes with it. The kernel
+    (PR_SET_PDEATHSIG) watches the parent *thread*, not its process: call Popen from the thread that
+    waits for the child, as run_tests does. A parent that ended before the call took hold is seen
+    by the child's parent PID changing, and the child ends at once."""
+    parent = os.getpid()
+
+    def tie():
+        if PRCTL is not None:
+            PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return tie
 
 
 def descendants(pid: int) -> list[int]:

@@ -39,6 +39,17 @@ def within(value, low, high, flag: str, low_open: bool = False, high_open: bool 
         raise FlagError(f"{flag} must be in {brackets[0]}{low}, {high}{brackets[1]}, got {value}")
 
 
+def check_memory_limit(value) -> None:
+    """--memory-limit GB: a finite number >= 0 (0: 90 % of the device's available memory). inf and
+    NaN are refused here, as a sentence, before any stage runs (inf raised OverflowError where the
+    budget was made, after a recipe's first evaluation)."""
+    if not 0 <= _number(value, "--memory-limit") < float("inf"):
+        raise FlagError(
+            f"--memory-limit must be a finite number of GB, >= 0 (0: 90 % of the device's "
+            f"available memory), got {value}"
+        )
+
+
 def one_of(value, choices, flag: str) -> None:
     if value not in choices:
         raise FlagError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
@@ -73,7 +84,7 @@ def _check_optimization(cfg) -> None:
     if not cfg.full:
         at_least(cfg.lora_r, 1, "--lora-r")
         within(cfg.lora_alpha, 0, float("inf"), "--lora-alpha", low_open=True)
-    at_least(cfg.memory_limit, 0, "--memory-limit", "0: 90 % of the device's available memory")
+    check_memory_limit(cfg.memory_limit)
     at_least(cfg.eval_every, 0, "--eval-every", "0: at the end")
     at_least(cfg.stop_after, 0, "--stop-after", "0: run all")
     if cfg.lr == 0:

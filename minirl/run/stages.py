@@ -76,6 +76,18 @@ def not_whole(path: str) -> str | None:
     return None
 
 
+def differences(key: str, earlier, now) -> list[str]:
+    """What differs between a setting's two values, one line a key ("settings.again 0.4 -> 0.9"):
+    dicts key by key, so a changed setting is named, not shown as two whole dicts of 1 KB."""
+    if isinstance(earlier, dict) and isinstance(now, dict):
+        return [
+            line
+            for k in [*earlier, *(k for k in now if k not in earlier)]
+            for line in differences(f"{key}.{k}", earlier.get(k), now.get(k))
+        ]
+    return [] if earlier == now else [f"{key} {earlier!r:.80} -> {now!r:.80}"]
+
+
 def load_policy(base: str, adapters: list[str]):
     """The base model with each adapter in turn merged in: SFT's, then GRPO's (trained on the merged SFT model)."""
     model, tokenizer = load_pretrained(base)
@@ -171,13 +183,21 @@ class Progress:
                 f"--resume: {self.path} does not exist, so {self.out_dir} holds no {job} run to "
                 "continue; drop --resume to start one"
             )
+        why = not_whole(self.path)
+        if why:
+            raise ValueError(
+                f"--resume: {self.path} is {why}, so the {job} run in {self.out_dir} cannot be "
+                "read back; start it again without --resume, or in another --out"
+            )
         with open(self.path) as f:
             earlier = json.load(f)
+        if not isinstance(earlier, dict):
+            raise ValueError(f"--resume: {self.path} holds no run's summary (not a JSON object)")
         changed = [
-            f"{key} {earlier.get(key)!r} -> {self.summary.get(key)!r}"
+            line
             for key in IDENTITY
-            if earlier.get(key) != self.summary.get(key)
-            and not (key == "model_contents" and key not in earlier)
+            if not (key == "model_contents" and key not in earlier)
+            for line in differences(key, earlier.get(key), self.summary.get(key))
         ]
         if changed:
             raise ValueError(
