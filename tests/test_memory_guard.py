@@ -37,13 +37,17 @@ def toy(tmp_path_factory):
     return build_checkpoint(folder, initializer_range=0.2)
 
 
-def arithmetic_data(tmp_path, n=16):
+def arithmetic_data(tmp_path, n=16, steps=0):
+    """n sums as conversations; `steps` times "Let me add. " before each answer (~11 tokens each)."""
     path = tmp_path / "sums.jsonl"
     lines = [
         {
             "messages": [
                 {"role": "user", "content": f"What is {i} + 7?"},
-                {"role": "assistant", "content": f"The answer is {i + 7}."},
+                {
+                    "role": "assistant",
+                    "content": "Let me add. " * steps + f"The answer is {i + 7}.",
+                },
             ]
         }
         for i in range(n)
@@ -93,7 +97,9 @@ def sft_step_plan(toy, data, budget, rows=8):
 
 @pytest.mark.slow
 def test_sft_under_a_tight_limit_shrinks_its_passes_and_trains_the_same(toy, tmp_path, capsys):
-    data = arithmetic_data(tmp_path)
+    # answers ~270 tokens long: a learning pass of 2 rows then outweighs graduation's sampling (a
+    # few tokens for each of 16 short questions), so the budget below is the learning pass's
+    data = arithmetic_data(tmp_path, steps=20)
     common = dict(
         model=toy,
         data=data,
@@ -110,6 +116,7 @@ def test_sft_under_a_tight_limit_shrinks_its_passes_and_trains_the_same(toy, tmp
     # a budget 8 rows a pass do not fit: the plan's own line through two sizes gives the rows
     plan = sft_step_plan(toy, data, sft_step_plan(toy, data, 10**15).learning_at(8) - 1)
     limit = (plan.learning_at(2) + plan.learning_at(3)) / 2
+    assert plan.sampling_at(plan.group_size) < limit
     tight = sft_train(SFTConfig(out=str(tmp_path / "tight"), memory_limit=limit / GB, **common))
     assert "memory: 2 sequences per training pass instead of 8" in capsys.readouterr().out
     assert tight["steps"] == free["steps"]
