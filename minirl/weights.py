@@ -197,6 +197,7 @@ def load_model(folder: str, dtype=torch.float32, device="cpu") -> Qwen2:
                     params[name].copy_(f.get_tensor(name))
                     check_weights(params[name], f"{path}: tensor {name}")
     model.eos_token_ids = eos_token_ids(folder, config)
+    model.name_or_path = os.path.abspath(folder)
     return model.eval()
 
 
