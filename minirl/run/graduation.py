@@ -14,8 +14,9 @@ from ..data import tool_names
 from ..envs.tools import parse_assistant
 from ..sampling import generate
 
-# prompts per sampling call: on a CPU a decoding step costs about what its rows do, so calls of a few
-# prompts cost little more than one of all of them, and the bar moves (the check takes minutes there)
+# prompts per sampling call on a CPU: there a decoding step costs about what its rows do, so calls of
+# a few prompts cost little more than one of all of them, and the bar moves (the check takes minutes
+# there); a GPU samples them all in one call, where a wider batch costs little more than a narrow one
 PROMPTS_PER_CALL = 4
 
 
@@ -86,10 +87,11 @@ def evaluate(
     progress: bool = False,
 ) -> dict:
     """Sample k completions for the first assistant turn of each held-out conversation and score them
-    (decoder: the sampler, fast.decoder.Decoder; None: sampling.generate), PROMPTS_PER_CALL prompts
-    at a time (call c seeded seed + c), with a bar where progress. "samples" holds every completion:
-    the conversation's source, the message it answers, the completion's text, finish_reason and
-    whether its format was right, what the run folder keeps to show why the accuracy is what it is."""
+    (decoder: the sampler, fast.decoder.Decoder; None: sampling.generate), on a CPU
+    PROMPTS_PER_CALL prompts at a time (call c seeded seed + c), with a bar where progress.
+    "samples" holds every completion: the conversation's source, the message it answers, the
+    completion's text, finish_reason and whether its format was right, what the run folder keeps
+    to show why the accuracy is what it is."""
     prompts = [prompt_ids(tokenizer, conv) for conv in conversations]
     known = [tool_names(conv.get("tools")) for conv in conversations]
     outs = []
@@ -101,8 +103,9 @@ def evaluate(
         leave=False,
         disable=not progress,
     )
-    for call, start in enumerate(range(0, len(prompts), PROMPTS_PER_CALL)):
-        chunk = prompts[start : start + PROMPTS_PER_CALL]
+    per_call = PROMPTS_PER_CALL if next(model.parameters()).device.type == "cpu" else len(prompts)
+    for call, start in enumerate(range(0, len(prompts), per_call)):
+        chunk = prompts[start : start + per_call]
         outs += generate(
             model,
             chunk,
