@@ -24,8 +24,12 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
 
-def save_adapter(model: nn.Module, folder: str):
-    """Write the adapter in PEFT's layout: peft.PeftModel.from_pretrained(transformers_model, folder) loads it."""
+def save_adapter(model: nn.Module, folder: str, base_model: str | None = None):
+    """Write the adapter in PEFT's layout: peft.PeftModel.from_pretrained(transformers_model, folder)
+    loads it. base_model: the base checkpoint's folder or hub name, written as the config's
+    base_model_name_or_path, so that peft.AutoPeftModelForCausalLM.from_pretrained(folder) finds the
+    base by itself; by default the folder the model was loaded from (model.name_or_path, an absolute
+    path; None for a model built in memory, which peft then cannot find)."""
     if not lora_layers(model):
         raise ValueError("the model has no LoRA adapters to save")
     cfg = model.lora_config
@@ -51,7 +55,7 @@ def save_adapter(model: nn.Module, folder: str):
         "layers_to_transform": None,
         "rank_pattern": {},
         "alpha_pattern": {},
-        "base_model_name_or_path": None,
+        "base_model_name_or_path": base_model or model.name_or_path,
         "trainable_token_indices": token_adapter(model).token_ids if token_adapter(model) else None,
     }
     for name, write in (

@@ -15,6 +15,7 @@ IGNORE_INDEX elsewhere, so only what the assistant wrote is learned.
 
 import gzip
 import json
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -125,10 +126,14 @@ def jsonl_lines(path: str):
     .jsonl.gz file. A line that is not UTF-8, not JSON or nested too deeply for Python's parser comes
     back as a ValueError saying so, so every reader can name file:line."""
     opener = gzip.open if path.endswith(".gz") else open
+    first = True
     with opener(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
+            # a first line that is not JSON: most likely another format (a CSV, a JSON array)
+            hint = not_jsonl(path) if first else ""
+            first = False
             try:
                 yield lineno, json.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as e:
@@ -139,9 +144,18 @@ def jsonl_lines(path: str):
                     ),
                 )
             except json.JSONDecodeError as e:
-                yield lineno, ValueError(f"invalid JSON ({e})")
+                yield lineno, ValueError(f"invalid JSON ({e}){hint}")
             except RecursionError:
                 yield lineno, ValueError("invalid JSON (nested too deeply to read)")
+
+
+def not_jsonl(path: str) -> str:
+    """What to say when a file's first line is not JSON: minirl reads JSON Lines only."""
+    kind = os.path.splitext(path.removesuffix(".gz"))[1].lower()
+    named = (
+        f" ({kind} is not read: convert it)" if kind in (".csv", ".tsv", ".json", ".txt") else ""
+    )
+    return f"; minirl reads JSONL only, one JSON object per line{named}"
 
 
 def read_jsonl(path: str):

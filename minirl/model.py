@@ -224,6 +224,9 @@ class Qwen2(nn.Module):
         self.tie_weights()
         # generation_config.json may widen this (weights.py)
         self.eos_token_ids = config.eos_token_ids
+        # the folder it was loaded from, as transformers' model.name_or_path: load_model sets it, and
+        # save_adapter writes it as the adapter's base_model_name_or_path (peft's AutoPeftModel reads it)
+        self.name_or_path = None
         self.init_weights()
 
     def tie_weights(self):

@@ -1,7 +1,7 @@
 """The next token of every row, drawn from its logits: temperature, top-k, top-p, and the draw itself.
 
 sample_next is what one decoding step does with the model's output (sampling.py calls it once per
-step). Shapes: B rows, V vocabulary.
+step), after penalize_repeats where the caller asks for one. Shapes: B rows, V vocabulary.
 """
 
 import torch
@@ -17,6 +17,29 @@ def multinomial_draw(logits: torch.Tensor, generator: torch.Generator | None = N
     weights = logprobs.exp().nan_to_num(nan=1.0)  # (B, V)
     tokens = torch.multinomial(weights, 1, generator=generator)[:, 0]  # (B,)
     return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+
+def seen_tokens(rows: list[list[int]], V: int, device) -> torch.Tensor:
+    """(B, V) bool: True where row b's sequence holds token v (prompt included), for penalize_repeats."""
+    seen = torch.zeros(len(rows), V, dtype=torch.bool)
+    for b, row in enumerate(rows):
+        seen[b, row] = True
+    return seen.to(device)
+
+
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's repetition penalty (Keskar et al. 2019, section 4.1) as transformers'
+    RepetitionPenaltyLogitsProcessor applies it: the logit of every token already in the sequence
+    (prompt included) is divided by `penalty` where positive and multiplied where negative, so
+    penalty > 1 makes a repeat less likely whatever its sign. logits (B, V), seen (B, V) bool ->
+    (B, V) float32. Applied before temperature, top-k and top-p, as transformers orders them.
+
+    Training samples never pass through it unless asked: GRPO's ratio and KL need the log-prob of
+    each token under the policy's own distribution, and a penalty that depends on the sequence so far
+    is not part of the policy that is trained (docs/usage.md)."""
+    logits = logits.float()
+    penalized = torch.where(logits < 0, logits * penalty, logits / penalty)  # (B, V)
+    return torch.where(seen, penalized, logits)
 
 
 def sample_next(

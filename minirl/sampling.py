@@ -23,7 +23,7 @@ import torch
 
 from .finite import check_drawn
 from .kv_cache import KVCache
-from .next_token import multinomial_draw, sample_next
+from .next_token import multinomial_draw, penalize_repeats, sample_next, seen_tokens
 
 
 @dataclass
@@ -36,7 +36,17 @@ class Completion:
     finish_reason: str = "length"
 
 
-def check_prompts(model, prompts, *, max_new_tokens, temperature, top_k, top_p, num_samples):
+def check_prompts(
+    model,
+    prompts,
+    *,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    num_samples,
+    repetition_penalty=1.0,
+):
     """A clear error for prompts or options the sampler cannot take (for every sampler)."""
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError("prompts must be a non-empty list of token-id lists")
@@ -63,10 +73,16 @@ def check_prompts(model, prompts, *, max_new_tokens, temperature, top_k, top_p, 
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     # NaN fails every comparison, so `not (0 <= t < inf)` refuses it as it refuses inf
     numbers = [
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in (temperature, top_p)
+        isinstance(v, (int, float)) and not isinstance(v, bool)
+        for v in (temperature, top_p, repetition_penalty)
     ]
+    penalty_ok = numbers.pop() and 0 < repetition_penalty < float("inf")
     if not all(numbers) or not (0 <= temperature < float("inf")):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if not penalty_ok:
+        raise ValueError(
+            f"repetition_penalty must be a finite number > 0 (1 = off), got {repetition_penalty!r}"
+        )
     if top_k < 0 or not 0 < top_p <= 1 or num_samples < 1:
         raise ValueError(
             f"need top_k >= 0, 0 < top_p <= 1, num_samples >= 1; got "
@@ -89,20 +105,36 @@ def left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tens
     return ids.to(device), mask.to(device)
 
 
-def decode(model, prompts, max_new_tokens, num_samples, stop_ids, generator, **options):
+def decode(
+    model,
+    prompts,
+    max_new_tokens,
+    num_samples,
+    stop_ids,
+    generator,
+    repetition_penalty=1.0,
+    **options,
+):
     """The decoding loop. Yields, once per step, (tokens, logprobs, stopped), each (B,) over the
     len(prompts) * num_samples rows (prompt-major): every row's draw, and whether it has drawn a stop
-    token (at this step or before). options: temperature, top_k, top_p, draw (next_token.py)."""
+    token (at this step or before). options: temperature, top_k, top_p, draw (next_token.py);
+    repetition_penalty != 1 penalizes the tokens each row holds so far (next_token.py)."""
     rows = [list(p) for p in prompts for _ in range(num_samples)]
     ids, mask = left_padded(rows, model.device)  # (B, T)
     B, T = ids.shape
+    penalized = repetition_penalty != 1
+    seen = seen_tokens(rows, model.config.vocab_size, model.device) if penalized else None
     cache = KVCache(model.config, B, T + max_new_tokens, model.dtype, model.device)
     logits = model(ids, mask, kv_cache=cache, logits_to_keep=1)[:, -1]  # (B, V)
     stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=model.device)
     stopped = torch.zeros(B, dtype=torch.bool, device=model.device)
     step_mask = torch.ones(B, 1, dtype=torch.long, device=model.device)
     for _ in range(max_new_tokens):
+        if penalized:
+            logits = penalize_repeats(logits, seen, repetition_penalty)
         tokens, logprobs = sample_next(logits, generator=generator, **options)  # (B,), (B,)
+        if penalized:
+            seen[torch.arange(B, device=model.device), tokens] = True
         stopped |= torch.isin(tokens, stop_ids)
         yield tokens, logprobs, stopped
         if bool(stopped.all()):
@@ -142,6 +174,7 @@ def generate(
     stop_token_ids: list[int] | None = None,
     seed: int | None = None,
     num_samples: int = 1,
+    repetition_penalty: float = 1.0,
     draw=multinomial_draw,
     decoder=None,
 ) -> list[Completion]:
@@ -149,8 +182,16 @@ def generate(
     so outs[i * G + j] is sample j of prompt i). stop_token_ids=None stops on the checkpoint's eos
     ids, [] never stops early. seed makes the draw reproducible (a private torch.Generator).
     draw: how a token is picked from the softmax (next_token.py). decoder: a fast.decoder.Decoder
-    of this model to sample with instead (the drop-in: same options, its own draw)."""
-    options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    of this model to sample with instead (the drop-in: same options, its own draw).
+    repetition_penalty: transformers' (next_token.penalize_repeats), 1 = off.
+
+    Only the arguments count: a checkpoint folder's generation_config.json (Qwen2.5's sets
+    temperature 0.7, top_p 0.8, top_k 20 and repetition_penalty 1.1, which transformers' generate
+    applies by default) is not read here; weights.generation_settings(folder) gives them as
+    arguments, and `minirl generate` applies them as transformers does (docs/usage.md)."""
+    options = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty
+    )
     if decoder is not None:
         check_decoder(model, decoder)
         return decoder.generate(
@@ -184,12 +225,15 @@ def stream(
     top_p: float = 1.0,
     stop_token_ids: list[int] | None = None,
     seed: int | None = None,
+    repetition_penalty: float = 1.0,
     draw=multinomial_draw,
     decoder=None,
 ):
     """Yield the generated token ids of one prompt as they are sampled (the stop token included).
     Options as for generate()."""
-    options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    options = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty
+    )
     if decoder is not None:
         check_decoder(model, decoder)
         options.update(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids, seed=seed)

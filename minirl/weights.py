@@ -175,6 +175,44 @@ def eos_token_ids(folder: str, config: Qwen2Config) -> list[int]:
     return ids
 
 
+# transformers' GenerationConfig defaults, which its generate uses where generation_config.json is silent
+GENERATION_DEFAULTS = dict(
+    do_sample=False, temperature=1.0, top_k=50, top_p=1.0, repetition_penalty=1.0
+)
+# settings transformers applies that minirl's sampler has not: a folder that sets one is refused
+# rather than sampled otherwise without a word (their values that change nothing)
+UNAPPLIED = dict(num_beams=1, min_p=None, typical_p=1.0, no_repeat_ngram_size=0)
+
+
+def generation_settings(folder: str) -> dict:
+    """The sampling settings transformers' generate would use for a checkpoint folder, as
+    sampling.generate's arguments: temperature, top_k, top_p and repetition_penalty from
+    generation_config.json, GENERATION_DEFAULTS where it is silent (so top_k 50 when it samples
+    and names none, as in transformers), temperature 0 (greedy) unless do_sample is true. Qwen2.5
+    Instruct's give temperature 0.7, top_k 20, top_p 0.8, repetition_penalty 1.1. A folder without
+    the file gives greedy decoding, as transformers does. minirl's samplers never read this by
+    themselves: `minirl generate` passes it, under the flags given on its command line."""
+    path = os.path.join(folder, "generation_config.json")
+    found = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    unapplied = {k: found[k] for k in UNAPPLIED if found.get(k, UNAPPLIED[k]) != UNAPPLIED[k]}
+    if unapplied:
+        raise ValueError(
+            f"{path}: sets {unapplied}, which minirl's sampler does not apply; remove them to "
+            "sample with the rest"
+        )
+    # null is transformers' "not set" too
+    settings = {k: v if found.get(k) is None else found[k] for k, v in GENERATION_DEFAULTS.items()}
+    return dict(
+        temperature=settings["temperature"] if settings["do_sample"] else 0.0,
+        top_k=settings["top_k"],
+        top_p=settings["top_p"],
+        repetition_penalty=settings["repetition_penalty"],
+    )
+
+
 def load_model(folder: str, dtype=torch.float32, device="cpu") -> Qwen2:
     """Build the model a checkpoint folder describes and fill it with the folder's weights. dtype:
     a torch dtype or its name; device: anything torch.device takes."""
@@ -197,6 +235,7 @@ def load_model(folder: str, dtype=torch.float32, device="cpu") -> Qwen2:
                     params[name].copy_(f.get_tensor(name))
                     check_weights(params[name], f"{path}: tensor {name}")
     model.eos_token_ids = eos_token_ids(folder, config)
+    model.name_or_path = os.path.abspath(folder)
     return model.eval()
 
 

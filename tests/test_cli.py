@@ -3,14 +3,20 @@
 import argparse
 import dataclasses
 import io
+import os
+import re
 
 import pytest
 import torch
 
+import minirl
 from minirl import generate, load_pretrained, random_model, sampling, save_pretrained
+from minirl.adapter_files import save_adapter
 from minirl.apps.cli import build_parser, main
 from minirl.apps.model_commands import print_stream
 from minirl.fast.decoder import Decoder
+from minirl.lora import add_lora, lora_layers
+from minirl.run.flags import shows_default
 from minirl.run.grpo import GRPOConfig
 from minirl.run.sft import SFTConfig
 from minirl.toy import tiny_config
@@ -122,3 +128,50 @@ def test_a_training_flag_lives_in_two_places_that_agree(command):
             f"{command} --{action.dest.replace('_', '-')}: parser default {action.default!r}, "
             f"config default {want!r}"
         )
+
+
+def test_help_shows_every_default():
+    """Every option that takes a value and is not required says its default in --help, in every
+    command (argparse's formatter showed none for options without a help text)."""
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    checked = 0
+    for name, sub in commands.choices.items():
+        # one block per option: its flags, then its help, up to the next option
+        blocks = re.split(r"\n(?=  -)", sub.format_help())
+        for action in sub._actions:
+            if not shows_default(action):
+                continue
+            block = next(b for b in blocks if b.split()[0].rstrip(",") == action.option_strings[0])
+            assert "default" in " ".join(block.split()), f"{name} {action.option_strings[0]}"
+            checked += 1
+    assert checked > 100
+
+
+def test_version_is_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")) as f:
+        version = re.search(r'^version = "(.+)"', f.read(), re.M).group(1)
+    assert capsys.readouterr().out == f"minirl {version}\n" == f"minirl {minirl.__version__}\n"
+
+
+def test_generate_command_samples_with_an_adapter(toy_folder, tmp_path, capsys):
+    model, tok = load_pretrained(toy_folder)
+    add_lora(model, r=4, alpha=8)
+    with torch.no_grad():
+        for layer in lora_layers(model).values():
+            layer.lora_B.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    save_adapter(model, str(tmp_path / "adapter"))
+    prompt = "What is 2 + 2?"
+    args = ["generate", "--model", toy_folder, "--prompt", prompt, "--max-new-tokens", "12"]
+    main(args + ["--adapter", str(tmp_path / "adapter")])
+    with_adapter = capsys.readouterr().out
+    main(args)
+    without = capsys.readouterr().out
+    out = generate(model, [tok.encode(prompt)], max_new_tokens=12, temperature=0)[0]
+    assert (
+        with_adapter == tok.decode([t for t in out.tokens if t not in model.eos_token_ids]) + "\n"
+    )
+    assert with_adapter != without

@@ -550,6 +550,24 @@ def test_eval_command_bad_input(toy_dir, tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    # a CSV where JSONL is read: said so, not only "invalid JSON"
+    (tmp_path / "questions.csv").write_text("question,answer\nWhat is 2 + 2?,4\n")
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "eval",
+                "--model",
+                toy_dir,
+                "--task",
+                "jsonl",
+                "--data",
+                str(tmp_path / "questions.csv"),
+            ]
+        )
+    assert (
+        "questions.csv:1: invalid JSON (Expecting value: line 1 column 1 (char 0)); minirl reads "
+        "JSONL only, one JSON object per line (.csv is not read: convert it)"
+    ) in capsys.readouterr().err
     (tmp_path / "episodes.jsonl").write_text(json.dumps(episode(0, 0, True)) + "\nnot json\n")
     with pytest.raises(SystemExit):
         main(["eval", "--rescore", str(tmp_path)])

@@ -324,6 +324,36 @@ def test_save_adapter_loads_in_peft_with_peft_key_names(hf_checkpoint, tmp_path,
     )
 
 
+def test_auto_peft_model_loads_a_saved_adapter_with_its_base_by_itself(tmp_path, monkeypatch):
+    """AutoPeftModelForCausalLM.from_pretrained(adapter) reads base_model_name_or_path to load the
+    base: the folder the model came from, absolute, so it loads from another working directory."""
+    from peft import AutoPeftModelForCausalLM
+
+    from minirl.toy import build_checkpoint
+
+    folder = build_checkpoint(str(tmp_path / "toy"), initializer_range=0.2)
+    ours = load_model(folder).set_attention("eager")
+    add_lora(ours, r=4, alpha=8, targets=["q_proj", "v_proj", "down_proj"])
+    randomize_lora_B(ours, std=0.2)
+    save_adapter(ours, str(tmp_path / "adapter"))
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(tmp_path / "toy")
+    monkeypatch.chdir(tmp_path / "adapter")
+    peft_model = AutoPeftModelForCausalLM.from_pretrained(str(tmp_path / "adapter")).eval()
+    ids = ids_batch(B=2, T=13, vocab=ours.config.vocab_size)
+    with torch.no_grad():
+        got, expected = ours(ids), peft_model(ids).logits
+        with disable_adapters(ours):
+            base = ours(ids)
+    assert (got - base).abs().max() > 1e-2, "the adapter should matter"
+    # the wide init gives logits of ~10, and float32 sums in another order differ by ~1e-5
+    torch.testing.assert_close(expected, got, atol=1e-4, rtol=0)
+    # a base named by the caller (a hub name) is written as given
+    save_adapter(ours, str(tmp_path / "named"), base_model="Qwen/Qwen2.5-0.5B-Instruct")
+    config = json.loads((tmp_path / "named" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
 def test_save_and_load_adapter_round_trip(tmp_path):
     model, ids = (
         randomize_lora_B(add_lora(base_model(), r=4, alpha=16, targets=["q_proj", "up_proj"])),

@@ -74,6 +74,7 @@ def test_overwrite_in_a_folder_holding_the_base_model_keeps_it(base, data, tmp_p
         "summary.json",
         "eval",
         "adapter",
+        "graduation",
     ]
 
 

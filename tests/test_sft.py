@@ -14,6 +14,7 @@ from minirl.adapter_files import PEFT_PREFIX
 from minirl.apps.cli import main
 from minirl.data import DataError
 from minirl.lora import add_lora, lora_state_dict
+from minirl.run import graduation
 from minirl.run.sft import SFTConfig, train
 from minirl.toy import build_checkpoint, calculator_conversation
 
@@ -256,3 +257,25 @@ def test_train_takes_a_runs_config_not_the_steps_settings():
     with pytest.raises(TypeError, match="must be a run's SFTConfig.*got SFTStepSettings"):
         train(SFTStepSettings())
     assert issubclass(SFTConfig, SFTStepSettings)
+
+
+def test_the_quality_check_keeps_its_samples_beside_its_number(base, data_file, tmp_path, capsys):
+    """Each graduation check writes out/graduation/step-N.jsonl: every completion, the question it
+    answers, and whether its format was right, whose mean is the format accuracy reported; the
+    sampling shows a bar (it takes minutes on a CPU)."""
+    pairs = [(a, b) for a in range(11, 14) for b in (3, 4, 5)]
+    out = tmp_path / "run"
+    summary = train(config(base, data_file(pairs), out, epochs=1, eval_every=1))
+    assert "graduation:" in capsys.readouterr().err
+    assert summary["graduation_samples"] == str(out / "graduation" / "step-000003.jsonl")
+    assert sorted(os.listdir(out / "graduation")) == [f"step-00000{s}.jsonl" for s in (1, 2, 3)]
+    with open(summary["graduation_samples"]) as f:
+        samples = [json.loads(line) for line in f]
+    # 9 conversations measured on themselves, 2 samples each, in more than one sampling call
+    assert len(samples) == 9 * 2 > 2 * graduation.PROMPTS_PER_CALL
+    assert {s["prompt"] for s in samples} == {f"What is {a} * {b}?" for a, b in pairs}
+    assert all(s["source"].startswith(data_file(pairs)) for s in samples)
+    assert {s["finish_reason"] for s in samples} <= {"stop", "length"}
+    accuracy = sum(s["format_ok"] for s in samples) / len(samples)
+    assert summary["format_accuracy"] == accuracy
+    assert metric_rows(out)[-1]["format_accuracy"] == f"{accuracy:.4f}"

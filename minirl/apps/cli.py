@@ -19,7 +19,9 @@ import argparse
 import os
 import sys
 
+from .. import __version__
 from ..fast import PLAIN_HELP
+from ..run.flags import DefaultsFormatter
 from ..tasks import parse_options
 from .model_commands import (
     DTYPES,
@@ -275,10 +277,11 @@ def add_view_parser(sub, fmt):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = DefaultsFormatter
     parser = argparse.ArgumentParser(
         prog="python -m minirl", description=__doc__, formatter_class=fmt
     )
+    parser.add_argument("--version", action="version", version=f"minirl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     add_generate_parser(sub, fmt)

@@ -19,12 +19,12 @@ from ..adapter_files import load_adapter
 from ..chat import show_mask
 from ..config import Qwen2Config, preset
 from ..fast import FAST, ON_A_GPU, PLAIN_HELP, speedups
-from ..run.flags import at_least, check_sampling, check_speedups
+from ..run.flags import at_least, check_sampling, check_speedups, within
 from ..run.grpo import GRPOConfig
 from ..run.memory import grpo_plan
 from ..sampling import stream
 from ..tasks import make_task
-from ..weights import load_pretrained
+from ..weights import generation_settings, load_pretrained
 
 # --dtype's choices, here and in `eval` (cli.py hands them to its parser)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,10 +48,28 @@ def print_stream(tokenizer, token_iter, stop_ids, out=None) -> list[int]:
     return ids
 
 
+def sampling_options(args) -> dict:
+    """generate's sampling: the folder's generation_config.json as transformers' generate applies
+    it (weights.generation_settings), each flag given on the command line in its place."""
+    flags = dict(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty,
+    )
+    options = generation_settings(args.model)
+    options.update({name: value for name, value in flags.items() if value is not None})
+    check_sampling(options["temperature"], options["top_p"], options["top_k"], args.max_new_tokens)
+    within(options["repetition_penalty"], 0, float("inf"), "--repetition-penalty", low_open=True)
+    return options
+
+
 def cmd_generate(args):
-    check_sampling(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     check_speedups(args.plain, args.compile)
+    options = sampling_options(args)
     model, tokenizer = load_pretrained(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    if args.adapter:
+        load_adapter(model, args.adapter)
     fast = speedups(args.plain)
     fast.apply(model)
     if args.chat:
@@ -69,11 +87,9 @@ def cmd_generate(args):
             model,
             ids,
             max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
             seed=args.seed,
             decoder=fast.decoder(model, compile=args.compile),
+            **options,
         ),
         model.eos_token_ids,
     )
@@ -94,6 +110,11 @@ def add_generate_parser(sub, fmt):
         required=True,
         help="checkpoint folder (config.json, model*.safetensors, tokenizer)",
     )
+    g.add_argument(
+        "--adapter",
+        default=None,
+        help="a LoRA adapter folder (a run's adapter/, or peft's save_pretrained) to sample with",
+    )
     g.add_argument("--dtype", default="float32", choices=list(DTYPES))
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     # --- prompt ---
@@ -102,11 +123,26 @@ def add_generate_parser(sub, fmt):
     g.add_argument(
         "--system", default=None, help="system message for --chat (default: the template's)"
     )
-    # --- sampling ---
+    # --- sampling: unset flags take the folder's generation_config.json, as transformers does ---
+    folder = "(default: the folder's generation_config.json, as transformers' generate: %s)"
     g.add_argument("--max-new-tokens", type=int, default=256)
-    g.add_argument("--temperature", type=float, default=0.7, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=0.8)
-    g.add_argument("--top-k", type=int, default=20, help="0 = off")
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="0 = greedy " + folder % "Qwen2.5 Instruct's 0.7, greedy without do_sample",
+    )
+    g.add_argument("--top-p", type=float, default=None, help=folder % "Qwen2.5 Instruct's 0.8")
+    g.add_argument(
+        "--top-k", type=int, default=None, help="0 = off " + folder % "Qwen2.5 Instruct's 20"
+    )
+    g.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        help="1 = off; > 1 makes tokens already in the text less likely "
+        + folder % "Qwen2.5 Instruct's 1.1",
+    )
     g.add_argument("--seed", type=int, default=None)
     g.add_argument(
         "--compile", action="store_true", help="compile the decode step (CUDA graphs on GPU)"

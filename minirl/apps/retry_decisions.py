@@ -29,6 +29,7 @@ from ..data import read_conversations
 from ..envs.tools import OPEN_TAG, parse_assistant
 from ..eval_folder import read_episodes
 from ..eval_stats import run_test_failed
+from ..run.flags import DefaultsFormatter
 from ..run.sft_eval import split_heldout
 from ..run.stages import load_policy
 from ..tokenizer import chat_pieces
@@ -166,7 +167,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(
         prog="python -m minirl.apps.retry_decisions",
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     p.add_argument("--model", required=True, help="a Qwen2.5 checkpoint folder")
     p.add_argument(

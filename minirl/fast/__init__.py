@@ -133,7 +133,8 @@ def generate(
     plain loop's (another draw).
     decoder: one you hold instead, e.g. Decoder(model, compile=True) kept across calls; options:
     sampling.generate's (max_new_tokens, temperature, top_k, top_p, stop_token_ids, seed,
-    num_samples)."""
+    num_samples, repetition_penalty). Like sampling.generate it reads no generation_config.json:
+    weights.generation_settings(folder) gives a folder's settings as these arguments."""
     with fast_layers(model):
         decoder = FAST.decoder(model) if decoder is None else decoder
         return sampling.generate(model, prompts, decoder=decoder, **options)

@@ -39,7 +39,7 @@ import functools
 import torch
 
 from ..finite import check_drawn
-from ..next_token import sample_next
+from ..next_token import penalize_repeats, sample_next, seen_tokens
 from ..sampling import Completion, check_prompts, completions, eval_mode, generator, stop_tokens
 from .cpu_matmul import packed_weights
 from .inverse_cdf import inverse_cdf_draw
@@ -48,7 +48,13 @@ from .static_cache import StaticCachePool
 
 # sampling.generate's options and their defaults, which a Decoder's generate and stream take
 SAMPLING = dict(
-    max_new_tokens=64, temperature=1.0, top_k=0, top_p=1.0, stop_token_ids=None, seed=None
+    max_new_tokens=64,
+    temperature=1.0,
+    top_k=0,
+    top_p=1.0,
+    stop_token_ids=None,
+    seed=None,
+    repetition_penalty=1.0,
 )
 # fixed shapes: tokens between the host's checks whether every row has stopped
 SYNC_EVERY = 8
@@ -125,13 +131,21 @@ class Decoder:
             logits = logits[group_of_row]  # (B, V)
             decode_step = decode_step_function(model, self.compile)
             rows = torch.arange(cache.batch_size, device=model.device)  # (B,)
+            penalty = options.pop("repetition_penalty", 1.0)
+            sequences = [prompts[s // num_samples] for s in range(len(rows))]
+            V = model.config.vocab_size
+            seen = seen_tokens(sequences, V, model.device) if penalty != 1 else None  # (B, V)
             stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=model.device)
             stopped = torch.zeros(len(rows), dtype=torch.bool, device=model.device)  # (B,)
             with self.pool.writing(cache):
                 for step in range(max_new_tokens):
+                    if seen is not None:
+                        logits = penalize_repeats(logits, seen, penalty)
                     tokens, logprobs = sample_next(
                         logits, generator=random, draw=self.draw, **options
                     )
+                    if seen is not None:
+                        seen[torch.arange(len(rows), device=model.device), tokens] = True
                     stopped |= torch.isin(tokens, stop_ids)
                     yield rows, tokens, logprobs, stopped
                     # bool() waits for the device: with fixed shapes only every few tokens
@@ -144,6 +158,7 @@ class Decoder:
                         self._leaving(cache, stopped.nonzero()[:, 0], rows[stopped])
                         select_rows(cache, keep)
                         rows, tokens, stopped = rows[keep], tokens[keep], stopped[keep]
+                        seen = None if seen is None else seen[keep]
                     logits = decode_step(model, tokens, cache)  # (B, V)
                 self._leaving(cache, torch.arange(len(rows), device=model.device), rows)
 

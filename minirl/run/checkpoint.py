@@ -59,7 +59,8 @@ def run_outputs(command: str, full: bool) -> list[str]:
     """The names a run of `command` writes in its folder (run.json records them: --overwrite removes
     these and nothing else)."""
     names = ["metrics.csv", "checkpoints", "summary.json", "eval", "model" if full else "adapter"]
-    return names + (["rollouts.jsonl"] if command == "grpo" else [])
+    # sft's graduation/: the quality check's samples (run/sft_eval.py)
+    return names + {"grpo": ["rollouts.jsonl"], "sft": ["graduation"]}.get(command, [])
 
 
 def contents(path: str) -> str | None:
@@ -155,6 +156,9 @@ def claim_run_folder(cfg, command: str) -> None:
     if saved is not None:
         # a run.json from before it listed its outputs: the ones its command and settings wrote
         named = saved.get("outputs") or run_outputs(saved.get("command"), saved.get("full"))
+        # an sft run from before graduation/ was written, resumed since, wrote one too
+        if saved.get("command") == "sft" and "graduation" not in named:
+            named = [*named, "graduation"]
         theirs = [name for name in named if os.path.lexists(os.path.join(out, name))]
     strangers = [
         name

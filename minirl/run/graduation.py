@@ -8,10 +8,16 @@
 """
 
 import torch
+from tqdm import tqdm
 
 from ..data import tool_names
 from ..envs.tools import parse_assistant
 from ..sampling import generate
+
+# prompts per sampling call on a CPU: there a decoding step costs about what its rows do, so calls of
+# a few prompts cost little more than one of all of them, and the bar moves (the check takes minutes
+# there); a GPU samples them all in one call, where a wider batch costs little more than a narrow one
+PROMPTS_PER_CALL = 4
 
 
 def format_ok(text: str, finish_reason: str, known_tools: set[str]) -> bool:
@@ -78,20 +84,39 @@ def evaluate(
     temperature: float = 1.0,
     seed: int = 0,
     decoder=None,
+    progress: bool = False,
 ) -> dict:
     """Sample k completions for the first assistant turn of each held-out conversation and score them
-    (decoder: the sampler, fast.decoder.Decoder; None: sampling.generate)."""
+    (decoder: the sampler, fast.decoder.Decoder; None: sampling.generate), on a CPU
+    PROMPTS_PER_CALL prompts at a time (call c seeded seed + c), with a bar where progress.
+    "samples" holds every completion: the conversation's source, the message it answers, the
+    completion's text, finish_reason and whether its format was right, what the run folder keeps
+    to show why the accuracy is what it is."""
     prompts = [prompt_ids(tokenizer, conv) for conv in conversations]
     known = [tool_names(conv.get("tools")) for conv in conversations]
-    outs = generate(
-        model,
-        prompts,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        seed=seed,
-        num_samples=samples_per_prompt,
-        decoder=decoder,
+    outs = []
+    bar = tqdm(
+        total=len(prompts),
+        desc="graduation",
+        unit="prompt",
+        dynamic_ncols=True,
+        leave=False,
+        disable=not progress,
     )
+    per_call = PROMPTS_PER_CALL if next(model.parameters()).device.type == "cpu" else len(prompts)
+    for call, start in enumerate(range(0, len(prompts), per_call)):
+        chunk = prompts[start : start + per_call]
+        outs += generate(
+            model,
+            chunk,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=seed + call,
+            num_samples=samples_per_prompt,
+            decoder=decoder,
+        )
+        bar.update(len(chunk))
+    bar.close()
     stop_ids = set(model.eos_token_ids)
     k = samples_per_prompt
     texts = [tokenizer.decode([t for t in out.tokens if t not in stop_ids]) for out in outs]
@@ -106,10 +131,22 @@ def evaluate(
         / len(groups),
         "distinct_2": sum(distinct_n([o.tokens for o in g]) for g in groups) / len(groups),
         "samples": [
-            {"prompt": i // k, "text": t, "format_ok": f}
-            for i, (t, f) in enumerate(zip(texts, formats))
+            {
+                "source": conversations[i // k].get("source"),
+                "prompt": answered(conversations[i // k]),
+                "completion": text,
+                "finish_reason": out.finish_reason,
+                "format_ok": ok,
+            }
+            for i, (text, out, ok) in enumerate(zip(texts, outs, formats))
         ],
     }
+
+
+def answered(conversation: dict):
+    """The content of the message the first assistant turn answers (the user's question)."""
+    first = next(i for i, m in enumerate(conversation["messages"]) if m["role"] == "assistant")
+    return conversation["messages"][first - 1]["content"] if first else None
 
 
 def graduated(

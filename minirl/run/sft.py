@@ -250,6 +250,7 @@ def train(cfg: SFTConfig) -> dict:
         **{k: metrics[k] for k in ("format_accuracy", "distinct_completions", "distinct_2")},
         **grad,
         "graduation_measured_on": eval_on,
+        "graduation_samples": metrics["samples_file"],
         **{k: metrics[k] for k in ("eval_accuracy", "eval_accuracy_lenient") if k in metrics},
         "examples": stats.kept,
         "truncated": stats.truncated,
@@ -264,7 +265,8 @@ def train(cfg: SFTConfig) -> dict:
         f"graduation: loss plateau {grad['loss_plateau']}, format accuracy "
         f"{metrics['format_accuracy']:.2f} (>= {cfg.min_format}), distinct completions "
         f"{metrics['distinct_completions']:.2f} (>= {cfg.min_distinct}) -> "
-        f"{'graduated' if grad['graduated'] else 'not yet'}; saved {final_dir}"
+        f"{'graduated' if grad['graduated'] else 'not yet'} (samples: {metrics['samples_file']}); "
+        f"saved {final_dir}"
     )
     return summary
 

@@ -8,10 +8,12 @@ samples its share of graduation's prompts and the metrics are averaged over all 
 the run's SFTConfig (run/sft.py).
 """
 
+import json
 import os
 import random
 
 from .. import distributed, evaluation
+from ..files import atomic_write
 from ..tasks import DATA_TASKS, make_task
 from . import graduation
 
@@ -48,9 +50,11 @@ def eval_task(cfg):
 
 
 class GraduationCheck:
-    """check(step, losses) -> (metrics, graduation): graduation's samples on the eval conversations
-    and, with --eval-task, the task's held-out items played as `minirl eval` plays them (kept as
-    out/eval/step-NNNNNN)."""
+    """check(step, losses) -> (metrics, graduation): graduation's samples on the eval conversations,
+    kept as out/graduation/step-NNNNNN.jsonl (one line per completion: its conversation's source,
+    the question, the completion, its finish_reason and whether its format was right) beside the
+    numbers, and, with --eval-task, the task's held-out items played as `minirl eval` plays them
+    (kept as out/eval/step-NNNNNN)."""
 
     def __init__(self, cfg, model, tokenizer, eval_convs, task, decoder):
         self.cfg, self.model, self.tokenizer = cfg, model, tokenizer
@@ -68,6 +72,10 @@ class GraduationCheck:
             cfg.seed,
             decoder=decoder,
         )
+        samples, path = metrics.pop("samples"), samples_path(cfg.out, step)
+        metrics["samples_file"] = path
+        if distributed.is_main():
+            write_samples(path, samples)
         if self.task is not None:
             out = os.path.join(cfg.out, "eval", f"step-{step:06d}")
             held_out = evaluation.evaluate(
@@ -80,11 +88,27 @@ class GraduationCheck:
         return metrics, graduation.graduated(metrics, losses, cfg.min_format, cfg.min_distinct)
 
 
+def write_samples(path: str, samples: list[dict]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(sample) + "\n" for sample in samples)
+
+    atomic_write(path, write)
+
+
+def samples_path(out: str, step: int) -> str:
+    """Where the check at `step` keeps its samples."""
+    return os.path.join(out, "graduation", f"step-{step:06d}.jsonl")
+
+
 def evaluate(
     model, tokenizer, conversations, samples_per_prompt, max_new_tokens, seed, decoder=None
 ) -> dict:
-    """graduation.evaluate; under torchrun each rank samples its share of the prompts and the metrics,
-    all means over prompts (format accuracy: k samples for each), are averaged over all of them."""
+    """graduation.evaluate, with a bar on the main rank; under torchrun each rank samples its share
+    of the prompts and the metrics, all means over prompts (format accuracy: k samples for each),
+    are averaged over all of them, the samples gathered."""
     if distributed.world_size() == 1:
         return graduation.evaluate(
             model,
@@ -94,6 +118,7 @@ def evaluate(
             max_new_tokens,
             seed=seed,
             decoder=decoder,
+            progress=True,
         )
     mine = conversations[distributed.rank() :: distributed.world_size()]
     keys = ("format_accuracy", "distinct_completions", "distinct_2")
@@ -106,14 +131,16 @@ def evaluate(
             max_new_tokens,
             seed=distributed.rank_seed(seed),
             decoder=decoder,
+            progress=distributed.is_main(),
         )
         if mine
-        else dict.fromkeys(keys, 0.0)
+        else {**dict.fromkeys(keys, 0.0), "samples": []}
     )
     sums = distributed.all_reduce_sums(
         {**{k: metrics[k] * len(mine) for k in keys}, "prompts": len(mine)}
     )
-    return {k: sums[k] / sums["prompts"] for k in keys}
+    samples = distributed.all_gather_objects(metrics["samples"])
+    return {**{k: sums[k] / sums["prompts"] for k in keys}, "samples": samples}
 
 
 def eval_row(metrics: dict, grad: dict) -> dict:
