@@ -2,11 +2,9 @@
 
 python figures/make_figures.py            # after `python -m minirl quickstart`, `... recipe calculator`, `... recipe code`
 
-recipe_code_retry.png reads `recipe code --episode retry --out runs/recipe-code-retry` (its GRPO's
-metrics.csv, also while the run is paused).
-
-hack_real.png needs the two GRPO runs of docs/results.md "§5 on the real model" (runs/hack-seeded/grpo,
-the guarded reward, and runs/hack-seeded-naive).
+hack_seeded.png needs the two GRPO runs of docs/results.md "The seeded run" (runs/hack-seeded/grpo,
+the guarded reward, and runs/hack-seeded-naive). FIGURES names exactly the PNGs committed here, but
+viewer.png (figures/viewer_screenshot.py); figures/README.md lists them (tests/test_figures.py).
 """
 
 import os
@@ -19,15 +17,13 @@ from minirl.run.plots import (  # noqa: E402
     hack_figure,
     quickstart_figure,
     recipe_figure,
-    retry_figure,
 )
 
 FIGURES = {
     "quickstart.png": (quickstart_figure, os.path.join("runs", "quickstart")),
     "recipe_calculator.png": (recipe_figure, os.path.join("runs", "recipe-calculator")),
     "recipe_code.png": (code_recipe_figure, os.path.join("runs", "recipe-code")),
-    "recipe_code_retry.png": (retry_figure, os.path.join("runs", "recipe-code-retry")),
-    "hack_real.png": (
+    "hack_seeded.png": (
         hack_figure,
         os.path.join("runs", "hack-seeded", "grpo"),
         os.path.join("runs", "hack-seeded-naive"),

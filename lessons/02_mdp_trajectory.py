@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 02: an agent episode as a Markov decision process, one token at a time.
 
 Chapter §10.1 (M = ⟨S, A, T, R, γ⟩, θ* = argmax E_τ[Σ_t γ^t r_t], γ = 1) and ch. 11 §4 (a trajectory
@@ -25,6 +26,7 @@ from minirl import load_pretrained
 from minirl.chat import render, show_mask
 from minirl.envs.calculator import CalculatorEnv, expert_policy, make_question, play
 from minirl.rollout import Trajectory, prompt_ids, run_episodes
+from minirl.run.notebook import lesson_flags
 from minirl.tasks import CalculatorTask
 from minirl.toy import build_checkpoint
 
@@ -32,7 +34,7 @@ parser = argparse.ArgumentParser(description="Lesson 02: the MDP and a trajector
 parser.add_argument(
     "--model", default=None, help="checkpoint folder (default: build the toy model)"
 )
-args, _ = parser.parse_known_args()
+args = lesson_flags(parser, quick={})
 folder = args.model or build_checkpoint(
     os.path.join(tempfile.mkdtemp(prefix="lesson02-"), "toy"), seed=0
 )

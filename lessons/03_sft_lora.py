@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 03: stage one, supervised fine-tuning (SFT) through a hand-written LoRA adapter.
 
 Chapter §10.1 ("two stages") and ch. 11 §2 (SFT = imitation). The policy learns to reproduce
@@ -29,6 +30,8 @@ from minirl import load_pretrained
 from minirl.chat import render, show_mask
 from minirl.lora import LoRALinear, add_lora
 from minirl.losses import IGNORE_INDEX, sft_loss
+from minirl.run.notebook import lesson_flags, show
+from minirl.run.plots import curve_figure
 from minirl.run.sft import SFTConfig, train
 from minirl.sft import sft_step
 from minirl.toy import build_checkpoint, calculator_conversation
@@ -38,7 +41,7 @@ parser.add_argument(
     "--model", default=None, help="checkpoint folder (default: build the toy model)"
 )
 parser.add_argument("--epochs", type=int, default=60)
-args, _ = parser.parse_known_args()
+args = lesson_flags(parser, quick={"epochs": 3})
 work = tempfile.mkdtemp(prefix="lesson03-")
 base = args.model or build_checkpoint(os.path.join(work, "toy"), seed=0, initializer_range=0.2)
 
@@ -114,6 +117,13 @@ print(
     f"... final {losses[-1]:.3f}",
 )
 assert all(map(math.isfinite, losses)) and losses[-1] < losses[0], f"{losses}"
+show(
+    curve_figure(
+        os.path.join(work, "run", "metrics.csv"),
+        {"loss": "SFT loss (trained tokens' mean)"},
+        os.path.join(work, "loss.png"),
+    )
+)
 
 # %% 5. graduation: converged, well-formatted, still diverse?
 for key in ("loss_plateau", "format_accuracy", "distinct_completions", "distinct_2", "graduated"):

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 04: sampling a batch with a KV cache, and why the cache matters.
 
 Chapter §10.1 and ch. 11 §6: RL spends most of its time sampling (G completions for each of P prompts
@@ -28,6 +29,7 @@ import minirl
 from minirl import load_pretrained
 from minirl.fast.decoder import Decoder
 from minirl.kv_cache import KVCache
+from minirl.run.notebook import lesson_flags
 from minirl.sampling import generate
 from minirl.toy import build_checkpoint
 
@@ -36,7 +38,7 @@ parser.add_argument(
     "--model", default=None, help="checkpoint folder (default: build the toy model)"
 )
 parser.add_argument("--new-tokens", type=int, default=200)
-args, _ = parser.parse_known_args()
+args = lesson_flags(parser, quick={"new_tokens": 16})
 folder = args.model or build_checkpoint(
     os.path.join(tempfile.mkdtemp(prefix="lesson04-"), "toy"), seed=0, initializer_range=0.2
 )

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 05: verifiable rewards, and how an agent games a reward that is not the real objective.
 
 Chapter ch. 11 §5. A good RL task has an outcome a program can check: a math answer, an API call's
@@ -28,6 +29,7 @@ from minirl.envs.code import CodeEnv
 from minirl.envs.code_scripts import SCRIPTED_POLICIES, run_scripted
 from minirl.envs.code_tasks import load_templates, make_task
 from minirl.losses import group_advantages, policy_loss
+from minirl.run.notebook import lesson_flags, show
 from minirl.run.plots import hack_figure
 
 parser = argparse.ArgumentParser(description="Lesson 05: rewards and hacking")
@@ -37,7 +39,7 @@ parser.add_argument(
     metavar=("GUARDED", "NAIVE"),
     help="two GRPO run folders of the same SFT adapter, under each reward (docs/results.md, §5)",
 )
-args, _ = parser.parse_known_args()
+args = lesson_flags(parser, quick={})
 
 template = load_templates()[0]
 task = make_task(template, seed=0)
@@ -147,7 +149,7 @@ if args.runs:
         if not os.path.isfile(os.path.join(run, "metrics.csv")):
             raise SystemExit(f"--runs: no metrics.csv in {run!r} (a `minirl grpo` run folder)")
     figure = os.path.join(tempfile.mkdtemp(prefix="lesson05-"), "hack.png")
-    print("figure:", hack_figure(guarded_run, naive_run, figure))
+    show(hack_figure(guarded_run, naive_run, figure))
 else:
     print(
         "(pass --runs GUARDED NAIVE, two `minirl grpo --task code` folders, to draw the measured curve)"

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 06: stage two, GRPO: sample a group, compare within it, push up what beat the group's average.
 
 Chapter ch. 11 §6 (GRPO) and §10.1 (L_RL = −E[R(τ)] + β·KL(πθ‖π_SFT)). We work the chapter's example,
@@ -30,6 +31,8 @@ from minirl.grpo import GRPOStepSettings, grpo_step
 from minirl.lora import add_lora
 from minirl.losses import group_advantages, policy_loss
 from minirl.run.grpo import GRPOConfig, train
+from minirl.run.notebook import lesson_flags, show
+from minirl.run.plots import curve_figure
 from minirl.tasks import Task
 from minirl.toy import build_checkpoint
 
@@ -38,7 +41,7 @@ parser.add_argument(
     "--model", default=None, help="checkpoint folder (default: build the toy model)"
 )
 parser.add_argument("--steps", type=int, default=30)
-args, _ = parser.parse_known_args()
+args = lesson_flags(parser, quick={"steps": 3})
 work = tempfile.mkdtemp(prefix="lesson06-")
 
 # %% 1. the group, by hand
@@ -186,6 +189,13 @@ for r in metrics[::3]:
     print(
         f"{r['step']:>4}  {float(r['reward_mean']):.2f}    {float(r['kl']):.4f}  {float(r['zero_spread_frac']):.2f}  {bar}"
     )
+show(
+    curve_figure(
+        os.path.join(out, "metrics.csv"),
+        {"reward_mean": "reward (sample mean)", "kl": "KL to the reference (k3 per token)"},
+        os.path.join(work, "reward.png"),
+    )
+)
 kl, reward = [float(r["kl"]) for r in metrics], [float(r["reward_mean"]) for r in metrics]
 assert math.isclose(kl[0], 0.0, abs_tol=1e-6) and kl[-1] > 1e-6, f"expected KL 0, then > 0: {kl}"
 assert all(math.isfinite(float(r["loss"])) for r in metrics), "expected finite losses"

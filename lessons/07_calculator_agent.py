@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 07: the calculator agent: when to call a tool, how to recover from a failure, when to stop.
 
 Chapter ch. 11 §1 (what prompting alone gets wrong: computing by hand when the calculator is there,
@@ -33,6 +34,7 @@ from minirl.envs.calculator import (
 )
 from minirl.envs.tools import calculator, parse_assistant
 from minirl.eval_stats import success_where_perturbed
+from minirl.run.notebook import lesson_flags
 from minirl.tasks import CalculatorTask
 from minirl.toy import build_checkpoint
 
@@ -41,7 +43,7 @@ parser.add_argument(
     "--model", default=None, help="checkpoint folder (default: build the toy model)"
 )
 parser.add_argument("--episodes", type=int, default=40)
-args, _ = parser.parse_known_args()
+args = lesson_flags(parser, quick={"episodes": 8})
 
 # %% 1. the tool: exact arithmetic on a whitelist, and an error string for everything else
 for expression in [

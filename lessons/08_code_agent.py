@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 08: the code agent: fix a bug with read_file, edit_file and run_test, rewarded by the tests.
 
 Chapter ch. 11 §7. The environment is a tiny repository with a planted bug and ten tests; the tools
@@ -30,13 +31,14 @@ from minirl.envs.code_tasks import load_templates, make_task
 from minirl.envs.teacher import teacher
 from minirl.envs.tools import ToolCall
 from minirl.rollout import run_episodes
+from minirl.run.notebook import lesson_flags
 from minirl.tasks import CodeTask
 
 parser = argparse.ArgumentParser(description="Lesson 08: the code agent")
 parser.add_argument(
     "--model", default=None, help="checkpoint folder (default: build the toy model)"
 )
-args, _ = parser.parse_known_args()
+args = lesson_flags(parser, quick={})
 template = load_templates()[0]
 task = make_task(template, seed=0)
 

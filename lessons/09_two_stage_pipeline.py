@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 09: the whole pipeline, pretrained → SFT → agent rollouts → reward → GRPO, on the toy world.
 
 Chapter §10.1 (the two stages) and ch. 11 §9 (the summary pipeline). This is `python -m minirl
@@ -7,7 +8,7 @@ answer reward, which finds the tool on its own and climbs past its teacher. SFT 
 RL optimizes the reward.
 
     python lessons/09_two_stage_pipeline.py            # ~8 minutes on 2 CPU cores, < 2 GB
-    python lessons/09_two_stage_pipeline.py --smoke     # the same steps shrunk: a minute, plumbing only
+    python lessons/09_two_stage_pipeline.py --smoke     # shrunk, a minute, plumbing only (runs/lesson09-smoke)
 
 Departure from the chapter: a toy model trained from scratch stands in for "pretrained"; with a real
 model, run `python -m minirl sft` and `python -m minirl grpo --task calculator` instead.
@@ -21,17 +22,25 @@ import math
 import os
 
 from minirl.apps.quickstart import run
+from minirl.run.notebook import lesson_flags, show
 
 parser = argparse.ArgumentParser(description="Lesson 09: the two-stage pipeline")
 parser.add_argument(
     "--smoke", action="store_true", help="shrunk pipeline (checks the plumbing, not the numbers)"
 )
-parser.add_argument("--out", default=os.path.join("runs", "lesson09"))
-args, _ = parser.parse_known_args()
+parser.add_argument(
+    "--out",
+    default=None,
+    help="the run folder (default runs/lesson09; --smoke: runs/lesson09-smoke)",
+)
+args = lesson_flags(parser, quick={"smoke": True})
+args.out = args.out or os.path.join("runs", "lesson09-smoke" if args.smoke else "lesson09")
 
 # %% 1-4. demonstrations, SFT, GRPO, evaluation (each step prints what it did)
 # run as `python -m minirl quickstart` runs it, with minirl/fast/'s drop-ins: the README's numbers
 summary = run(out_dir=args.out, smoke=args.smoke, figure=os.path.join(args.out, "pipeline.png"))
+# held-out accuracy, the sampled reward and tool use, along GRPO's steps: the climb
+show(os.path.join(args.out, "pipeline.png"))
 
 # %% 5. what to look at
 print(

@@ -1,3 +1,4 @@
+# %% [markdown]
 """Lesson 10: is the RL checkpoint better, and how sure are we? The six kinds of agent evaluation.
 
 Chapter 11 §9 ends on what comes next: evaluating an agent by its final answer, its tool calls, its
@@ -7,7 +8,7 @@ kind at a time, each formula shown beside its numbers, and ends with the paired 
 would run, then tool calling scored as a public benchmark does (BFCL's AST checks, strict and lenient).
 
     python lessons/10_evaluating_agents.py                     # lesson 09's checkpoints (runs/lesson09), ~2 min
-    python lessons/10_evaluating_agents.py --smoke              # quickstart --smoke checkpoints, a minute: plumbing
+    python lessons/10_evaluating_agents.py --smoke              # lesson 09 --smoke's (runs/lesson09-smoke), a minute
 
 Departure from the chapter: its agents are judged on real tasks; here the world is lesson 09's
 calculator, small enough that all of it runs on a CPU in minutes.
@@ -24,6 +25,7 @@ from minirl.apps.quickstart import run
 from minirl.eval_stats import pass_at_k, pass_hat_k
 from minirl.eval_summary import compare, summarize
 from minirl.evaluation import play
+from minirl.run.notebook import lesson_flags
 from minirl.tasks import CalculatorTask
 from minirl.weights import load_pretrained
 
@@ -31,14 +33,14 @@ parser = argparse.ArgumentParser(description="Lesson 10: evaluating agents")
 parser.add_argument(
     "--runs",
     default=None,
-    help="lesson 09's output folder (default runs/lesson09; --smoke: runs/lesson10-smoke)",
+    help="lesson 09's output folder (default runs/lesson09; --smoke: runs/lesson09-smoke)",
 )
 parser.add_argument(
     "--smoke", action="store_true", help="a --smoke quickstart's checkpoints, 16 items"
 )
 parser.add_argument("-n", type=int, default=4, help="samples per item")
-args, _ = parser.parse_known_args()
-runs = args.runs or os.path.join("runs", "lesson10-smoke" if args.smoke else "lesson09")
+args = lesson_flags(parser, quick={"smoke": True, "n": 2})
+runs = args.runs or os.path.join("runs", "lesson09-smoke" if args.smoke else "lesson09")
 if not os.path.isdir(os.path.join(runs, "grpo", "model")):
     print(
         f"no checkpoints in {runs}: running the pipeline (quickstart{' --smoke' if args.smoke else ''}) first"

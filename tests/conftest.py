@@ -206,5 +206,7 @@ def smoke_pipeline(tmp_path_factory):
         text=True,
         timeout=600,
         cwd=root,
+        # this checkout's minirl, wherever the venv's editable install points
+        env={**os.environ, "PYTHONPATH": root},
     )
     return out, result

@@ -16,7 +16,7 @@ import torch
 
 from minirl.apps.cli import main
 from minirl.apps.viewer import build_page, write_page
-from minirl.apps.viewer_data import keep_steps, token_roles
+from minirl.apps.viewer_data import keep_steps, page_data, read_rollouts, token_roles
 from minirl.chat import tool_turn_text
 from minirl.rollout import Trajectory, sample_completions
 from minirl.run.grpo import GRPOConfig, train
@@ -171,6 +171,29 @@ def test_large_runs_show_evenly_spaced_steps():
     assert len(kept) == 10 and kept[0] == 1 and kept[-1] == 100
 
 
+def test_a_kl_not_computed_shows_as_missing_not_zero(tmp_path):
+    """β = 0 runs no reference policy, so no KL exists: metrics.csv leaves its cell empty (it wrote
+    0.0), the rollouts carry null, and the page draws no KL curve (it drew a flat line at 0)."""
+    base = build_checkpoint(str(tmp_path / "tiny"), seed=0, initializer_range=0.2)
+    out = str(tmp_path / "run")
+    settings = dict(group_size=G, prompts_per_step=2, max_new_tokens=8, lr=1e-3, save_every=100)
+    train(GRPOConfig(model=base, task=ScriptedTask(), out=out, steps=2, beta=0.0, **settings))
+    with open(os.path.join(out, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["kl"] for r in rows] == ["", ""] and all(r["loss"] for r in rows)
+    assert all(k is None for r in records(out) for k in r["kl"])
+    data = page_data(read_rollouts(os.path.join(out, "rollouts.jsonl")), 100)
+    completions = [c for s in data["steps"] for g in s["groups"] for c in g["completions"]]
+    assert completions and not any("kl" in c for c in completions)
+    page = build_page(out, 100)
+    assert "KL to the reference" not in page and page.count('<svg class="curve"') >= 3
+    # with β > 0 the same run has its KL, and its curve
+    train(
+        GRPOConfig(model=base, task=ScriptedTask(), out=out + "-kl", steps=2, beta=0.04, **settings)
+    )
+    assert "KL to the reference" in build_page(out + "-kl", 100)
+
+
 def test_bad_inputs_say_what_and_where(run, tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="no such run folder"):
         build_page(str(tmp_path / "nowhere"))
@@ -304,6 +327,16 @@ def test_the_page_in_chromium(run, browser, tmp_path):
             )
             > 0
         )
+    # each curve has a colour key: every line's colour is a legend entry's, name and swatch
+    for svg in curves:
+        lines, names, swatches = browser.execute_script(
+            "const s = arguments[0], look = (q, f) => [...s.querySelectorAll(q)].map(f);"
+            "return [look('polyline', p => getComputedStyle(p).stroke),"
+            "look('text.legend', t => getComputedStyle(t).fill),"
+            "look('line.swatch', l => getComputedStyle(l).stroke)];",
+            svg,
+        )
+        assert lines and lines == names == swatches, (lines, names, swatches)
     # hostile output: shown as text, nothing executed, the layout held
     assert browser.execute_script("return window.pwned") is None
     assert browser.execute_script("return document.images.length") == 0

@@ -102,8 +102,13 @@ def curve_svg(
             out.append(
                 f'<circle cx="{px(pts[0][0]):.1f}" cy="{py(pts[0][1]):.1f}" r="2.5" fill="{color}"/>'
             )
+        # the colour key: a stroke of the line's colour, then its name in that colour (a style, since
+        # the page's "svg text" rule overrides a fill attribute)
+        key = left + 150 * i
         out.append(
-            f'<text x="{left + 6 + 150 * i}" y="{height - 6}" class="legend" fill="{color}">{e(name)}</text>'
+            f'<line class="swatch" x1="{key}" y1="{height - 9}" x2="{key + 14}" y2="{height - 9}" '
+            f'stroke="{color}" stroke-width="2.5"/>'
+            f'<text x="{key + 18}" y="{height - 6}" class="legend" style="fill: {color}">{e(name)}</text>'
         )
     return "".join(out) + "</svg>"
 

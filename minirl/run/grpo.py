@@ -217,7 +217,9 @@ def train(cfg: GRPOConfig) -> dict:
             last_eval = evaluate(model, tokenizer, task, cfg, step, eval_decoder)
             row.update(last_eval)
         log.write({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
-        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0):.4f}")
+        # no KL without a reference (β = 0): the bar shows none rather than 0
+        shown = {"kl": f"{row['kl']:.4f}"} if "kl" in row else {}
+        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", **shown)
         bar.update(1)
         stopping = cfg.stop_after and step >= cfg.stop_after
         out_of_time = cfg.minutes and time.perf_counter() - start >= 60 * cfg.minutes

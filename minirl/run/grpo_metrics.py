@@ -126,7 +126,12 @@ def learning_stats(done, cfg) -> dict:
     sums = {key: value * tokens for key, value in stats.items()}
     sums = distributed.all_reduce_sums({**sums, "sampler_logprob_gap": gap, "tokens": tokens})
     every = max(sums.pop("tokens"), 1)
-    return {key: value / every for key, value in sums.items()}
+    stats = {key: value / every for key, value in sums.items()}
+    if done.per_token["ref_logprob"] is None:
+        # β = 0: no reference policy was run, so no KL was computed (policy_loss's 0 stands in
+        # for it); metrics.csv leaves the cell empty, and the viewer draws no KL, not a 0
+        del stats["kl"]
+    return stats
 
 
 def perturbed_metrics(trajectories, verdicts) -> dict:
