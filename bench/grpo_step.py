@@ -639,10 +639,10 @@ def main():
         f"  peak memory: sampling {steps[-1]['sampling'].peak / 1e9:.2f} GB, learning "
         f"{steps[-1]['learning'].peak / 1e9:.2f} GB ({what})"
     )
-    print(
-        f"  loss {steps[-1]['stats']['loss']:.4f}  kl {steps[-1]['stats']['kl']:.2e}  "
-        f"grad_norm {steps[-1]['stats']['grad_norm']:.3f}"
-    )
+    # with β = 0 no KL was computed (learning_stats leaves it out)
+    stats = steps[-1]["stats"]
+    kl = f"  kl {stats['kl']:.2e}" if "kl" in stats else ""
+    print(f"  loss {stats['loss']:.4f}{kl}  grad_norm {stats['grad_norm']:.3f}")
     if args.table:
         options = (", compile" if args.compile else "") + (", plain" if args.plain else "")
         append_row(
