@@ -31,13 +31,10 @@ import json
 import os
 import time
 
-from ..eval_folder import read_episodes
-from ..eval_summary import compare, recovery
 from ..fast import speedups
 from ..run.checkpoint import contents, latest_checkpoint
 from ..run.grpo import GRPOConfig
 from ..run.grpo import train as grpo_train
-from ..run.plots import code_recipe_figure, retry_figure
 from ..run.sft import SFTConfig
 from ..run.sft import train as sft_train
 from ..run.stages import EVALUATED, TRAINED, Progress, load_policy
@@ -46,18 +43,15 @@ from .bug_pool import write_pool
 from .recipe_code_demonstrations import demonstrate
 from .recipe_code_metrics import (
     STAGES,
-    bug_records,
-    group_fixes,
     grpo_eval,
     grpo_gate,
-    retry_odds,
     sft_gate,
     stage_eval,
     stage_line,
     stage_row,
-    table,
     train_gate,
 )
+from .recipe_code_report import gate, keep_bug_records, report, stop
 from .recipe_code_settings import SAVE_EVERY, check_budgets, code_task, settings
 
 # what a run writes in its folder: the only names a new run there may remove (files.fresh_folder)
@@ -310,70 +304,10 @@ def run(
     print("   " + stage_line(summary["grpo"]))
     keep_bug_records(out_dir, "grpo", evals["grpo"])
 
-    pairs = [(a, b) for a, b in (("base", "sft"), ("sft", "grpo"), ("base", "grpo"))]
-    pairs = [(a, b) for a, b in pairs if a in stages and b in stages]
-    summary["compare"] = {f"{a}->{b}": compare(*episodes(evals, a, b)) for a, b in pairs}
-    if s["rollback"]:
-        summary["compare_recovered"] = {
-            f"{a}->{b}": compare(*episodes(evals, a, b), verdict="recovered") for a, b in pairs
-        }
-    summary["grpo_groups"] = group_fixes(os.path.join(grpo_dir, "rollouts.jsonl"))
-    if s["rollback"]:
-        summary["retry_odds"] = retry_odds(os.path.join(grpo_dir, "rollouts.jsonl"))
-    progress.finish()
-    results = table(summary)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(results + "\n")
-    figure = code_recipe_figure(out_dir, os.path.join(out_dir, "recipe.png"))
-    if s["rollback"]:
-        retry_figure(out_dir, os.path.join(out_dir, "retry.png"))
-    print(results)
-    print(
-        f"5. {summary['seconds']['total'] / 60:.1f} min, peak resident memory "
-        f"{summary['peak_rss_gb']:.1f} GB; {os.path.join(out_dir, 'summary.json')}, {figure}"
-    )
-    return summary
+    return report(progress, summary, out_dir, evals, stages)
 
 
 def done_steps(folder: str) -> int:
     """The step of a GRPO run's newest checkpoint (0: none yet)."""
     newest = latest_checkpoint(folder)
     return int(os.path.basename(newest).split("-")[1]) if newest else 0
-
-
-def episodes(evals: dict, a: str, b: str) -> list[list[dict]]:
-    """Two stages' held-out episodes, each with its recovery verdicts (eval_summary.recovery)."""
-    return [[{**e, **recovery(e)} for e in read_episodes(evals[stage])] for stage in (a, b)]
-
-
-def keep_bug_records(out_dir: str, stage: str, folder: str) -> None:
-    """out_dir/bugs/STAGE.jsonl: one small line per held-out bug (recipe_code_metrics.bug_records),
-    what docs/ keeps so that every comparison can be recomputed without the run folder."""
-    os.makedirs(os.path.join(out_dir, "bugs"), exist_ok=True)
-    path = os.path.join(out_dir, "bugs", f"{stage}.jsonl")
-    with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in bug_records(read_episodes(folder)))
-    os.replace(path + ".tmp", path)
-
-
-def gate(summary: dict, name: str, result: dict, s: dict) -> bool:
-    """Record a check's result in summary["gates"] and print it; whether the run goes on (a failed
-    check stops it, unless the settings only record the checks: --smoke)."""
-    summary.setdefault("gates", {})[name] = result
-    verdict = "passed" if result["passed"] else "FAILED"
-    print(f"   check ({name}): {verdict}: {result['reading']}")
-    return result["passed"] or not s["gates"]
-
-
-def stop(progress: Progress, summary: dict, out_dir: str, why: str) -> dict:
-    """End the run at a failed check: summary.json says where and why, results.md holds what ran."""
-    summary["stopped"] = why
-    rollouts = os.path.join(out_dir, "grpo", "rollouts.jsonl")
-    if os.path.exists(rollouts):
-        # what GRPO's samples showed before the stop: how often a retry fixes, against a first try
-        summary["retry_odds"] = retry_odds(rollouts)
-    progress.finish()
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(table(summary) + "\n")
-    print(f'   stopped: {why} (summary.json\'s "gates")')
-    return summary
