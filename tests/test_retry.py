@@ -18,13 +18,8 @@ from minirl.apps.bug_pool import bug_pool
 from minirl.apps.bug_pool import main as pool_main
 from minirl.apps.cli import main
 from minirl.apps.recipe_code import run
-from minirl.apps.recipe_code_metrics import (
-    grpo_gate,
-    retry_against_fresh,
-    retry_odds,
-    sft_gate,
-    train_gate,
-)
+from minirl.apps.recipe_code_checks import grpo_gate, no_repeat_claim, sft_gate, train_gate
+from minirl.apps.recipe_code_metrics import retry_against_fresh, retry_odds
 from minirl.apps.recipe_code_settings import RETRY_SMOKE, code_task, settings
 from minirl.data import encode
 from minirl.envs import teacher
@@ -373,6 +368,50 @@ def test_the_checks_by_hand(tmp_path):
     assert not falling["passed"] and not falling["checks"]["retry_not_falling"]
 
 
+def test_the_no_repeat_checks_by_hand(tmp_path):
+    """The skill no_repeat (issue 68): after SFT the policy retries and repeats a failed edit; during
+    GRPO the repeat rate does not rise; after GRPO the repeats fell by >= 0.2, fix rate not worse."""
+    row = {"fix_rate": 0.3, "valid_call_rate": 0.99, "retry_after_failed_test": 0.95}
+    row["repeat_among_retries"] = 0.97
+    assert sft_gate(row, "no_repeat")["passed"] and not sft_gate(row, "retry")["passed"]
+    for key, value, check in [
+        ("retry_after_failed_test", 0.29, "retry_rate"),
+        ("repeat_among_retries", 0.29, "repeats"),
+        ("repeat_among_retries", None, "repeats"),
+        ("fix_rate", 0.11, "fix_rate"),
+    ]:
+        failed = sft_gate({**row, key: value}, "no_repeat")
+        assert [k for k, ok in failed["checks"].items() if not ok] == [check]
+
+    def metrics(repeat_rates, recovered):
+        lines = ["step,retry_rate,repeat_rate,recovered"] + [
+            f"{i + 1},0.9,{r},{n}" for i, (r, n) in enumerate(zip(repeat_rates, recovered))
+        ]
+        (tmp_path / "metrics.csv").write_text("\n".join(lines) + "\n")
+        return grpo_gate(str(tmp_path), 4, "no_repeat")
+
+    falling = metrics([0.9, 0.8, "nan", 0.5], [1, 2, 0, 1])
+    assert falling["passed"] and falling["repeat_rate"] == [0.9, 0.8, None, 0.5]
+    rising = metrics([0.5, 0.6, 0.8, 0.9], [2, 2, 0, 1])
+    assert not rising["passed"] and not rising["checks"]["repeat_not_rising"]
+
+    def summary(sft_repeats, grpo_repeats, worse=False):
+        return {
+            "sft": {"fix_rate": 0.3, "repeat_among_retries": sft_repeats},
+            "grpo": {"fix_rate": 0.35, "repeat_among_retries": grpo_repeats},
+            "compare": {"sft->grpo": {"b_significantly_worse": worse}},
+        }
+
+    assert no_repeat_claim(summary(0.97, 0.6))["passed"]
+    assert not no_repeat_claim(summary(0.97, 0.8))["checks"]["repeats_fell"]
+    assert not no_repeat_claim(summary(0.97, None))["passed"]
+    assert not no_repeat_claim(summary(0.97, 0.1, worse=True))["checks"]["fix_rate_not_worse"]
+    s = settings(False, "retry", None, 1.0, 0.0, None, None, {"skill": "no_repeat"})
+    assert s["skill"] == "no_repeat"
+    with pytest.raises(ValueError, match="skill='repeat': one of retry, no_repeat"):
+        settings(False, "retry", None, 1.0, 0.0, None, None, {"skill": "repeat"})
+
+
 def test_the_check_on_training_bugs_by_hand():
     greedy = {"retry_after_failed_test": 0.1, "valid_call_rate": 0.97}
     sampled = {"retry_after_failed_test": 0.35, "valid_call_rate": 0.9}
@@ -534,7 +573,7 @@ def test_a_failed_check_stops_the_retry_recipe(tmp_path, monkeypatch):
     assert "Stopped: the check after SFT's evaluation failed." in (out / "results.md").read_text()
     # past SFT's check (as if it had passed), the one at GRPO's step 1 stops it: nothing recovered
     passed = {"passed": True, "checks": {}, "reading": "as if passed"}
-    monkeypatch.setattr(recipe_code, "sft_gate", lambda row: passed)
+    monkeypatch.setattr(recipe_code, "sft_gate", lambda row, skill: passed)
     stopped = run(
         model, out_dir=str(out), smoke=True, episode="retry", skip_untrained=True, resume=True
     )
@@ -594,3 +633,29 @@ def test_the_check_on_training_bugs_stops_the_recipe_before_the_held_out_list(
     assert run(model, out_dir=str(out), resume=True, **options)["stopped"] == stopped["stopped"]
     with pytest.raises(ValueError, match="other settings"):
         run(model, out_dir=str(out), resume=True, **{**options, "overrides": {}})
+
+
+@pytest.mark.slow
+def test_the_no_repeat_skill_records_its_three_checks_end_to_end(tmp_path):
+    """--setting skill=no_repeat on the smoke recipe (its checks recorded, not enforced): the check
+    after SFT asks for retries that repeat, the one during GRPO for a repeat rate not rising, and
+    the claim after GRPO's evaluation is recorded in summary.json and results.md."""
+    model = build_checkpoint(
+        str(tmp_path / "toy"), initializer_range=0.2, max_position_embeddings=4096
+    )
+    out = tmp_path / "run"
+    done = run(
+        model,
+        out_dir=str(out),
+        smoke=True,
+        episode="retry",
+        skip_untrained=True,
+        overrides={"skill": "no_repeat"},
+    )
+    gates = done["gates"]
+    assert set(gates) == {"sft", "grpo", "final"}
+    assert set(gates["sft"]["checks"]) == {"fix_rate", "valid_call_rate", "retry_rate", "repeats"}
+    assert set(gates["grpo"]["checks"]) == {"recovered", "repeat_not_rising"}
+    assert set(gates["final"]["checks"]) == {"repeats_fell", "fix_rate_not_worse"}
+    results = (out / "results.md").read_text()
+    assert "Check after GRPO's evaluation: " in results and "repeats among retries" in results

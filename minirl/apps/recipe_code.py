@@ -40,17 +40,9 @@ from ..run.sft import train as sft_train
 from ..run.stages import EVALUATED, TRAINED, Progress, load_policy
 from ..weights import load_pretrained
 from .bug_pool import write_pool
+from .recipe_code_checks import grpo_gate, sft_gate, train_gate
 from .recipe_code_demonstrations import demonstrate
-from .recipe_code_metrics import (
-    STAGES,
-    grpo_eval,
-    grpo_gate,
-    sft_gate,
-    stage_eval,
-    stage_line,
-    stage_row,
-    train_gate,
-)
+from .recipe_code_metrics import STAGES, grpo_eval, stage_eval, stage_line, stage_row
 from .recipe_code_report import gate, keep_bug_records, report, stop
 from .recipe_code_settings import SAVE_EVERY, check_budgets, code_task, settings
 
@@ -183,7 +175,9 @@ def run(
     summary["sft"] = stage_row(progress.stage("sft_eval", evals["sft"], sft_eval, needs=EVALUATED))
     print("   " + stage_line(summary["sft"]))
     keep_bug_records(out_dir, "sft", evals["sft"])
-    if s["teacher"] == "imperfect" and not gate(summary, "sft", sft_gate(summary["sft"]), s):
+    if s["teacher"] == "imperfect" and not gate(
+        summary, "sft", sft_gate(summary["sft"], s["skill"]), s
+    ):
         return stop(progress, summary, out_dir, "the check after SFT's evaluation failed")
 
     print("4. stage 2: GRPO from the SFT adapter")
@@ -237,7 +231,7 @@ def run(
 
     def grpo_check() -> bool:
         """The check at GRPO step gate_step, recorded in summary["gates"]; whether the run goes on."""
-        return gate(summary, "grpo", grpo_gate(grpo_dir, s["gate_step"]), s)
+        return gate(summary, "grpo", grpo_gate(grpo_dir, s["gate_step"], s["skill"]), s)
 
     def record_pool() -> dict:
         """grpo/pool.json (apps/bug_pool.py), its size recorded in summary["pool"]."""

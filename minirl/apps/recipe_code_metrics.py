@@ -12,7 +12,6 @@ import shutil
 from ..eval_stats import code_agent_shape
 from ..eval_summary import recovery
 from ..evaluation import evaluate
-from ..run.plots import read_csv
 from ..run.stages import load_policy
 from .bug_pool import logged
 
@@ -63,90 +62,6 @@ def group_fixes(rollouts: str) -> list[int]:
         # "solved": the all-or-nothing outcome; else every test passing
         counts[sum(p.get("solved", p.get("fraction")) == 1 for p in parts)] += 1
     return counts
-
-
-# the checks of the retry episode (issue: "Gates"), decided before the run
-SFT_GATE = {"fix_rate": 0.12, "valid_call_rate": 0.95, "retry_rate_below": 0.3}
-GRPO_GATE = {"recovered": 4}
-
-
-def sft_gate(row: dict) -> dict:
-    """After SFT's evaluation: it fixes enough bugs to learn from (fix rate >= 0.12), calls its tools
-    in Qwen's format (valid calls >= 0.95), and does not already retry as a habit (greedy, edits
-    again after < 0.3 of its failed tests; otherwise GRPO has nothing left to teach)."""
-    retry = row.get("retry_after_failed_test")
-    checks = {
-        "fix_rate": row["fix_rate"] >= SFT_GATE["fix_rate"],
-        "valid_call_rate": (row["valid_call_rate"] or 0) >= SFT_GATE["valid_call_rate"],
-        # a policy that never failed a test after an edit has not shown a retry habit
-        "retry_rate": (retry or 0.0) < SFT_GATE["retry_rate_below"],
-    }
-    return {
-        "passed": all(checks.values()),
-        "checks": checks,
-        "reading": f"fix rate {row['fix_rate']:.3f} (>= {SFT_GATE['fix_rate']}), valid calls "
-        f"{shown(row['valid_call_rate'])} (>= {SFT_GATE['valid_call_rate']}), greedy retry rate "
-        f"{shown(retry)} (< {SFT_GATE['retry_rate_below']})",
-    }
-
-
-# the check on training bugs, before SFT's held-out evaluation (issue 68): the SFT policy tries again
-# when sampled (the habit GRPO is to strengthen) but not yet greedy, and calls its tools validly
-TRAIN_GATE = {"sampled_retry": 0.3, "greedy_retry_below": 0.3, "valid_call_rate": 0.95}
-
-
-def train_gate(rows: dict) -> dict:
-    """After SFT, on its training bugs (rows: stage_row of the greedy "sft-train" and the sampled
-    "sft-train-sampled" evaluations): sampled at T 0.7 it edits again after >= 0.3 of its failed
-    tests, greedy after < 0.3, and greedy its calls are valid >= 0.95 of the time."""
-    greedy, sampled = rows["sft-train"], rows["sft-train-sampled"]
-    retry = greedy["retry_after_failed_test"] or 0.0
-    sampled_retry = sampled["retry_after_failed_test"] or 0.0
-    checks = {
-        "sampled_retry": sampled_retry >= TRAIN_GATE["sampled_retry"],
-        "greedy_retry": retry < TRAIN_GATE["greedy_retry_below"],
-        "valid_call_rate": (greedy["valid_call_rate"] or 0) >= TRAIN_GATE["valid_call_rate"],
-    }
-    return {
-        "passed": all(checks.values()),
-        "checks": checks,
-        "reading": f"sampled retry rate {shown(sampled_retry)} (>= {TRAIN_GATE['sampled_retry']}), "
-        f"greedy {shown(retry)} (< {TRAIN_GATE['greedy_retry_below']}), valid calls "
-        f"{shown(greedy['valid_call_rate'])} (>= {TRAIN_GATE['valid_call_rate']})",
-    }
-
-
-def grpo_gate(grpo_dir: str, step: int) -> dict:
-    """At GRPO step `step` (grpo/metrics.csv): at least 4 training episodes recovered so far (fixed
-    by an edit after a failed test: something for GRPO to reinforce), and a retry rate that is not
-    falling (its mean over the second half of the steps at least that of the first half)."""
-    rows = [r for r in read_csv(os.path.join(grpo_dir, "metrics.csv")) if int(r["step"]) <= step]
-    # a step whose episodes could not be scored logs NaN: none recovered there
-    recovered = sum(
-        int(float(r["recovered"])) for r in rows if float(r["recovered"]) == float(r["recovered"])
-    )
-    rates = [float(r["retry_rate"]) for r in rows]
-    half = len(rates) // 2
-
-    def mean(values):
-        values = [v for v in values if v == v]
-        return sum(values) / len(values) if values else float("nan")
-
-    first, second = mean(rates[:half]), mean(rates[half:])
-    # with one step (--smoke) there is no first half to compare with
-    not_falling = bool(half == 0 or not first == first or (second == second and second >= first))
-    checks = {"recovered": recovered >= GRPO_GATE["recovered"], "retry_not_falling": not_falling}
-    return {
-        "passed": all(checks.values()),
-        "checks": checks,
-        "recovered": recovered,
-        # per step; None where no episode failed a test after an edit (JSON has no NaN)
-        "retry_rate": [rate if rate == rate else None for rate in rates],
-        "step": step,
-        "reading": f"{recovered} recovered training episodes in steps 1-{step} (>= "
-        f"{GRPO_GATE['recovered']}); retry rate {shown(first)} in the first half, "
-        f"{shown(second)} in the second (not falling)",
-    }
 
 
 def bug_records(episodes: list[dict]) -> list[dict]:
@@ -342,12 +257,21 @@ def table(summary: dict) -> str:
         ]
     for name, gate in summary.get("gates", {}).items():
         verdict = "passed" if gate["passed"] else "**failed**"
-        where = "after SFT's evaluation" if name == "sft" else "during GRPO"
+        where = WHERE.get(name, name)
         lines += ["", f"Check {where}: {verdict}: "]
         lines[-1] += gate["reading"]
     if summary.get("stopped"):
         lines += ["", f"Stopped: {summary['stopped']}."]
     return "\n".join(lines)
+
+
+# where each check of summary["gates"] was made (apps/recipe_code_checks.py)
+WHERE = {
+    "sft_train": "on training bugs after SFT",
+    "sft": "after SFT's evaluation",
+    "grpo": "during GRPO",
+    "final": "after GRPO's evaluation",
+}
 
 
 def shown(value, digits=3) -> str:

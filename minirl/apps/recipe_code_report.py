@@ -10,6 +10,7 @@ from ..eval_folder import read_episodes
 from ..eval_summary import compare, recovery
 from ..run.plots import code_recipe_figure, retry_figure
 from ..run.stages import Progress
+from .recipe_code_checks import no_repeat_claim
 from .recipe_code_metrics import bug_records, group_fixes, retry_odds, table
 
 
@@ -24,6 +25,9 @@ def report(progress: Progress, summary: dict, out_dir: str, evals: dict, stages:
         summary["compare_recovered"] = {
             f"{a}->{b}": compare(*episodes(evals, a, b), verdict="recovered") for a, b in pairs
         }
+    if summary["settings"]["skill"] == "no_repeat" and "sft" in stages:
+        # the claim decided before the run: recorded, it stops nothing (the run is over)
+        gate(summary, "final", no_repeat_claim(summary), summary["settings"])
     summary["grpo_groups"] = group_fixes(os.path.join(grpo_dir, "rollouts.jsonl"))
     if rollback:
         summary["retry_odds"] = retry_odds(os.path.join(grpo_dir, "rollouts.jsonl"))

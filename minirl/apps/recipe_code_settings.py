@@ -9,12 +9,15 @@ the sizes of a real run; `settings()` puts them together with the flags that ove
 from ..run.flags import check_memory_limit
 from ..tasks import CodeTask
 
+SKILLS = ("retry", "no_repeat")
 # what only the retry episode (below) sets: every other episode keeps the step's defaults
 NOT_RETRY = dict(
     rollback=False,
     teacher="engineer",
     again=0.4,
     no_op=0.0,
+    # what GRPO is to teach the retry episode's SFT policy, one of SKILLS (apps/recipe_code_checks.py)
+    skill="retry",
     escapes=False,
     train_check=0,
     aggregation="token",
@@ -187,6 +190,8 @@ def settings(
                 f"--setting {key}={value!r}: expected {kind.__name__} like the default {s[key]!r}"
             )
         s[key] = kind(value)
+    if s["skill"] not in SKILLS:
+        raise ValueError(f"--setting skill={s['skill']!r}: one of {', '.join(SKILLS)}")
     return s
 
 
