@@ -110,7 +110,7 @@ LEAN_SIZES = dict(
 # trained on); GRPO in the chapter's form, decided before the run: advantages (r - mean) / std and
 # each episode's tokens averaged before the episodes are (a loss over the whole episode, every
 # episode weighted alike), all-or-nothing outcome, flat groups skipped, no KL term. Its checks:
-# after SFT's evaluation, and at GRPO step `gate_step` (recipe_code_metrics); from step
+# after SFT's evaluation, and at GRPO step `gate_step` (recipe_code_checks); from step
 # `pool_after` + 1 on, `pool_share` of each step's bugs come from apps/bug_pool.py's pool
 RETRY = dict(
     opening="report",
